@@ -1,0 +1,36 @@
+"""Engine configuration: everything the engine needs, passed in explicitly."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    num_gpu_blocks: int | None = None  # the pool size in blocks; or give kv_cache_bytes
+    kv_cache_bytes: int | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # default: the model's max positions
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise InvalidConfigError(f"dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+        if self.num_gpu_blocks is not None and self.kv_cache_bytes is not None:
+            raise InvalidConfigError("give num_gpu_blocks or kv_cache_bytes, not both")
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise InvalidConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]

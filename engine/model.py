@@ -1,0 +1,123 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over a paged KV pool.
+
+Tokens of all scheduled sequences are flattened into one batch: `input_ids [num_tokens]`,
+`positions [num_tokens]`. Each layer writes its new K/V into the pool through the slot mapping,
+then attends over the pool (see `AttentionMetadata`). The pool is one tensor
+`kv_cache [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`, so layer `i` reads
+`kv_cache[i, 0]` (K) and `kv_cache[i, 1]` (V), each `[num_blocks, block_size, num_kv_heads, head_dim]`.
+
+q/k/v and gate/up projections are fused into one matmul each; `weights.py` packs the
+Hugging Face tensors into them. Parameter names otherwise follow the Hugging Face checkpoint.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from engine.attention_metadata import AttentionMetadata
+from engine.config import ModelConfig
+from engine.rope import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                attn: AttentionMetadata) -> torch.Tensor:
+        # x: [num_tokens, hidden]; kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim]
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+
+        out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
+        num_decode = attn.num_decode_tokens
+        if num_decode:
+            out[:num_decode] = kernels.decode_attention(
+                q[:num_decode], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, self.scale)
+        if num_decode < num_tokens:
+            out[num_decode:] = kernels.prefill_attention(
+                q[num_decode:], k_cache, v_cache, attn.prefill_block_tables, attn.prefill_query_start_loc,
+                attn.prefill_context_lens, self.scale)
+        return self.o_proj(out.view(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, kv_cache, attn):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, device: torch.device):
+        super().__init__()
+        self.config = config
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, device)
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                attn: AttentionMetadata) -> torch.Tensor:
+        # input_ids, positions: [num_tokens]; returns hidden states [num_tokens, hidden]
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, kv_cache[i], attn)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # [num_rows, vocab_size]

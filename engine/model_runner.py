@@ -1,0 +1,96 @@
+"""Runs one scheduled step: builds the flat batch, runs the model, samples.
+
+Mechanism only: the scheduler has already decided which tokens of which requests run and
+where their K/V go (the block tables). Logits are computed only for the last token of chunks
+that reach the end of their request; those rows are sampled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+from engine.model import CausalLM
+from engine.sampler import TokenLogprobs, sample
+from engine.scheduler import ScheduledChunk, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRunnerOutput:
+    sampled: dict[str, int]  # request id -> new token id
+    logprobs: dict[str, TokenLogprobs | None]
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int, device: torch.device):
+        self.model = model
+        self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        self.block_size = block_size
+        self.device = device
+
+    @torch.inference_mode()
+    def run(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        if not output.chunks:
+            return ModelRunnerOutput({}, {})
+        input_ids, positions, attn = self._prepare(output.chunks, output.num_decode_chunks)
+        hidden = self.model(input_ids, positions, self.kv_cache, attn)  # [num_tokens, hidden]
+
+        sampling = [chunk for chunk in output.chunks if chunk.samples]
+        if not sampling:
+            return ModelRunnerOutput({}, {})
+        last_rows = torch.tensor(_last_rows(output.chunks), device=self.device)
+        logits = self.model.compute_logits(hidden[last_rows])  # [num_sampling, vocab_size]
+        result = sample(
+            logits,
+            params=[chunk.request.params for chunk in sampling],
+            seeds=[chunk.request.seed for chunk in sampling],
+            positions=[chunk.request.num_tokens for chunk in sampling],
+        )
+        ids = [chunk.request.request_id for chunk in sampling]
+        return ModelRunnerOutput(dict(zip(ids, result.token_ids)), dict(zip(ids, result.logprobs)))
+
+    def _prepare(self, chunks: list[ScheduledChunk], num_decodes: int):
+        block_size = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for chunk in chunks:
+            end = chunk.start + chunk.num_new_tokens
+            input_ids += chunk.request.token_ids(chunk.start, end)
+            table = chunk.block_table
+            for pos in range(chunk.start, end):
+                positions.append(pos)
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+
+        decodes, prefills = chunks[:num_decodes], chunks[num_decodes:]
+        query_start_loc = [0]
+        for chunk in prefills:
+            query_start_loc.append(query_start_loc[-1] + chunk.num_new_tokens)
+        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
+        attn = AttentionMetadata(
+            slot_mapping=as_tensor(slots, torch.int64),
+            num_decode_tokens=num_decodes,
+            decode_block_tables=self._block_tables(decodes),
+            decode_context_lens=as_tensor([c.start + 1 for c in decodes], torch.int32),
+            prefill_block_tables=self._block_tables(prefills),
+            prefill_query_start_loc=as_tensor(query_start_loc, torch.int32),
+            prefill_context_lens=as_tensor([c.start + c.num_new_tokens for c in prefills], torch.int32),
+        )
+        return as_tensor(input_ids, torch.int64), as_tensor(positions, torch.int64), attn
+
+    def _block_tables(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        # Rows are padded with block 0; the kernels never read past a row's context length.
+        width = max((len(chunk.block_table) for chunk in chunks), default=0)
+        rows = [chunk.block_table + [0] * (width - len(chunk.block_table)) for chunk in chunks]
+        return torch.tensor(rows, dtype=torch.int32, device=self.device).view(len(chunks), width)
+
+
+def _last_rows(chunks: list[ScheduledChunk]) -> list[int]:
+    """Row in the flat batch of the last token of each chunk that samples."""
+    rows, end = [], 0
+    for chunk in chunks:
+        end += chunk.num_new_tokens
+        if chunk.samples:
+            rows.append(end - 1)
+    return rows

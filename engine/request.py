@@ -1,0 +1,74 @@
+"""A request inside the engine, and its lifecycle.
+
+There is no prefill phase and no decode phase: a request has `num_tokens` (prompt + output so
+far) and `num_computed_tokens` (those whose K/V sit in the pool), and each step computes some of
+the difference. When they meet, the step samples one more token. Preemption sets
+`num_computed_tokens` back to 0; recomputation then treats prompt + output as the prompt.
+
+    WAITING ──▶ RUNNING ──▶ FINISHED_STOPPED | FINISHED_LENGTH
+                 │   ▲
+                 ▼   │
+               PREEMPTED           any unfinished state ──▶ FINISHED_ABORTED
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+_ALLOWED = {
+    RequestStatus.WAITING: {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED},
+    RequestStatus.PREEMPTED: {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED},
+    RequestStatus.RUNNING: {RequestStatus.PREEMPTED} | _FINISHED,
+}
+
+
+class IllegalTransitionError(RuntimeError):
+    pass
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int  # effective sampling seed: params.seed, or one drawn when the request arrived
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        num_prompt = len(self.prompt_token_ids)
+        if stop <= num_prompt:
+            return self.prompt_token_ids[start:stop]
+        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+
+    def transition(self, to: RequestStatus) -> None:
+        if to not in _ALLOWED.get(self.status, ()):
+            raise IllegalTransitionError(f"request {self.request_id}: {self.status.name} -> {to.name}")
+        self.status = to

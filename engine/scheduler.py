@@ -1,0 +1,141 @@
+"""Continuous-batching scheduler: pure policy over requests and the block allocator.
+
+Every step spends a token budget (`max_num_batched_tokens`):
+1. Running requests, oldest first, each get the tokens they still need (one for a request that
+   is generating, a chunk of the prompt for one still prefilling). If the pool cannot hold a
+   request's new tokens, the newest running request is preempted (its blocks freed, to be
+   recomputed later) until it can.
+2. Then waiting requests, in arrival order (preempted ones first), join while the budget,
+   `max_num_seqs` and the pool allow. A prompt longer than what is left of the budget is
+   prefilled in chunks over several steps.
+No step admits new requests after preempting one, so a preempted request is not starved by
+newcomers. The caller feeds back sampled tokens through `update` and ends requests through
+`finish` or `abort`; those free the request's blocks.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.block_allocator import BlockAllocator
+from engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    request: Request
+    start: int  # first position computed this step (= num_computed_tokens when scheduled)
+    num_new_tokens: int
+    block_table: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the end of the request's tokens, so a token is sampled."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]  # single-token chunks first, then multi-token chunks
+    preempted_ids: list[str]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_new_tokens for chunk in self.chunks)
+
+    @property
+    def num_decode_chunks(self) -> int:
+        return sum(1 for chunk in self.chunks if chunk.num_new_tokens == 1)
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, max_num_batched_tokens: int, max_num_seqs: int):
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.allocator = allocator
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            end = request.num_computed_tokens + num_new
+            while not self.allocator.can_allocate(request.request_id, end):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                chunks.append(self._take(request, num_new))
+                budget -= num_new
+                index += 1
+
+        while (not preempted and self.waiting and budget > 0
+               and len(self.running) < self.max_num_seqs):
+            request = self.waiting[0]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.allocator.can_allocate(request.request_id, request.num_computed_tokens + num_new):
+                break
+            self.waiting.popleft()
+            request.transition(RequestStatus.RUNNING)
+            self.running.append(request)
+            chunks.append(self._take(request, num_new))
+            budget -= num_new
+
+        chunks.sort(key=lambda chunk: chunk.num_new_tokens != 1)
+        return SchedulerOutput(chunks=chunks, preempted_ids=preempted)
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
+        """Advances computed counts and appends the tokens sampled for chunks that reached the end."""
+        for chunk in output.chunks:
+            request = chunk.request
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            if chunk.samples:
+                request.output_token_ids.append(sampled[request.request_id])
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        self.running.remove(request)
+        request.transition(status)
+        self.allocator.free(request.request_id)
+
+    def abort(self, request_id: str) -> Request | None:
+        for queue in (self.running, self.waiting):
+            for request in queue:
+                if request.request_id == request_id:
+                    queue.remove(request)
+                    request.transition(RequestStatus.FINISHED_ABORTED)
+                    self.allocator.free(request_id)
+                    return request
+        return None
+
+    def _take(self, request: Request, num_new: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        table = self.allocator.allocate(request.request_id, start + num_new)
+        return ScheduledChunk(request=request, start=start, num_new_tokens=num_new, block_table=table)
+
+    def _preempt(self, request: Request) -> None:
+        request.transition(RequestStatus.PREEMPTED)
+        self.allocator.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
