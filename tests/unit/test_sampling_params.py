@@ -1,0 +1,83 @@
+"""SamplingParams: every bad field is rejected by name, good values are normalised."""
+import dataclasses
+import math
+
+import pytest
+
+from engine.errors import InvalidRequestError, PdserveError
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+BAD_FIELDS = [
+    ("max_tokens", 0),
+    ("max_tokens", -3),
+    ("max_tokens", 2.0),
+    ("max_tokens", True),
+    ("temperature", -0.1),
+    ("temperature", math.nan),
+    ("temperature", math.inf),
+    ("temperature", "1.0"),
+    ("top_k", 0),
+    ("top_k", -1),
+    ("top_k", 3.5),
+    ("top_p", 0.0),
+    ("top_p", 1.01),
+    ("top_p", math.nan),
+    ("min_p", -0.01),
+    ("min_p", 1.5),
+    ("min_p", math.nan),
+    ("seed", 1.5),
+    ("seed", "42"),
+    ("stop", ["ok", ""]),
+    ("stop", [7]),
+    ("stop", 7),
+    ("stop_token_ids", [-1]),
+    ("stop_token_ids", ["2"]),
+    ("ignore_eos", 1),
+    ("logprobs", -1),
+    ("logprobs", MAX_LOGPROBS + 1),
+    ("logprobs", 1.0),
+    ("include_stop_str_in_output", "yes"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_FIELDS)
+def test_bad_field_is_rejected_with_its_name_and_value(field, value):
+    with pytest.raises(InvalidRequestError) as raised:
+        SamplingParams(**{field: value})
+    message = str(raised.value)
+    assert field in message
+    assert repr(value) in message or repr(tuple(value)) in message
+
+
+def test_invalid_request_error_is_a_domain_error_and_a_value_error():
+    with pytest.raises(PdserveError):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=0)
+
+
+def test_defaults_and_boundary_values_are_accepted():
+    SamplingParams()
+    SamplingParams(max_tokens=1, temperature=0, top_k=1, top_p=1e-9, min_p=1.0, logprobs=0)
+    SamplingParams(top_p=1.0, min_p=0.0, logprobs=MAX_LOGPROBS, seed=-5, stop_token_ids=[0])
+
+
+def test_stop_accepts_a_string_or_a_list_and_becomes_a_tuple():
+    assert SamplingParams(stop="###").stop == ("###",)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert SamplingParams(stop=None).stop == ()
+    assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)
+
+
+def test_params_are_frozen_and_hashable():
+    params = SamplingParams(stop=["x"], stop_token_ids=[1])
+    assert hash(params) == hash(SamplingParams(stop=("x",), stop_token_ids=(1,)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.temperature = 0.5
+
+
+def test_zero_temperature_is_greedy():
+    assert SamplingParams(temperature=0.0).is_greedy
+    assert SamplingParams(temperature=0).is_greedy
+    assert not SamplingParams(temperature=0.7).is_greedy
+    assert not SamplingParams().is_greedy
