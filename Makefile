@@ -1,0 +1,34 @@
+# Set-up and everyday commands. `make up` runs the system, `make test` runs the tests; both
+# create the virtualenv and generate the gRPC code first when needed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROTOS := $(wildcard protos/pdserve/v1/*.proto)
+GENERATED := pdserve/v1/__init__.py
+
+.PHONY: install protos up test test-fast clean
+
+$(BIN)/pdserve: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+install: $(BIN)/pdserve $(GENERATED)
+
+# Generated code lands in pdserve/v1/ (package pdserve.v1, matching the proto package).
+$(GENERATED): $(PROTOS) $(BIN)/pdserve
+	rm -rf pdserve/v1
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch $@
+
+protos: $(GENERATED)
+
+up: install
+	$(BIN)/pdserve up
+
+test: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
+
+clean:
+	rm -rf pdserve/v1 .pytest_cache build *.egg-info
