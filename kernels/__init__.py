@@ -1,0 +1,76 @@
+"""Paged-KV attention kernels: Triton when the tensors are on CUDA, pure torch otherwise.
+
+KV cache layout, per layer: `k_cache` and `v_cache` are each
+`[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous, with one shared layout. The token
+at absolute position `pos` of a sequence lives in block `block_table[pos // block_size]` at
+offset `pos % block_size`; its flat slot is `block_id * block_size + offset`.
+
+GQA: query head h reads kv head h // (num_heads // num_kv_heads).
+Triton modules are imported on first CUDA call, so importing this package loads no kernels.
+"""
+import torch
+
+from kernels.reference import (
+    decode_attention_reference,
+    prefill_attention_reference,
+    store_kv_reference,
+)
+
+
+def store_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64 flat slots
+) -> None:
+    """Write each token's K/V into its slot, in place."""
+    if key.is_cuda:
+        from kernels import triton_store_kv
+
+        triton_store_kv.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        store_kv_reference(key, value, k_cache, v_cache, slot_mapping)
+
+
+def decode_attention(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32, including the new token
+    scale: float,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim], query's dtype
+    """Attention of each sequence's one new token (K/V already stored) over its whole context."""
+    if query.is_cuda:
+        from kernels import triton_decode_attention
+
+        return triton_decode_attention.decode_attention(
+            query, k_cache, v_cache, block_tables, context_lens, scale
+        )
+    return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def prefill_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim], sequences packed back to back
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32 cumulative offsets into query
+    context_lens: torch.Tensor,  # [num_seqs] int32, cached prefix + new tokens
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of new tokens (K/V already stored) over cached prefix and each other.
+
+    New token i of sequence s sits at position context_lens[s] - q_len_s + i: prefix 0 is a
+    plain prefill, a non-zero prefix is a later chunk of a chunked prefill.
+    """
+    if query.is_cuda:
+        from kernels import triton_prefill_attention
+
+        return triton_prefill_attention.prefill_attention(
+            query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
+        )
+    return prefill_attention_reference(
+        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
+    )

@@ -1,0 +1,96 @@
+"""Ahead-of-time compile of every Triton kernel for sm_90, so compiler-only errors show on a CPU.
+
+Run as `python -m kernels.aot` with TRITON_INTERPRET unset or 0 (under the interpreter
+`@triton.jit` yields interpreted functions that cannot be compiled). Each kernel is compiled for
+fp16 and bf16 at head dims 64, 80 and 128, and for fp32 (IEEE tile products) at head dim 64, with
+the launchers' own constexpr choices; one line per
+compile reports the PTX target and cubin size, and the exit status is non-zero if any is empty.
+"""
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from kernels import triton_decode_attention, triton_prefill_attention, triton_store_kv
+
+TARGET = GPUTarget("cuda", 90, 32)
+COMPILE_CASES = (
+    *((dtype, head_dim) for dtype in ("fp16", "bf16") for head_dim in (64, 80, 128)),
+    ("fp32", 64),
+)
+FLOAT_ARGS = {"qk_scale_log2"}
+NUM_KV_HEADS = 8
+QUERIES_PER_KV = 4
+BLOCK_SIZE = 16
+NUM_WARPS = 4
+
+
+def kernel_specs(dtype: str, head_dim: int):
+    """(kernel, pointer types, constexprs) for one dtype and head dim."""
+    paging = {"k_cache_ptr": dtype, "v_cache_ptr": dtype, "block_tables_ptr": "i32"}
+    exact_dot = dtype == "fp32"
+    split_tokens = triton_decode_attention.default_split_tokens(4096)
+    num_splits = triton.cdiv(4096, split_tokens)
+    yield (
+        triton_store_kv._store_kv_kernel,
+        {"key_ptr": dtype, "value_ptr": dtype, "k_cache_ptr": dtype, "v_cache_ptr": dtype,
+         "slot_mapping_ptr": "i64"},
+        triton_store_kv.store_kv_constants(NUM_KV_HEADS, head_dim),
+    )
+    yield (
+        triton_decode_attention._decode_split_kernel,
+        {**paging, "query_ptr": dtype, "context_lens_ptr": "i32", "partial_out_ptr": "fp32",
+         "partial_lse_ptr": "fp32"},
+        triton_decode_attention.split_kernel_constants(
+            head_dim, QUERIES_PER_KV, BLOCK_SIZE, split_tokens, exact_dot
+        ),
+    )
+    yield (
+        triton_decode_attention._decode_reduce_kernel,
+        {"partial_out_ptr": "fp32", "partial_lse_ptr": "fp32", "context_lens_ptr": "i32",
+         "out_ptr": dtype},
+        triton_decode_attention.reduce_kernel_constants(head_dim, num_splits),
+    )
+    yield (
+        triton_prefill_attention._prefill_kernel,
+        {**paging, "query_ptr": dtype, "out_ptr": dtype, "query_start_loc_ptr": "i32",
+         "context_lens_ptr": "i32"},
+        triton_prefill_attention.prefill_kernel_constants(
+            head_dim, QUERIES_PER_KV, BLOCK_SIZE, query_tile=64, key_tile=64, exact_dot=exact_dot
+        ),
+    )
+
+
+def signature(kernel, pointer_types: dict, constants: dict) -> dict:
+    def arg_type(name):
+        if name in constants:
+            return "constexpr"
+        if name.endswith("_ptr"):
+            return "*" + pointer_types[name]
+        return "fp32" if name in FLOAT_ARGS else "i32"
+
+    return {name: arg_type(name) for name in kernel.arg_names}
+
+
+def main() -> int:
+    if not isinstance(triton_store_kv._store_kv_kernel, triton.runtime.JITFunction):
+        print("TRITON_INTERPRET is set: kernels are interpreted and cannot be compiled")
+        return 1
+    num_empty = 0
+    for dtype, head_dim in COMPILE_CASES:
+        for kernel, pointer_types, constants in kernel_specs(dtype, head_dim):
+            source = triton.compiler.ASTSource(
+                kernel, signature(kernel, pointer_types, constants), constants
+            )
+            compiled = triton.compile(source, target=TARGET, options={"num_warps": NUM_WARPS})
+            cubin_bytes = len(compiled.asm["cubin"])
+            target_line = next(
+                line for line in compiled.asm["ptx"].splitlines() if line.startswith(".target")
+            )
+            num_empty += cubin_bytes == 0
+            print(f"{kernel.__name__} {dtype} d{head_dim}: {target_line}, cubin {cubin_bytes} bytes")
+    return 1 if num_empty else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

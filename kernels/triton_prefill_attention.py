@@ -1,0 +1,170 @@
+"""Flash-attention style prefill over the paged KV cache, causal with a cached prefix.
+
+The new tokens of several sequences are packed back to back in `query`; sequence s owns rows
+query_start_loc[s]..query_start_loc[s+1]. Its context holds context_lens[s] tokens, the last
+q_len of which are the new ones (already stored), so new row i sits at absolute position
+prefix_len + i with prefix_len = context_lens[s] - q_len, and sees positions 0..prefix_len + i.
+
+One program per (sequence, head, tile of QUERY_TILE new rows) streams the visible keys in
+tiles of KEY_TILE with an online softmax. The grid's tile axis is sized by the total number of
+new tokens (a bound on every sequence's q_len that needs no device-to-host sync); programs past
+their sequence's last row return at once.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.tile_dot import needs_exact_dot, tile_dot
+
+MIN_TILE = 16  # tl.dot needs every tile side >= 16
+
+
+@triton.jit
+def _prefill_kernel(
+    query_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    context_lens_ptr,
+    qk_scale_log2,
+    stride_query_token,
+    stride_query_head,
+    stride_out_token,
+    stride_out_head,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table_seq,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    QUERY_TILE: tl.constexpr,
+    KEY_TILE: tl.constexpr,
+    EXACT_DOT: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    first_row = tl.program_id(2) * QUERY_TILE
+    query_start = tl.load(query_start_loc_ptr + seq)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
+    if first_row >= query_len:
+        return
+    context_len = tl.load(context_lens_ptr + seq)
+    prefix_len = context_len - query_len
+    kv_head = head // QUERIES_PER_KV
+
+    rows = first_row + tl.arange(0, QUERY_TILE)  # [QUERY_TILE]
+    row_mask = rows < query_len
+    query_positions = prefix_len + rows
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    dim_mask = dims < HEAD_DIM
+    row_dim_mask = row_mask[:, None] & dim_mask[None, :]
+    tokens = (query_start + rows).to(tl.int64)
+    query_offsets = tokens[:, None] * stride_query_token + head * stride_query_head + dims[None, :]
+    query = tl.load(query_ptr + query_offsets, mask=row_dim_mask, other=0.0)  # [QUERY_TILE, HEAD_DIM_PAD]
+
+    running_max = tl.full([QUERY_TILE], float("-inf"), tl.float32)
+    running_sum = tl.zeros([QUERY_TILE], tl.float32)
+    acc = tl.zeros([QUERY_TILE, HEAD_DIM_PAD], tl.float32)
+    table_row = block_tables_ptr + seq * stride_table_seq
+    key_end = tl.minimum(prefix_len + first_row + QUERY_TILE, context_len)
+    for tile_start in range(0, key_end, KEY_TILE):
+        positions = tile_start + tl.arange(0, KEY_TILE)  # [KEY_TILE]
+        in_range = positions < key_end
+        block = tl.load(table_row + positions // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        slot = block * BLOCK_SIZE + positions % BLOCK_SIZE
+        kv_offsets = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + dims[None, :]
+        kv_mask = in_range[:, None] & dim_mask[None, :]
+        key = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # [KEY_TILE, HEAD_DIM_PAD]
+        value = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+
+        scores = tile_dot(query, tl.trans(key), EXACT_DOT) * qk_scale_log2  # [QUERY_TILE, KEY_TILE]
+        visible = (positions[None, :] <= query_positions[:, None]) & in_range[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        # Position 0 is visible to every row, so running_max is finite after the first tile.
+        tile_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        probs = tl.exp2(scores - tile_max[:, None])
+        rescale = tl.exp2(running_max - tile_max)
+        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
+        acc = acc * rescale[:, None] + tile_dot(probs, value, EXACT_DOT)
+        running_max = tile_max
+
+    out = acc / running_sum[:, None]
+    out_offsets = tokens[:, None] * stride_out_token + head * stride_out_head + dims[None, :]
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_dim_mask)
+
+
+def prefill_kernel_constants(
+    head_dim: int,
+    queries_per_kv: int,
+    block_size: int,
+    query_tile: int,
+    key_tile: int,
+    exact_dot: bool,
+) -> dict:
+    return dict(
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        QUERIES_PER_KV=queries_per_kv,
+        BLOCK_SIZE=block_size,
+        QUERY_TILE=query_tile,
+        KEY_TILE=key_tile,
+        EXACT_DOT=exact_dot,
+    )
+
+
+def prefill_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    *,
+    query_tile: int = 64,
+    key_tile: int = 64,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Tile sizes are powers of two >= 16."""
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if min(query_tile, key_tile) < MIN_TILE:
+        raise ValueError(f"tiles must be >= {MIN_TILE}, got {query_tile} x {key_tile}")
+    k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, num_kv_heads, head_dim]
+    v_slots = v_cache.view(-1, num_kv_heads, head_dim)
+    out = torch.empty_like(query)
+    if num_tokens == 0:
+        return out
+    num_seqs = block_tables.shape[0]
+    _prefill_kernel[(num_seqs, num_heads, triton.cdiv(num_tokens, query_tile))](
+        query,
+        k_slots,
+        v_slots,
+        out,
+        block_tables,
+        query_start_loc,
+        context_lens,
+        scale * math.log2(math.e),
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_slots.stride(0),
+        k_slots.stride(1),
+        block_tables.stride(0),
+        **prefill_kernel_constants(
+            head_dim,
+            num_heads // num_kv_heads,
+            block_size,
+            query_tile,
+            key_tile,
+            needs_exact_dot(query.dtype),
+        ),
+    )
+    return out

@@ -1,0 +1,141 @@
+"""Shared kernel-test inputs: the test matrix, random paged batches and dtype tolerances.
+
+A test that takes a `kernel_case` argument runs once per row of an L9 orthogonal array over
+dtype x GQA ratio x block size x head dim: rows (a, b, a+b mod 3, a+2b mod 3) for a, b in 0..2.
+Every value of every axis appears three times and every pair of values from two different axes
+appears exactly once, in 9 runs instead of the 81 of the full product.
+
+A paged batch scatters each sequence's blocks over a shuffled block pool, leaves every cache slot
+that no token was written to as NaN, and pads block tables with -1, so a kernel that reads
+outside a sequence's context shows NaN (or crashes) instead of passing by luck.
+
+Kernel inputs live on the CPU under the Triton interpreter (the default set by the root conftest)
+and on the GPU when a run sets TRITON_INTERPRET=0.
+"""
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kernels.reference import store_kv_reference
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+QUERIES_PER_KV = (1, 4, 8)
+BLOCK_SIZES = (8, 16, 32)
+HEAD_DIMS = (64, 80, 128)
+NUM_KV_HEADS = 2
+DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda")
+
+# Loose enough for tensor-core products on a GPU, where probabilities are rounded to the input
+# dtype before the P @ V product; the interpreter multiplies in fp32 and lands far inside them.
+TOLERANCES = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    dtype: torch.dtype
+    queries_per_kv: int
+    block_size: int
+    head_dim: int
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{dtype}-gqa{self.queries_per_kv}-bs{self.block_size}-d{self.head_dim}"
+
+
+PAIRWISE_CASES = [
+    KernelCase(DTYPES[a], QUERIES_PER_KV[b], BLOCK_SIZES[(a + b) % 3], HEAD_DIMS[(a + 2 * b) % 3])
+    for a in range(3)
+    for b in range(3)
+]
+
+
+def pytest_generate_tests(metafunc):
+    if "kernel_case" in metafunc.fixturenames:
+        metafunc.parametrize("kernel_case", PAIRWISE_CASES, ids=str)
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    keys: list[torch.Tensor]  # per sequence [context_len, num_kv_heads, head_dim], on the CPU
+    values: list[torch.Tensor]  # per sequence [context_len, num_kv_heads, head_dim], on the CPU
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, padded with -1
+    context_lens: torch.Tensor  # [num_seqs] int32
+    query: torch.Tensor  # [num_new_tokens, num_heads, head_dim]
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    scale: float
+
+
+def make_paged_batch(
+    context_lens: list[int],
+    query_lens: list[int],
+    case: KernelCase,
+    seed: int = 0,
+    device: torch.device = DEVICE,
+) -> PagedBatch:
+    """Sequences whose last query_lens[s] of context_lens[s] tokens are the new (query) tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    block_size, head_dim, dtype = case.block_size, case.head_dim, case.dtype
+    blocks_per_seq = [-(-context_len // block_size) for context_len in context_lens]
+    num_blocks = sum(blocks_per_seq) + 1
+    block_order = torch.randperm(num_blocks, generator=generator)
+    block_tables = torch.full((len(context_lens), max(blocks_per_seq) + 1), -1, dtype=torch.int32)
+    cache_shape = (num_blocks, block_size, NUM_KV_HEADS, head_dim)
+    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    keys, values = [], []
+    first_block = 0
+    for seq, (context_len, num_seq_blocks) in enumerate(zip(context_lens, blocks_per_seq)):
+        seq_blocks = block_order[first_block : first_block + num_seq_blocks]
+        first_block += num_seq_blocks
+        block_tables[seq, :num_seq_blocks] = seq_blocks.to(torch.int32)
+        positions = torch.arange(context_len)
+        slot_mapping = seq_blocks[positions // block_size] * block_size + positions % block_size
+        shape = (context_len, NUM_KV_HEADS, head_dim)
+        keys.append(torch.randn(shape, generator=generator).to(dtype))
+        values.append(torch.randn(shape, generator=generator).to(dtype))
+        store_kv_reference(keys[-1], values[-1], k_cache, v_cache, slot_mapping)
+    num_heads = NUM_KV_HEADS * case.queries_per_kv
+    query = torch.randn((sum(query_lens), num_heads, head_dim), generator=generator).to(dtype)
+    query_start_loc = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    return PagedBatch(
+        keys=keys,
+        values=values,
+        k_cache=k_cache.to(device),
+        v_cache=v_cache.to(device),
+        block_tables=block_tables.to(device),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+        query=query.to(device),
+        query_start_loc=query_start_loc.to(device),
+        scale=head_dim**-0.5,
+    )
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+@pytest.fixture
+def paged_batch():
+    """Factory: paged_batch(context_lens, query_lens, case, seed=0, device=DEVICE) -> PagedBatch."""
+    return make_paged_batch
+
+
+@pytest.fixture
+def assert_close_for_dtype():
+    """assert_close(actual, expected, dtype=expected.dtype): compared in fp64 on the CPU with the
+    tolerance of `dtype`."""
+
+    def assert_close(actual, expected, dtype=None):
+        tolerance = TOLERANCES[dtype or expected.dtype]
+        torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), **tolerance)
+
+    return assert_close

@@ -1,0 +1,45 @@
+"""The public `kernels` API: CPU tensors go to the references, and importing loads no kernel."""
+import subprocess
+import sys
+
+import torch
+
+import kernels
+from kernels.reference import (
+    decode_attention_reference,
+    prefill_attention_reference,
+    store_kv_reference,
+)
+
+
+def test_import_loads_no_triton_kernel_module():
+    probe = "import sys, kernels; print([m for m in sys.modules if m.startswith('kernels.triton')])"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_cpu_store_kv_is_the_reference():
+    key = torch.randn(3, 2, 64)  # [num_tokens, num_kv_heads, head_dim]
+    value = torch.randn(3, 2, 64)
+    slot_mapping = torch.tensor([9, 0, 30])
+    k_cache, v_cache = torch.zeros(4, 8, 2, 64), torch.zeros(4, 8, 2, 64)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+
+    kernels.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    store_kv_reference(key, value, expected_k, expected_v, slot_mapping)
+
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+def test_cpu_attention_is_the_reference(kernel_case, paged_batch):
+    batch = paged_batch([kernel_case.block_size + 2, 3], [2, 1], kernel_case, device="cpu")
+    cache = (batch.k_cache, batch.v_cache, batch.block_tables)
+    last_tokens = batch.query[batch.query_start_loc[1:].long() - 1]  # [num_seqs, num_heads, head_dim]
+    decode_args = (last_tokens, *cache, batch.context_lens, batch.scale)
+    prefill_args = (batch.query, *cache, batch.query_start_loc, batch.context_lens, batch.scale)
+
+    decoded = kernels.decode_attention(*decode_args)
+    prefilled = kernels.prefill_attention(*prefill_args)
+
+    assert torch.equal(decoded, decode_attention_reference(*decode_args))
+    assert torch.equal(prefilled, prefill_attention_reference(*prefill_args))
