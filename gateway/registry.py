@@ -1,0 +1,164 @@
+"""The live replica set in Redis: replicas announce themselves, the gateway reads who is alive.
+
+    replica:{kind}:{replica_id}   JSON of a ReplicaInfo, with a TTL of ttl_s (ids hold no ':')
+
+A replica's ReplicaHeartbeat rewrites its key every interval_s (< ttl_s) with a fresh TTL, so
+the key lives while the replica keeps beating: `stop()` deletes it, and a killed
+replica's key expires within ttl_s. The load in the key is the last one the replica reported
+through `update_load`, so it lags the replica by up to interval_s; `updated_unix_s` says when the
+replica reported it. LiveReplicas lists keys with SCAN, never KEYS, so a large keyspace never
+blocks Redis.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from engine.errors import InvalidConfigError
+from gateway.redis_client import connect_redis
+
+logger = logging.getLogger(__name__)
+
+ReplicaKind = Literal["prefill", "decode"]
+_KINDS = ("prefill", "decode")
+_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    replica_id: str
+    kind: ReplicaKind
+    endpoint: str  # host:port of the replica's gRPC service
+    host_id: str  # equal for two replicas that can share memory (see default_host_id)
+    device: str  # "cpu", "cuda:0", ...
+    # Load, as last reported; fields a replica does not report stay 0.
+    queued_tokens: int = 0  # prompt tokens waiting for or in prefill
+    free_blocks: int = 0  # KV blocks not reserved or in use
+    total_blocks: int = 0
+    block_size: int = 0  # tokens per KV block; 0 when not reported
+    running_seqs: int = 0
+    waiting_seqs: int = 0
+    updated_unix_s: float = 0.0  # when the replica last reported its load
+
+
+LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs"})
+
+
+def default_host_id() -> str:
+    """Hostname plus kernel boot id: equal for processes on one machine (or in one pod), and
+    different after a reboot or on a machine that happens to reuse the hostname."""
+    boot_id = _BOOT_ID_PATH.read_text().strip() if _BOOT_ID_PATH.exists() else ""
+    return f"{socket.gethostname()}/{boot_id}" if boot_id else socket.gethostname()
+
+
+class ReplicaHeartbeat:
+    """The replica's side: keeps `replica:{kind}:{replica_id}` alive while the replica runs."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        kind: ReplicaKind,
+        replica_id: str,
+        endpoint: str,
+        host_id: str,
+        device: str,
+        ttl_s: float = 3.0,
+        interval_s: float = 1.0,
+    ):
+        if kind not in _KINDS:
+            raise InvalidConfigError(f"replica kind must be one of {_KINDS}, got {kind!r}")
+        if not replica_id or ":" in replica_id:
+            raise InvalidConfigError(f"replica id must be non-empty and free of ':', got {replica_id!r}")
+        if not 0 < interval_s < ttl_s:
+            raise InvalidConfigError(f"need 0 < interval_s < ttl_s, got {interval_s} and {ttl_s}")
+        self._redis_url = redis_url
+        self._key = _replica_key(kind, replica_id)
+        self._ttl_ms = round(ttl_s * 1000)
+        self._interval_s = interval_s
+        self._info = ReplicaInfo(replica_id, kind, endpoint, host_id, device)
+        self._client: redis.Redis | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Writes the key once (raising if Redis cannot be reached) and starts beating."""
+        # A write may take up to the socket timeout; keeping it under interval_s keeps the beat.
+        self._client = connect_redis(self._redis_url, timeout_s=self._interval_s)
+        self._info = dataclasses.replace(self._info, updated_unix_s=time.time())
+        try:
+            await self._write()
+        except BaseException:
+            await self._client.aclose()
+            self._client = None
+            raise
+        self._task = asyncio.create_task(self._beat(), name=f"heartbeat {self._key}")
+
+    def update_load(self, **load: int) -> None:
+        """Records the replica's load; the next beat publishes it. Unknown fields raise TypeError."""
+        unknown = load.keys() - LOAD_FIELDS
+        if unknown:
+            raise TypeError(f"not load fields: {sorted(unknown)}")
+        self._info = dataclasses.replace(self._info, **load, updated_unix_s=time.time())
+
+    async def stop(self) -> None:
+        """Stops beating and deletes the key, so the gateway stops routing here at once."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._client is not None:
+            try:
+                await self._client.delete(self._key)
+            finally:
+                await self._client.aclose()
+                self._client = None
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self._write()
+            except RedisError as error:
+                # Keep beating: once Redis answers again the replica reappears.
+                logger.warning("heartbeat %s not written: %s", self._key, error)
+
+    async def _write(self) -> None:
+        await self._client.set(self._key, json.dumps(dataclasses.asdict(self._info)), px=self._ttl_ms)
+
+
+class LiveReplicas:
+    """The gateway's side: reads the replicas whose heartbeat keys have not expired."""
+
+    def __init__(self, client: redis.Redis, *, scan_count: int = 100):
+        """`client` must decode replies (gateway.redis_client.connect_redis makes one)."""
+        self._redis = client
+        self._scan_count = scan_count
+
+    async def list(self, kind: ReplicaKind) -> list[ReplicaInfo]:
+        """The live replicas of `kind`, ordered by replica_id."""
+        pattern = _replica_key(kind, "*")
+        keys = [key async for key in self._redis.scan_iter(match=pattern, count=self._scan_count)]
+        # Keys below a replica's own (replica:{kind}:{id}:...) are not heartbeats.
+        keys = [key for key in keys if ":" not in key.removeprefix(pattern[:-1])]
+        if not keys:
+            return []
+        # A key may expire between SCAN and MGET; it reads as None and is left out.
+        values = await self._redis.mget(keys)
+        replicas = [ReplicaInfo(**json.loads(value)) for value in values if value is not None]
+        return sorted(replicas, key=lambda replica: replica.replica_id)
+
+
+def _replica_key(kind: str, replica_id: str) -> str:
+    return f"replica:{kind}:{replica_id}"

@@ -1,0 +1,52 @@
+"""The lifecycle of a request as the gateway records it, and its one transition function.
+
+    QUEUED ──▶ PREFILLING ──▶ TRANSFERRING ──▶ DECODING ──▶ FINISHED
+                   │               │
+                   └───────────────┴──▶ FINISHED   (first token is EOS, or max_tokens is 1)
+
+    any non-terminal state ──▶ ABORTED | FAILED
+
+FINISHED, ABORTED and FAILED are terminal: nothing leaves them. The member values are the numbers
+of the proto enum `pdserve.v1.RequestState`, so the service edge converts with `RequestState(n)`
+and `state.value`; this module stays free of protobuf so policy code can use it.
+"""
+from __future__ import annotations
+
+import enum
+
+from engine.errors import PdserveError
+
+
+class RequestState(enum.IntEnum):
+    QUEUED = 1
+    PREFILLING = 2
+    TRANSFERRING = 3
+    DECODING = 4
+    FINISHED = 5
+    ABORTED = 6
+    FAILED = 7
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState.FAILED})
+_ENDINGS = frozenset({RequestState.ABORTED, RequestState.FAILED})
+_ALLOWED = {
+    RequestState.QUEUED: {RequestState.PREFILLING} | _ENDINGS,
+    RequestState.PREFILLING: {RequestState.TRANSFERRING, RequestState.FINISHED} | _ENDINGS,
+    RequestState.TRANSFERRING: {RequestState.DECODING, RequestState.FINISHED} | _ENDINGS,
+    RequestState.DECODING: {RequestState.FINISHED} | _ENDINGS,
+}
+
+
+class IllegalTransitionError(PdserveError, RuntimeError):
+    """A request was asked to move to a state its current state does not lead to."""
+
+
+def transition(current: RequestState, to: RequestState) -> RequestState:
+    """Returns `to` if a request in `current` may move there; raises IllegalTransitionError if not."""
+    if to not in _ALLOWED.get(current, ()):
+        raise IllegalTransitionError(f"{current.name} -> {to.name}")
+    return to

@@ -1,0 +1,194 @@
+"""Request records in Redis, changed only along the lifecycle of gateway.request_state.
+
+    req:{id}            hash: state, prompt_tokens, completion_tokens, prefill_replica,
+                        decode_replica, transport, error, kv_bytes, kv_transfer_s, created_unix_s
+    req:{id}:history    list: "STATE@unix_s", one entry per state entered, oldest first
+
+A transition reads the stored state, checks the move with `transition()` and writes the new
+state, its history entry and any fields in one MULTI under WATCH, so of two writers racing from
+the same state only one wins and the other sees the winner's state. Entering a terminal state
+gives both keys a TTL of `ttl_s`; records of live requests have none. Each Redis call is bounded
+by the socket timeouts of the client (see gateway.redis_client).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import redis.asyncio as redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import WatchError
+
+from engine.errors import InvalidConfigError, InvalidRequestError, PdserveError
+from gateway.request_state import IllegalTransitionError, RequestState, transition
+
+# Retries of one WATCH transaction when another writer changed the request in between; each
+# retry follows a winning writer, so this bounds how many writers can race on one request.
+_MAX_ATTEMPTS = 32
+
+_FIELD_TYPES: dict[str, type] = {
+    "prompt_tokens": int,
+    "completion_tokens": int,
+    "prefill_replica": str,
+    "decode_replica": str,
+    "transport": str,  # the transport actually used, as kvtransfer names it ("shm", "grpc", ...)
+    "error": str,
+    "kv_bytes": int,
+    "kv_transfer_s": float,
+}
+
+
+class RequestNotFoundError(PdserveError, LookupError):
+    """No record for this request id (never created, or expired after it ended)."""
+
+
+class RequestExistsError(InvalidRequestError):
+    """A request id that is already in use was given to a new request."""
+
+
+class StoreContentionError(PdserveError, RuntimeError):
+    """A request kept changing under a transaction until it gave up."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    state: RequestState
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_replica: str
+    decode_replica: str
+    transport: str
+    error: str
+    kv_bytes: int
+    kv_transfer_s: float
+    created_unix_s: float
+    history: tuple[tuple[RequestState, float], ...]  # (state entered, unix time), oldest first
+
+
+class RequestStore:
+    def __init__(self, client: redis.Redis, *, ttl_s: float = 3600.0):
+        """`client` must decode replies (gateway.redis_client.connect_redis makes one)."""
+        if ttl_s <= 0:
+            raise InvalidConfigError(f"ttl_s must be positive, got {ttl_s}")
+        self._redis = client
+        self._ttl_ms = round(ttl_s * 1000)
+
+    async def create(self, request_id: str, prompt_tokens: int) -> None:
+        """Records a new request in QUEUED; raises RequestExistsError if the id is taken."""
+        key = _key(request_id)
+
+        async def body(pipe: Pipeline) -> None:
+            if await pipe.exists(key):
+                raise RequestExistsError(f"request id {request_id!r} is already in use")
+            now_unix_s = time.time()
+            pipe.multi()
+            pipe.hset(key, mapping=_encode(_initial_fields(prompt_tokens, now_unix_s)))
+            pipe.rpush(_history_key(request_id), _history_entry(RequestState.QUEUED, now_unix_s))
+
+        await self._atomically(key, body)
+
+    async def transition(self, request_id: str, to_state: RequestState, **fields: int | float | str) -> None:
+        """Moves the request to `to_state` and sets `fields` with it, or raises
+        IllegalTransitionError and changes nothing."""
+        key = _key(request_id)
+        mapping = _encode(_checked(fields))
+
+        async def body(pipe: Pipeline) -> None:
+            stored = await pipe.hget(key, "state")
+            if stored is None:
+                raise RequestNotFoundError(f"request {request_id!r} not found")
+            try:
+                transition(RequestState[stored], to_state)
+            except IllegalTransitionError as error:
+                raise IllegalTransitionError(f"request {request_id!r}: {error}") from None
+            pipe.multi()
+            pipe.hset(key, mapping={**mapping, "state": to_state.name})
+            pipe.rpush(_history_key(request_id), _history_entry(to_state, time.time()))
+            if to_state.is_terminal:
+                pipe.pexpire(key, self._ttl_ms)
+                pipe.pexpire(_history_key(request_id), self._ttl_ms)
+
+        await self._atomically(key, body)
+
+    async def update(self, request_id: str, **fields: int | float | str) -> None:
+        """Sets fields other than the state; raises RequestNotFoundError for an unknown request."""
+        key = _key(request_id)
+        mapping = _encode(_checked(fields))
+
+        async def body(pipe: Pipeline) -> None:
+            if not await pipe.exists(key):
+                raise RequestNotFoundError(f"request {request_id!r} not found")
+            pipe.multi()
+            pipe.hset(key, mapping=mapping)
+
+        if mapping:
+            await self._atomically(key, body)
+
+    async def get(self, request_id: str) -> RequestRecord | None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(_key(request_id))
+            pipe.lrange(_history_key(request_id), 0, -1)
+            stored, history = await pipe.execute()
+        if not stored:
+            return None
+        return RequestRecord(
+            request_id=request_id,
+            state=RequestState[stored["state"]],
+            **{name: kind(stored[name]) for name, kind in _FIELD_TYPES.items()},
+            created_unix_s=float(stored["created_unix_s"]),
+            history=tuple(_parse_history_entry(entry) for entry in history),
+        )
+
+    async def _atomically(self, key: str, body: Callable[[Pipeline], Awaitable[None]]) -> None:
+        """Runs `body` (reads, then `pipe.multi()` and queued writes) under WATCH on `key`,
+        again from the start whenever another writer changed `key` before EXEC."""
+        for _ in range(_MAX_ATTEMPTS):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(key)
+                await body(pipe)
+                try:
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
+        raise StoreContentionError(f"{key} changed under {_MAX_ATTEMPTS} transactions in a row")
+
+
+def _key(request_id: str) -> str:
+    return f"req:{request_id}"
+
+
+def _history_key(request_id: str) -> str:
+    return f"req:{request_id}:history"
+
+
+def _initial_fields(prompt_tokens: int, now_unix_s: float) -> dict[str, int | float | str]:
+    fields = {name: kind() for name, kind in _FIELD_TYPES.items()}
+    fields.update(state=RequestState.QUEUED.name, prompt_tokens=prompt_tokens, created_unix_s=now_unix_s)
+    return fields
+
+
+def _checked(fields: dict[str, int | float | str]) -> dict[str, int | float | str]:
+    for name, value in fields.items():
+        kind = _FIELD_TYPES.get(name)
+        if kind is None:
+            raise TypeError(f"not a settable request field: {name!r}")
+        accepted = (int, float) if kind is float else kind
+        if not isinstance(value, accepted) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"request field {name!r} takes {kind.__name__}, got {value!r}")
+    return fields
+
+
+def _encode(fields: dict[str, int | float | str]) -> dict[str, str]:
+    return {name: repr(float(value)) if isinstance(value, float) else str(value) for name, value in fields.items()}
+
+
+def _history_entry(state: RequestState, unix_s: float) -> str:
+    return f"{state.name}@{unix_s!r}"
+
+
+def _parse_history_entry(entry: str) -> tuple[RequestState, float]:
+    name, unix_s = entry.split("@")
+    return RequestState[name], float(unix_s)

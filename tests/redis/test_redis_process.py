@@ -1,0 +1,33 @@
+"""The private redis-server: answers once started, keeps nothing on disk, stops for good."""
+import socket
+
+import pytest
+import redis
+
+from pdserve.redis_process import RedisStartError, start_redis
+
+
+def test_a_started_server_answers_on_loopback_and_keeps_nothing_on_disk(tmp_path):
+    with start_redis(data_dir=tmp_path, timeout_s=10.0) as server:
+        assert server.url == f"redis://127.0.0.1:{server.port}/0"
+        with redis.Redis.from_url(server.url, socket_timeout=5.0) as client:
+            assert client.info("server")["process_id"] == server.pid
+            assert client.config_get("save") == {"save": ""}
+            assert client.config_get("appendonly") == {"appendonly": "no"}
+            client.set("k", "v")
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=server.port, socket_connect_timeout=1.0, retry=None).ping()
+    assert [path.name for path in tmp_path.iterdir()] == ["redis.log"]
+
+
+def test_two_servers_get_different_free_ports(tmp_path):
+    with start_redis(data_dir=tmp_path / "a", timeout_s=10.0) as a, start_redis(data_dir=tmp_path / "b", timeout_s=10.0) as b:
+        assert a.port != b.port
+
+
+def test_a_taken_port_is_a_start_error_that_says_why(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        with pytest.raises(RedisStartError, match="Address already in use"):
+            start_redis(holder.getsockname()[1], data_dir=tmp_path, timeout_s=10.0)

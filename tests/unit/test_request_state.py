@@ -1,0 +1,50 @@
+"""The gateway's request lifecycle: exactly the moves of the diagram, numbered as the proto enum."""
+import subprocess
+import sys
+
+import pytest
+
+from gateway.request_state import IllegalTransitionError, RequestState, transition
+from pdserve.v1 import gateway_pb2
+
+Q, P, T, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.TRANSFERRING, RequestState.DECODING
+FINISHED, ABORTED, FAILED = RequestState.FINISHED, RequestState.ABORTED, RequestState.FAILED
+
+LEGAL_MOVES = {
+    (Q, P), (P, T), (T, D), (D, FINISHED),
+    (P, FINISHED),  # first token is EOS, or max_tokens is 1
+    (T, FINISHED),
+    *((state, end) for state in (Q, P, T, D) for end in (ABORTED, FAILED)),
+}
+
+
+def test_values_are_the_proto_enum_numbers():
+    proto = gateway_pb2.RequestState
+    assert {state.name: state.value for state in RequestState} == {
+        name.removeprefix("REQUEST_STATE_"): number
+        for name, number in proto.items()
+        if name != "REQUEST_STATE_UNSPECIFIED"
+    }
+
+
+@pytest.mark.parametrize("current", list(RequestState), ids=lambda s: s.name)
+@pytest.mark.parametrize("to", list(RequestState), ids=lambda s: s.name)
+def test_exactly_the_legal_moves_are_allowed(current, to):
+    if (current, to) in LEGAL_MOVES:
+        assert transition(current, to) is to
+    else:
+        with pytest.raises(IllegalTransitionError, match=f"{current.name} -> {to.name}"):
+            transition(current, to)
+
+
+def test_terminal_states_are_those_nothing_leaves():
+    leaves = {current for current, _ in LEGAL_MOVES}
+    assert {state for state in RequestState if state.is_terminal} == set(RequestState) - leaves == {
+        FINISHED, ABORTED, FAILED
+    }
+
+
+def test_module_imports_no_protobuf_grpc_redis_or_torch():
+    heavy = ("google.protobuf", "grpc", "redis", "torch")
+    code = f"import sys, gateway.request_state; print([m for m in {heavy!r} if m in sys.modules])"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
