@@ -1,0 +1,74 @@
+"""The contract between the gateway's public fronts (HTTP, gRPC) and the gateway core.
+
+A front turns a client request into one `GenerateInput`, iterates `Frontend.generate` and shapes
+each `StreamChunk` for its wire format. The core owns everything behind that: tokenization,
+routing, the request store, detokenization and the engine-side metrics.
+
+Stream invariant: `generate` yields chunks whose `text` deltas concatenate to the completion
+text and whose `token_ids` concatenate to the completion tokens; exactly the last chunk has a
+`finish_reason`. Closing the iterator before that chunk (`aclose`, or cancelling the task that
+iterates it) aborts the request everywhere: that is how a front reports a client that left.
+"""
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.errors import PdserveError
+from engine.sampler import TokenLogprobs
+from engine.sampling_params import SamplingParams
+
+
+class UnavailableError(PdserveError):
+    """The request cannot be served now (no live replica, a backend is down): retry later.
+
+    Fronts report it as HTTP 503 / gRPC UNAVAILABLE. More specific gateway errors (such as the
+    router finding no replica) subclass it.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateInput:
+    """One generation request. Exactly one of prompt / prompt_token_ids / messages is set."""
+
+    request_id: str | None  # None: the frontend assigns one
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[dict] | None = None  # [{"role": str, "content": str}], rendered with the chat template
+    params: SamplingParams = SamplingParams()
+    # True when the client gave no max_tokens: the frontend then lowers params.max_tokens to the
+    # room left in the context (max_model_len - prompt tokens) instead of rejecting the request.
+    max_tokens_is_default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    request_id: str
+    token_ids: list[int]  # tokens new in this chunk
+    text: str  # text new in this chunk; never half a UTF-8 character
+    logprobs: list[TokenLogprobs]  # one per new token when params.logprobs is set, else empty
+    finish_reason: str | None  # None until the last chunk: "stop" | "length" | "abort"
+    stop_reason: int | str | None  # the stop token id or stop string that ended the request
+    prompt_tokens: int
+    completion_tokens: int  # generated so far, this chunk included
+
+
+class Frontend(Protocol):
+    model_name: str
+    max_model_len: int
+    tokenizer: object  # a transformers PreTrainedTokenizerFast; fronts only call decode()
+
+    def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
+        """An async generator of the request's chunks.
+
+        Raises InvalidRequestError for input the model cannot serve and UnavailableError when no
+        replica can take it, at the latest when the first chunk is awaited.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> bool:
+        """Aborts a running request; False if it is unknown or already finished."""
+        ...
+
+    def health(self) -> bool:
+        """False when the request cannot be served now (no live replicas)."""
+        ...

@@ -1,0 +1,109 @@
+"""The gateway's Prometheus metrics, in a registry of their own (no process-global state).
+
+Who records what, so that nothing is counted twice:
+- the gateway core (the `Frontend` behind both the HTTP and the gRPC front) records every
+  request-level figure: `on_request_start` / `on_finish` exactly once per admitted request,
+  `on_first_token` and `on_token` as tokens arrive, `on_preemptions` and `on_kv_transfer` from
+  what the replicas report;
+- the HTTP front records only `on_http_response`, one per HTTP response, which also counts the
+  requests rejected before they reached the core.
+
+Names follow vLLM's (`vllm:time_to_first_token_seconds` becomes
+`pdserve:time_to_first_token_seconds`), so dashboards built for it need only the prefix changed.
+"""
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+PREFIX = "pdserve:"
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+"""Values `on_finish` accepts; "error" is a request that failed after it was admitted."""
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+)
+INTER_TOKEN_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+)
+
+
+class GatewayMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        model = ("model_name",)
+        self._model_name = model_name
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = model) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=self.registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...], labels=model) -> Histogram:
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+
+        self._running = Gauge(
+            PREFIX + "num_requests_running", "Requests admitted and not yet finished.", model,
+            registry=self.registry,
+        )
+        self._finished = counter(
+            "request_success", "Finished requests by finish reason.", model + ("finished_reason",)
+        )
+        self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self._generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self._preemptions = counter("num_preemptions", "Times a decode replica preempted a request.")
+        self._ttft_s = histogram(
+            "time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS_S
+        )
+        self._itl_s = histogram(
+            "inter_token_latency_seconds", "Time between consecutive tokens.", INTER_TOKEN_BUCKETS_S
+        )
+        self._e2e_s = histogram(
+            "e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS_S
+        )
+        transport = model + ("transport",)
+        self._kv_bytes = counter("kv_transfer_bytes", "KV cache bytes moved prefill to decode.", transport)
+        self._kv_s = histogram(
+            "kv_transfer_seconds", "Duration of one request's KV transfer.", LATENCY_BUCKETS_S, transport
+        )
+        self._http_responses = Counter(
+            PREFIX + "http_responses", "HTTP responses by route and status code.",
+            ("route", "status_code"), registry=self.registry,
+        )
+
+    def on_request_start(self) -> None:
+        self._running.labels(self._model_name).inc()
+
+    def on_first_token(self, ttft_s: float) -> None:
+        self._ttft_s.labels(self._model_name).observe(ttft_s)
+
+    def on_token(self, itl_s: float) -> None:
+        """One generated token after the first, `itl_s` after the one before it."""
+        self._itl_s.labels(self._model_name).observe(itl_s)
+
+    def on_finish(self, reason: str, prompt_tokens: int, completion_tokens: int, e2e_s: float) -> None:
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"finish reason {reason!r} is not one of {FINISH_REASONS}")
+        self._running.labels(self._model_name).dec()
+        self._finished.labels(self._model_name, reason).inc()
+        self._prompt_tokens.labels(self._model_name).inc(prompt_tokens)
+        self._generation_tokens.labels(self._model_name).inc(completion_tokens)
+        self._e2e_s.labels(self._model_name).observe(e2e_s)
+
+    def on_preemptions(self, num_preemptions: int) -> None:
+        self._preemptions.labels(self._model_name).inc(num_preemptions)
+
+    def on_kv_transfer(self, transport: str, num_bytes: int, seconds: float) -> None:
+        self._kv_bytes.labels(self._model_name, transport).inc(num_bytes)
+        self._kv_s.labels(self._model_name, transport).observe(seconds)
+
+    def on_http_response(self, route: str, status_code: int) -> None:
+        """`route` is the matched route pattern (bounded cardinality), never the raw path."""
+        self._http_responses.labels(route, str(status_code)).inc()
+
+    @property
+    def content_type(self) -> str:
+        return CONTENT_TYPE_LATEST
+
+    def render(self) -> bytes:
+        """All metrics in the Prometheus text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,285 @@
+"""OpenAI request parsing and response shaping, without a server: what is accepted and how it
+maps onto GenerateInput, what is refused with which status and param, and the JSON shapes."""
+import math
+
+import pytest
+
+from engine.sampler import TokenLogprobs
+from engine.sampling_params import SamplingParams
+from gateway.frontend_types import StreamChunk
+from gateway.openai_protocol import (
+    MIN_LOGPROB,
+    ApiError,
+    Endpoint,
+    create_shaper,
+    parse_chat_request,
+    parse_completion_request,
+)
+
+MODEL = "m"
+MAX_MODEL_LEN = 1024
+USER = [{"role": "user", "content": "hi"}]
+
+
+def completion(**body):
+    return parse_completion_request(body, MODEL)
+
+
+def chat(**body):
+    return parse_chat_request(body, MODEL, MAX_MODEL_LEN)
+
+
+def refusal(parse, **body) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        parse(**body)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "token_ids"),
+    [
+        ("hello", "hello", None),
+        ("", "", None),
+        ([1, 2, 3], None, [1, 2, 3]),
+        (["hello"], "hello", None),
+        ([[4, 5]], None, [4, 5]),
+    ],
+)
+def test_a_single_prompt_is_accepted_as_text_or_token_ids(prompt, text, token_ids):
+    generate_input = completion(prompt=prompt).generate_input
+
+    assert (generate_input.prompt, generate_input.prompt_token_ids) == (text, token_ids)
+    assert generate_input.messages is None
+    assert generate_input.request_id is None
+
+
+@pytest.mark.parametrize("prompt", [[], [1, -2], [1, True], [1.5], {"text": "hi"}, None, 7, [[1], [2]], ["a", "b"], [[]]])
+def test_anything_else_as_a_prompt_is_a_400_on_prompt(prompt):
+    error = refusal(completion, prompt=prompt)
+
+    assert (error.status, error.param) == (400, "prompt")
+
+
+def test_completion_defaults_match_openai():
+    parsed = completion(prompt="hi")
+
+    assert parsed.endpoint is Endpoint.COMPLETIONS
+    assert parsed.generate_input.params == SamplingParams(max_tokens=16)
+    assert parsed.generate_input.max_tokens_is_default
+    assert (parsed.stream, parsed.include_usage) == (False, False)
+
+
+def test_nulls_mean_defaults():
+    parsed = completion(
+        prompt="hi", model=None, max_tokens=None, temperature=None, top_p=None, n=None, stop=None,
+        logprobs=None, stream=None, seed=None, top_k=None, echo=None, user=None,
+    )
+
+    assert parsed.generate_input.params == SamplingParams(max_tokens=16)
+
+
+def test_sampling_fields_map_onto_sampling_params():
+    params = completion(
+        prompt="hi", max_tokens=5, temperature=0, top_p=0.5, top_k=3, min_p=0.2, seed=11, stop="\n",
+        stop_token_ids=[9], ignore_eos=True, logprobs=3, include_stop_str_in_output=True,
+    ).generate_input.params
+
+    assert params == SamplingParams(
+        max_tokens=5, temperature=0, top_p=0.5, top_k=3, min_p=0.2, seed=11, stop=("\n",),
+        stop_token_ids=(9,), ignore_eos=True, logprobs=3, include_stop_str_in_output=True,
+    )
+
+
+@pytest.mark.parametrize("top_k", [0, -1])
+def test_vllm_spellings_of_top_k_off_turn_it_off(top_k):
+    assert completion(prompt="hi", top_k=top_k).generate_input.params.top_k is None
+
+
+def test_matching_model_and_zero_penalties_are_accepted():
+    parsed = completion(prompt="hi", model=MODEL, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, n=1)
+
+    assert parsed.generate_input.prompt == "hi"
+
+
+def test_another_model_is_a_404_model_not_found():
+    error = refusal(completion, prompt="hi", model="other")
+
+    assert (error.status, error.code, error.param) == (404, "model_not_found", "model")
+    assert error.body()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"n": 3}, "n", "only n=1"),
+        ({"n": True}, "n", "integer"),
+        ({"best_of": 2}, "best_of", "not supported"),
+        ({"echo": True}, "echo", "not supported"),
+        ({"suffix": "x"}, "suffix", "not supported"),
+        ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        ({"logit_bias": {"1": 5}}, "logit_bias", "not supported"),
+        ({"stop": {"a": 1}}, "stop", "string or a list"),
+        ({"stop": ["a", 2]}, "stop", "only str"),
+        ({"seed": "7"}, "seed", "integer"),
+        ({"logprobs": True}, "logprobs", "integer"),
+        ({"top_k": -2}, "top_k", "top_k=-2"),
+        ({"min_p": 2}, "min_p", "min_p=2"),
+        ({"ignore_eos": "yes"}, "ignore_eos", "bool"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options", "bool"),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options", "not supported"),
+        ({"user": 5}, "user", "string"),
+        ({"functions": []}, "functions", "Unrecognized"),
+    ],
+)
+def test_bad_completion_fields_are_400s_naming_the_field(body, param, fragment):
+    error = refusal(completion, prompt="hi", **body)
+
+    assert (error.status, error.param, error.error_type) == (400, param, "invalid_request_error")
+    assert fragment in error.message
+
+
+def test_include_usage_needs_and_follows_stream():
+    assert completion(prompt="hi", stream=True, stream_options={"include_usage": True}).include_usage
+    assert not completion(prompt="hi", stream=True, stream_options={}).include_usage
+
+
+def test_a_non_object_body_is_a_400():
+    with pytest.raises(ApiError) as caught:
+        parse_completion_request([1, 2], MODEL)
+
+    assert caught.value.status == 400
+
+
+def test_chat_without_max_tokens_may_fill_the_context():
+    parsed = chat(messages=USER)
+
+    assert parsed.endpoint is Endpoint.CHAT
+    assert parsed.generate_input.messages == USER
+    assert parsed.generate_input.params.max_tokens == MAX_MODEL_LEN
+    assert parsed.generate_input.max_tokens_is_default
+
+
+def test_chat_prefers_max_completion_tokens_over_the_deprecated_max_tokens():
+    parsed = chat(messages=USER, max_tokens=50, max_completion_tokens=7)
+
+    assert parsed.generate_input.params.max_tokens == 7
+    assert not parsed.generate_input.max_tokens_is_default
+    assert chat(messages=USER, max_tokens=50).generate_input.params.max_tokens == 50
+
+
+def test_chat_logprobs_flag_and_top_logprobs_become_one_count():
+    assert chat(messages=USER).generate_input.params.logprobs is None
+    assert chat(messages=USER, logprobs=False).generate_input.params.logprobs is None
+    assert chat(messages=USER, logprobs=True).generate_input.params.logprobs == 0
+    assert chat(messages=USER, logprobs=True, top_logprobs=4).generate_input.params.logprobs == 4
+
+
+def test_chat_errors_use_the_request_field_names():
+    too_many = refusal(chat, messages=USER, logprobs=True, top_logprobs=21)
+    assert (too_many.param, too_many.message.split("=")[0]) == ("top_logprobs", "top_logprobs")
+    zero = refusal(chat, messages=USER, max_completion_tokens=0)
+    assert zero.param == "max_completion_tokens" and zero.message.startswith("max_completion_tokens=0")
+    assert refusal(chat, messages=USER, logprobs="yes").param == "logprobs"
+
+
+@pytest.mark.parametrize(
+    ("messages", "fragment"),
+    [
+        (None, "non-empty list"),
+        ("hi", "non-empty list"),
+        (["hi"], "messages[0] must be an object"),
+        ([{"content": "hi"}], "messages[0].role"),
+        ([{"role": "user", "content": 3}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "only text parts"),
+        ([USER[0], {"role": "tool", "content": "b", "tool_call_id": "1"}], "messages[1].tool_call_id"),
+    ],
+)
+def test_bad_messages_are_400s_saying_which_message(messages, fragment):
+    error = refusal(chat, messages=messages)
+
+    assert (error.status, error.param) == (400, "messages")
+    assert fragment in error.message
+
+
+def chunk(text: str, token_ids: list[int], finish_reason=None, logprobs=(), completion_tokens=1) -> StreamChunk:
+    return StreamChunk(
+        request_id="r1", token_ids=token_ids, text=text, logprobs=list(logprobs), finish_reason=finish_reason,
+        stop_reason=None, prompt_tokens=3, completion_tokens=completion_tokens,
+    )
+
+
+def token_text(token_id: int) -> str:
+    return {1: "a", 2: "bc", 3: "é"}[token_id]
+
+
+def test_completion_shaper_builds_the_whole_response():
+    shaper = create_shaper(completion(prompt="hi", logprobs=1), MODEL, 1700000000, token_text)
+    chunks = [
+        chunk("a", [1], logprobs=[TokenLogprobs(1, -0.5, (2,), (-0.1,))]),
+        chunk("bc", [2], "length", logprobs=[TokenLogprobs(2, -math.inf, (2,), (-0.1,))], completion_tokens=2),
+    ]
+
+    assert shaper.response(chunks) == {
+        "id": "cmpl-r1",
+        "object": "text_completion",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "text": "abc",
+                "logprobs": {
+                    "tokens": ["a", "bc"],
+                    "token_logprobs": [-0.5, MIN_LOGPROB],
+                    "top_logprobs": [{"bc": -0.1, "a": -0.5}, {"bc": -0.1}],
+                    "text_offset": [0, 1],
+                },
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+def test_a_chunk_with_nothing_new_is_not_streamed():
+    shaper = create_shaper(completion(prompt="hi", stream=True), MODEL, 0, token_text)
+
+    assert shaper.chunk_events(chunk("", [])) == []
+    assert len(shaper.chunk_events(chunk("", [3]))) == 1  # a token whose text is held back still counts
+
+
+def test_chat_stream_opens_with_the_role_once_and_closes_with_finish_and_usage():
+    parsed = chat(messages=USER, stream=True, stream_options={"include_usage": True})
+    shaper = create_shaper(parsed, MODEL, 5, token_text)
+
+    first = shaper.chunk_events(chunk("a", [1]))
+    last = shaper.chunk_events(chunk("", [], "stop", completion_tokens=1))
+    tail = shaper.usage_event(chunk("", [], "stop", completion_tokens=1))
+
+    deltas = [event["choices"][0]["delta"] for event in first]
+    assert deltas == [{"role": "assistant", "content": ""}, {"content": "a"}]
+    assert all(event["object"] == "chat.completion.chunk" and event["usage"] is None for event in first + last)
+    [finish] = last
+    assert (finish["choices"][0]["delta"], finish["choices"][0]["finish_reason"]) == ({}, "stop")
+    assert tail["choices"] == []
+    assert tail["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+
+
+def test_chat_logprobs_carry_utf8_bytes_and_exactly_the_top_entries():
+    shaper = create_shaper(chat(messages=USER, logprobs=True, top_logprobs=1), MODEL, 0, token_text)
+
+    response = shaper.response([chunk("é", [3], "stop", logprobs=[TokenLogprobs(3, -1.0, (1,), (-0.5,))])])
+
+    assert response["object"] == "chat.completion"
+    assert response["choices"][0]["message"] == {"role": "assistant", "content": "é"}
+    assert response["choices"][0]["logprobs"] == {
+        "content": [
+            {
+                "token": "é",
+                "logprob": -1.0,
+                "bytes": [0xC3, 0xA9],
+                "top_logprobs": [{"token": "a", "logprob": -0.5, "bytes": [0x61]}],
+            }
+        ]
+    }
