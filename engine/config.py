@@ -110,3 +110,15 @@ def _reject_sliding_window(raw: dict) -> None:
         raise InvalidModelError(
             f"sliding-window attention (window {window} < max positions "
             f"{raw['max_position_embeddings']}) is not supported")
+
+
+def model_id(model_dir: str | Path) -> str:
+    """Names a model by content, not path: a hash of config.json and the weight files' names and
+    sizes, so two replicas that mount the same folder at different paths agree."""
+    import hashlib
+
+    model_dir = Path(model_dir)
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for path in sorted(model_dir.glob("*.safetensors")):
+        digest.update(f"{path.name}:{path.stat().st_size}".encode())
+    return f"{model_dir.name}-{digest.hexdigest()[:12]}"

@@ -21,6 +21,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's max positions
+    detokenize: bool = True  # False: emit token ids only; stop strings are the caller's job
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

@@ -20,3 +20,8 @@ class InvalidModelError(PdserveError, ValueError):
 
 class InvalidConfigError(PdserveError, ValueError):
     """An engine or service configuration value is out of range or inconsistent."""
+
+
+class PreconditionError(PdserveError):
+    """The request is well-formed but the system is not in the state it needs (e.g. its KV has
+    not landed, or its reservation expired)."""

@@ -5,15 +5,24 @@
     finished = self._update(output, result)  # append tokens, detokenize, check stops, free blocks
 
 Requests join (`add_request`) and leave (finish, `abort_request`) between any two steps.
+
+For disaggregation the same engine plays both sides:
+- prefill: `add_request(..., hold_kv=True)` keeps a finished request's blocks (listed in its
+  output's `held_block_ids`) until `release_kv`, so they can be pushed to a decode replica;
+- decode: `reserve` allocates blocks for a prompt whose KV another replica computes, and
+  `add_prefilled_request` joins it to the batch with that KV in place and its first token known.
+  `release_kv` gives back a reservation that is never used.
+Not thread-safe: one thread drives it (see `AsyncEngine`).
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from engine.block_allocator import BlockAllocator
+from engine.block_allocator import BlockAllocator, OutOfBlocksError
 from engine.config import ModelConfig
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidConfigError, InvalidRequestError
@@ -31,8 +40,11 @@ DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
 CUDA_KV_CACHE_FRACTION = 0.8  # of the memory free once the weights are loaded
 
 
+KVAllocator = Callable[[KVCacheSpec, int, torch.device], torch.Tensor]
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, kv_allocator: KVAllocator | None = None):
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = ModelConfig.from_dir(config.model)
@@ -44,25 +56,71 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks()
         self.allocator = BlockAllocator(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
-        kv_cache = self.kv_spec.allocate(num_blocks, self.device)
-        self.runner = ModelRunner(model, kv_cache, config.block_size, self.device)
-        self.output_processor = OutputProcessor(self.tokenizer, _eos_token_id(self.tokenizer, self.model_config))
+        allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
+        self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device)
+        self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
+        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
         self._requests: dict[str, Request] = {}
+        self._hold_kv: set[str] = set()  # requests whose blocks outlive them until release_kv
+        self._kv_owners: set[str] = set()  # finished-but-held requests and unused reservations
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        if request_id in self._requests:
-            raise InvalidRequestError(f"request id {request_id!r} is already running")
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    seed: int | None = None, hold_kv: bool = False) -> list[int]:
+        """Queues a request; `seed` overrides the params' seed. Returns the prompt's token ids."""
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate_prompt(prompt_ids, params)
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        request = Request(request_id, prompt_ids, params, seed)
-        self._requests[request_id] = request
-        self.output_processor.add(request)
+        request = self._new_request(request_id, prompt_ids, params, seed)
+        if hold_kv:
+            self._hold_kv.add(request_id)
+        self.scheduler.add(request)
+        return prompt_ids
+
+    def reserve(self, request_id: str, num_prompt_tokens: int) -> list[int]:
+        """Allocates blocks for a prompt whose KV will be written from outside; returns them."""
+        if request_id in self._requests or request_id in self._kv_owners:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not self.allocator.can_allocate(request_id, num_prompt_tokens):
+            raise OutOfBlocksError(
+                f"cannot reserve {num_prompt_tokens} tokens: {self.allocator.num_free_blocks} blocks free")
+        self._kv_owners.add(request_id)
+        return list(self.allocator.allocate(request_id, num_prompt_tokens))
+
+    def add_prefilled_request(self, request_id: str, prompt_ids: list[int], first_token_id: int,
+                              params: SamplingParams, seed: int) -> None:
+        """Joins a reserved request whose prompt KV has landed; it continues after `first_token_id`."""
+        if request_id not in self._kv_owners:
+            raise InvalidRequestError(f"request {request_id!r} has no reservation")
+        num_reserved = len(self.allocator.block_table(request_id)) * self.allocator.block_size
+        if len(prompt_ids) > num_reserved:
+            raise InvalidRequestError(
+                f"request {request_id!r}: prompt of {len(prompt_ids)} tokens, reservation holds {num_reserved}")
+        self._kv_owners.discard(request_id)
+        try:
+            request = self._new_request(request_id, prompt_ids, params, seed)
+        except InvalidRequestError:
+            self._kv_owners.add(request_id)
+            raise
+        request.num_computed_tokens = len(prompt_ids)
+        request.output_token_ids.append(first_token_id)
+        self.output_processor.skip_first_token(request_id)
         self.scheduler.add(request)
 
-    def abort_request(self, request_id: str) -> None:
-        if self.scheduler.abort(request_id) is not None:
-            self._forget(request_id)
+    def release_kv(self, request_id: str) -> bool:
+        """Frees the blocks of a held finished request or an unused reservation."""
+        if request_id not in self._kv_owners:
+            return False
+        self._kv_owners.discard(request_id)
+        self.allocator.free(request_id)
+        return True
+
+    def abort_request(self, request_id: str) -> bool:
+        """Ends a queued or running request (or drops a reservation); its blocks come back."""
+        if self.release_kv(request_id):
+            return True
+        if self.scheduler.abort(request_id) is None:
+            return False
+        self._forget(request_id)
+        return True
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -81,13 +139,30 @@ class LLMEngine:
             if decision is not None:
                 status = (RequestStatus.FINISHED_LENGTH if decision.finish_reason == "length"
                           else RequestStatus.FINISHED_STOPPED)
-                self.scheduler.finish(self._requests[request_id], status)
+                hold = request_id in self._hold_kv
+                self.scheduler.finish(self._requests[request_id], status, free_blocks=not hold)
+                if hold:
+                    self._kv_owners.add(request_id)
+                    step_output.held_block_ids = list(self.allocator.block_table(request_id))
                 self._forget(request_id)
             step_outputs.append(step_output)
         return step_outputs
 
+    def _new_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                     seed: int | None) -> Request:
+        if request_id in self._requests or request_id in self._kv_owners:
+            raise InvalidRequestError(f"request id {request_id!r} is already running")
+        self._validate_prompt(prompt_ids, params)
+        if seed is None:
+            seed = params.seed if params.seed is not None else random.getrandbits(63)
+        request = Request(request_id, prompt_ids, params, seed)
+        self._requests[request_id] = request
+        self.output_processor.add(request)
+        return request
+
     def _forget(self, request_id: str) -> None:
         del self._requests[request_id]
+        self._hold_kv.discard(request_id)
         self.output_processor.remove(request_id)
 
     def _validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:

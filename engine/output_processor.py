@@ -20,15 +20,19 @@ from engine.stop import StopDecision, check_stop
 class _RequestState:
     request: Request
     completion: CompletionOutput
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None when the engine does not detokenize
     holdback_chars: int
     num_streamed_chars: int = 0
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, eos_token_id: int | None):
+    """With `detokenize=False` (a decode replica whose gateway turns tokens into text) no text is
+    produced and stop strings are left to the caller; token-based stops still apply."""
+
+    def __init__(self, tokenizer, eos_token_id: int | None, detokenize: bool = True):
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
+        self.detokenize = detokenize
         self._states: dict[str, _RequestState] = {}
 
     def add(self, request: Request) -> None:
@@ -36,10 +40,17 @@ class OutputProcessor:
         completion = CompletionOutput(index=0, text="", token_ids=request.output_token_ids,
                                       logprobs=[] if params.logprobs is not None else None)
         holdback = 0
-        if params.stop and not params.include_stop_str_in_output:
+        if self.detokenize and params.stop and not params.include_stop_str_in_output:
             holdback = max(len(stop) for stop in params.stop) - 1
-        self._states[request.request_id] = _RequestState(
-            request, completion, IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids), holdback)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids) if self.detokenize else None
+        self._states[request.request_id] = _RequestState(request, completion, detokenizer, holdback)
+
+    def skip_first_token(self, request_id: str) -> None:
+        """Accounts for a first token that was sampled and streamed elsewhere (by prefill)."""
+        state = self._states[request_id]
+        if state.detokenizer is not None:
+            state.completion.text = state.detokenizer.push(state.request.output_token_ids[:1])
+            state.num_streamed_chars = len(state.completion.text)
 
     def remove(self, request_id: str) -> None:
         self._states.pop(request_id, None)
@@ -51,12 +62,14 @@ class OutputProcessor:
         request, completion = state.request, state.completion
         if completion.logprobs is not None:
             completion.logprobs.append(logprobs)
-        delta = state.detokenizer.push([token_id])
+        delta = state.detokenizer.push([token_id]) if state.detokenizer else ""
         completion.text += delta
         decision = check_stop(request.params, request.output_token_ids, completion.text,
                               self.eos_token_id, len(delta))
         if decision is not None:
-            completion.text = decision.text + (state.detokenizer.finish() if decision.finish_reason == "length" else "")
+            completion.text = decision.text
+            if decision.finish_reason == "length" and state.detokenizer:
+                completion.text += state.detokenizer.finish()
             completion.finish_reason = decision.finish_reason
             completion.stop_reason = decision.stop_reason
         stream_end = len(completion.text) - (0 if decision else state.holdback_chars)

@@ -25,3 +25,4 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)  # tokens added by this step
     new_text: str = ""  # text added by this step
     num_preemptions: int = 0
+    held_block_ids: list[int] | None = None  # finished with hold_kv: blocks kept until release_kv

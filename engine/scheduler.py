@@ -112,10 +112,12 @@ class Scheduler:
             if chunk.samples:
                 request.output_token_ids.append(sampled[request.request_id])
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
+    def finish(self, request: Request, status: RequestStatus, free_blocks: bool = True) -> None:
+        """Ends a running request; with `free_blocks=False` its blocks stay allocated for the caller."""
         self.running.remove(request)
         request.transition(status)
-        self.allocator.free(request.request_id)
+        if free_blocks:
+            self.allocator.free(request.request_id)
 
     def abort(self, request_id: str) -> Request | None:
         for queue in (self.running, self.waiting):

@@ -1,0 +1,139 @@
+"""A decode replica: the engine, its shareable KV pool and the reservations on it.
+
+1. Reserve: blocks are allocated for a prompt and entered in the reservation table.
+2. Transfer: a prefill replica writes the prompt's KV into them (in place, or through the
+   KVTransfer service) and the reservation is marked LANDED.
+3. Generate: the request joins the running batch with its first token; tokens stream out.
+4. Finish / abort / expiry: the engine frees the blocks.
+
+All engine access goes through `AsyncEngine`; the reservation table lives on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from decode_svc.reservations import ReservationError, ReservationTable
+from engine.async_engine import AsyncEngine
+from engine.config import model_id
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from kvtransfer.layout import check_layout, make_layout
+from kvtransfer.pool import KVPool, create_kv_pool
+from pdserve.v1 import decode_pb2
+
+logger = logging.getLogger(__name__)
+REAP_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeReplicaConfig:
+    engine: EngineConfig
+    replica_id: str
+    kv_endpoint: str  # host:port where prefill replicas reach this replica's KVTransfer service
+    reservation_timeout_s: float = 30.0
+    token_timeout_s: float = 120.0  # longest wait for the next token of a running request
+
+
+class DecodeReplica:
+    def __init__(self, config: DecodeReplicaConfig, loop: asyncio.AbstractEventLoop):
+        self.config = config
+        self.pool: KVPool | None = None
+        # A CPU pool goes in shared memory so that same-host prefill replicas can write in place.
+        engine = LLMEngine(config.engine, kv_allocator=self._allocate_pool)
+        self.engine = AsyncEngine(engine, loop)
+        self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
+        self.reservations = ReservationTable(config.reservation_timeout_s)
+        self.num_blocks = engine.allocator.num_blocks
+        self._reaper: asyncio.Task | None = None
+
+    def _allocate_pool(self, spec, num_blocks, device):
+        self.pool = create_kv_pool(spec, num_blocks, device, shared=True)
+        return self.pool.tensor
+
+    def start(self) -> None:
+        self.engine.start()
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_expired())
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await self.engine.stop()
+        self.pool.close()
+
+    def load(self) -> dict[str, int]:
+        """Figures for the replica registry; plain reads of counters the engine thread updates."""
+        engine = self.engine.engine
+        return {
+            "free_blocks": engine.allocator.num_free_blocks,
+            "total_blocks": engine.allocator.num_blocks,
+            "block_size": engine.allocator.block_size,
+            "running_seqs": len(engine.scheduler.running),
+            "waiting_seqs": len(engine.scheduler.waiting),
+            "reserved": len(self.reservations),
+            "num_preemptions": engine.scheduler.num_preemptions,
+        }
+
+    async def reserve(self, request: decode_pb2.ReserveRequest) -> decode_pb2.KVTarget:
+        """Raises LayoutMismatchError, TransportUnavailableError, OutOfBlocksError, InvalidRequestError."""
+        if request.HasField("prefill_layout"):  # otherwise prefill checks the target's layout itself
+            check_layout(self.layout, request.prefill_layout, "decode", "prefill")
+        pool_fields = self.pool.target_fields(request.transport)
+        request_id, num_tokens = request.request_id, request.num_prompt_tokens
+        block_ids = await self.engine.call(lambda engine: engine.reserve(request_id, num_tokens))
+        entry = self.reservations.add(request_id, block_ids, num_tokens, time.monotonic())
+        remaining_s = entry.deadline_s - time.monotonic()
+        return decode_pb2.KVTarget(
+            request_id=request_id, decode_replica=self.config.replica_id,
+            kv_endpoint=self.config.kv_endpoint, block_ids=block_ids, layout=self.layout,
+            transport=request.transport, deadline_unix_s=time.time() + remaining_s, **pool_fields)
+
+    # The two methods below are the KVReceiver's view of the reservations.
+    def block_ids(self, request_id: str) -> list[int] | None:
+        return self.reservations.writable_block_ids(request_id)
+
+    def mark_landed(self, request_id: str, num_bytes: int) -> None:
+        self.reservations.mark_landed(request_id, num_bytes, time.monotonic())
+
+    async def generate(self, request_id: str, prompt_ids: list[int], first_token_id: int,
+                       params: SamplingParams, seed: int) -> AsyncIterator[RequestOutput]:
+        """Joins the landed request to the batch and yields its outputs; closing the iterator
+        early aborts the request. Raises ReservationError if its KV has not landed."""
+        reservation = self.reservations.join(request_id)
+        if len(prompt_ids) != reservation.num_prompt_tokens:
+            self.engine.submit(lambda engine: engine.release_kv(request_id))
+            raise ReservationError(
+                f"request {request_id}: {len(prompt_ids)} prompt tokens, {reservation.num_prompt_tokens} reserved")
+        stream = self.engine.open_stream(request_id)
+        finished = False
+        try:
+            await self.engine.call(
+                lambda engine: engine.add_prefilled_request(request_id, prompt_ids, first_token_id, params, seed))
+            while not finished:
+                output = await asyncio.wait_for(stream.get(), self.config.token_timeout_s)
+                if isinstance(output, Exception):
+                    raise output
+                finished = output.finished
+                yield output
+        finally:
+            self.engine.close_stream(request_id)
+            if not finished:
+                self.engine.submit(lambda engine: engine.abort_request(request_id))
+
+    async def abort(self, request_id: str) -> bool:
+        self.reservations.remove(request_id)
+        return await self.engine.abort(request_id)
+
+    async def _reap_expired(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            for entry in self.reservations.pop_expired(time.monotonic()):
+                logger.warning("reservation of %s expired (%s); releasing %d blocks",
+                               entry.request_id, entry.state.value, len(entry.block_ids))
+                self.engine.submit(lambda engine, rid=entry.request_id: engine.release_kv(rid))
+

@@ -1,0 +1,139 @@
+"""Drives an `LLMEngine` on its own thread for asyncio callers.
+
+The engine is single-threaded: only the engine thread touches it. Callers submit commands
+(`call`), which run between two steps, and receive each request's outputs on an asyncio queue
+(`open_stream`). The thread steps while any request is unfinished and otherwise sleeps on the
+command queue, so an idle replica burns no CPU.
+
+Invariant: every command's future is resolved (result or exception), and every stream sees its
+request's outputs in order, ending with one that has `finished=True` or with an exception item
+(`RequestAbortedError`, `EngineDeadError`), unless the stream is closed first.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped after an unexpected error; the replica must be restarted."""
+
+
+class RequestAbortedError(RuntimeError):
+    """Put on a request's stream when it is aborted while someone reads it."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
+        self.engine = engine
+        self._loop = loop
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.on_step: Callable[[LLMEngine], None] | None = None  # called on the engine thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        self._commands.put(None)
+        await asyncio.to_thread(self._thread.join, timeout_s)
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Runs `fn(engine)` on the engine thread between steps and returns its result."""
+        if self._error is not None:
+            raise EngineDeadError(f"engine stopped: {self._error!r}")
+        future = self._loop.create_future()
+        self._commands.put((fn, future))
+        return await future
+
+    def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
+        """Runs `fn(engine)` between steps without waiting: for clean-up that must happen even
+        when the caller is being cancelled (aborts, releases). Errors are logged."""
+        self._commands.put((fn, None))
+
+    async def abort(self, request_id: str) -> bool:
+        """Aborts the request (or drops its reservation / held KV); a reader of its stream gets
+        `RequestAbortedError` instead of waiting for outputs that will never come."""
+        aborted = await self.call(lambda engine: engine.abort_request(request_id))
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put_nowait(RequestAbortedError(f"request {request_id} was aborted"))
+        return aborted
+
+    def open_stream(self, request_id: str) -> asyncio.Queue[RequestOutput]:
+        """Registers a queue for the request's outputs; call before adding the request."""
+        stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request_id] = stream
+        return stream
+
+    def close_stream(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain_commands(block=not self.engine.has_unfinished_requests())
+                if self.engine.has_unfinished_requests():
+                    outputs = self.engine.step()
+                    if self.on_step is not None:
+                        self.on_step(self.engine)
+                    if outputs:
+                        self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        except BaseException as exc:  # the replica cannot continue; fail every waiter loudly
+            logger.exception("engine thread died")
+            self._error = exc
+            self._loop.call_soon_threadsafe(self._fail_all, exc)
+
+    def _drain_commands(self, block: bool) -> None:
+        while True:
+            try:
+                item = self._commands.get(block=block, timeout=0.5 if block else None)
+            except queue.Empty:
+                return
+            if item is None:
+                return
+            fn, future = item
+            try:
+                result = fn(self.engine)
+            except Exception as exc:
+                if future is None:
+                    logger.exception("engine command failed")
+                else:
+                    self._loop.call_soon_threadsafe(_resolve, future, None, exc)
+            else:
+                if future is not None:
+                    self._loop.call_soon_threadsafe(_resolve, future, result, None)
+            block = False
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put_nowait(output)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(EngineDeadError(f"engine stopped: {exc!r}"))
+
+
+def _resolve(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

@@ -1,0 +1,24 @@
+"""One gRPC channel per replica endpoint, opened on first use and closed with the gateway."""
+from __future__ import annotations
+
+import grpc
+
+from pdserve.serving import MAX_MESSAGE_BYTES
+
+
+class ChannelPool:
+    def __init__(self):
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, endpoint: str) -> grpc.aio.Channel:
+        if endpoint not in self._channels:
+            self._channels[endpoint] = grpc.aio.insecure_channel(endpoint, options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ])
+        return self._channels[endpoint]
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()

@@ -1,0 +1,89 @@
+"""`pdserve gateway`: the public gRPC (`pdserve.v1.Gateway`) and OpenAI-compatible HTTP fronts."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from engine.config import ModelConfig
+from engine.tokenizer import load_tokenizer
+from gateway.frontend import FrontendConfig, GatewayFrontend
+from gateway.http_api import create_app
+from gateway.metrics import GatewayMetrics
+from gateway.redis_client import connect_redis
+from gateway.registry import LiveReplicas
+from gateway.request_store import RequestStore
+from gateway.service import GatewayService
+from gateway.tokenization import PromptBuilder
+from pdserve.serving import GrpcServer
+from pdserve.service_args import configure_logging
+from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+logger = logging.getLogger(__name__)
+TRANSPORTS = {"auto": None, "shm": common_pb2.TRANSPORT_SHM, "grpc": common_pb2.TRANSPORT_GRPC,
+              "cuda_ipc": common_pb2.TRANSPORT_CUDA_IPC}
+HEALTH_REFRESH_S = 1.0
+REDIS_TIMEOUT_S = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (tokenizer, chat template, config)")
+    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--grpc-port", type=int, default=50051)
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--transport", choices=sorted(TRANSPORTS), default="auto",
+                        help="KV transport between prefill and decode (auto: from the replicas' host and device)")
+    parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, "gateway")
+    asyncio.run(serve(args))
+    return 0
+
+
+async def serve(args: argparse.Namespace) -> None:
+    model_config = ModelConfig.from_dir(args.model)
+    tokenizer = load_tokenizer(args.model)
+    model_name = args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
+    redis = connect_redis(args.redis_url, timeout_s=REDIS_TIMEOUT_S)
+    metrics = GatewayMetrics(model_name)
+    prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)
+    frontend = GatewayFrontend(
+        FrontendConfig(model_name=model_name, forced_transport=TRANSPORTS[args.transport]),
+        prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
+
+    server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
+    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayService(frontend), server.server)
+    http = web.AppRunner(create_app(frontend, metrics), handle_signals=False)
+    await http.setup()
+    await web.TCPSite(http, args.host, args.http_port).start()
+    await server.start()
+    health = asyncio.create_task(refresh_health(frontend))
+    await server.mark_serving()
+    logger.info("gateway serving gRPC on %s:%d and HTTP on http://%s:%d (model %s)",
+                args.host, server.port, args.host, args.http_port, model_name)
+
+    async def shutdown() -> None:
+        health.cancel()
+        await http.cleanup()
+        await frontend.close()
+        await redis.aclose()
+
+    await server.serve_until_signal(on_stop=shutdown)
+
+
+async def refresh_health(frontend: GatewayFrontend) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            try:
+                await frontend.refresh_health()
+            except Exception as exc:  # Redis down: unhealthy until it answers again
+                logger.warning("cannot list replicas: %s", exc)
+            await asyncio.sleep(HEALTH_REFRESH_S)

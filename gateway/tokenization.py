@@ -1,0 +1,76 @@
+"""Client input → prompt token ids and final sampling parameters, checked against the model.
+
+The model's end-of-turn tokens (generation_config.json's `eos_token_id` list beyond the
+tokenizer's EOS) are added as stop tokens, as vLLM does, so chat replies end at the turn.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from engine.errors import InvalidRequestError
+from engine.sampling_params import SamplingParams
+from gateway.frontend_types import GenerateInput
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer, model_dir: str, vocab_size: int, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_id = tokenizer.eos_token_id
+        self.extra_stop_token_ids = tuple(
+            sorted(set(_generation_eos_ids(Path(model_dir))) - {self.eos_token_id}))
+
+    def prompt_ids(self, request: GenerateInput) -> list[int]:
+        given = [x is not None for x in (request.prompt, request.prompt_token_ids, request.messages)]
+        if sum(given) != 1:
+            raise InvalidRequestError("give exactly one of prompt, prompt_token_ids or messages")
+        if request.prompt is not None:
+            ids = self.tokenizer.encode(request.prompt)
+        elif request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+            if any(not 0 <= token_id < self.vocab_size for token_id in ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
+        else:
+            ids = self._render_chat(request.messages)
+        if not ids:
+            raise InvalidRequestError("prompt is empty")
+        return ids
+
+    def params(self, request: GenerateInput, num_prompt_tokens: int) -> SamplingParams:
+        params = request.params
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise InvalidRequestError(
+                f"prompt has {num_prompt_tokens} tokens; the model's context length is {self.max_model_len}")
+        if request.max_tokens_is_default and params.max_tokens > room:
+            params = dataclasses.replace(params, max_tokens=room)
+        if params.max_tokens > room:
+            raise InvalidRequestError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"model's context length {self.max_model_len}")
+        if self.extra_stop_token_ids and not params.ignore_eos:
+            stop_ids = tuple(dict.fromkeys(params.stop_token_ids + self.extra_stop_token_ids))
+            params = dataclasses.replace(params, stop_token_ids=stop_ids)
+        return params
+
+    def _render_chat(self, messages: list[dict]) -> list[int]:
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                    or not isinstance(message.get("content"), str):
+                raise InvalidRequestError("each chat message needs a string 'role' and 'content'")
+        try:
+            return list(self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        except Exception as exc:  # the template itself rejects the conversation
+            raise InvalidRequestError(f"chat template failed: {exc}") from exc
+
+
+def _generation_eos_ids(model_dir: Path) -> list[int]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return eos if isinstance(eos, list) else [] if eos is None else [eos]

@@ -1,0 +1,81 @@
+"""Domain errors → gRPC status codes, applied only at the service edge.
+
+Domain code raises typed errors; a servicer method wrapped with `grpc_errors` aborts the call
+with the mapped code and the error's message. Anything unmapped is a bug: INTERNAL, logged.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+
+import grpc
+
+from engine.async_engine import EngineDeadError, RequestAbortedError
+from engine.block_allocator import OutOfBlocksError
+from engine.errors import InvalidRequestError, PreconditionError
+from gateway.frontend_types import UnavailableError
+from gateway.request_store import RequestNotFoundError
+from kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
+
+logger = logging.getLogger(__name__)
+
+_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (LayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (TransportUnavailableError, grpc.StatusCode.FAILED_PRECONDITION),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (OutOfBlocksError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (TransferError, grpc.StatusCode.UNAVAILABLE),
+    (RequestAbortedError, grpc.StatusCode.ABORTED),
+    (EngineDeadError, grpc.StatusCode.UNAVAILABLE),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (RequestNotFoundError, grpc.StatusCode.NOT_FOUND),
+]
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    code = getattr(exc, "grpc_code", None)  # errors that carry a downstream replica's status
+    if code is not None:
+        return code, str(exc)
+    for error_type, code in _CODES:
+        if isinstance(exc, error_type):
+            return code, str(exc) or type(exc).__name__
+    if isinstance(exc, grpc.aio.AioRpcError):  # a downstream call failed: pass its status on
+        return exc.code(), exc.details() or exc.code().name
+    return None
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str):
+    status = status_for(exc)
+    if status is None:
+        logger.exception("%s failed", method)
+        status = grpc.StatusCode.INTERNAL, f"internal error: {exc!r}"
+    await context.abort(*status)
+
+
+def grpc_errors(method):
+    """Wraps a unary or server-streaming grpc.aio servicer method."""
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream_wrapper(self, request, context):
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:
+                await _abort(context, exc, method.__qualname__)
+        return stream_wrapper
+
+    @functools.wraps(method)
+    async def unary_wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc, method.__qualname__)
+    return unary_wrapper

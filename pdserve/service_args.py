@@ -1,0 +1,42 @@
+"""Command-line flags shared by the prefill and decode replicas."""
+from __future__ import annotations
+
+import argparse
+import logging
+import uuid
+
+from engine.engine_config import EngineConfig
+
+
+def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face model folder")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port)")
+    parser.add_argument("--advertise-host", default=None,
+                        help="host other processes use to reach this replica (default: --host)")
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--replica-id", default=None, help=f"default: {kind}-<random>")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks, kv_cache_bytes=args.kv_cache_bytes,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        detokenize=detokenize)
+
+
+def replica_id_from(args: argparse.Namespace, kind: str) -> str:
+    return args.replica_id or f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def configure_logging(level: str, name: str) -> None:
+    logging.basicConfig(level=level.upper(), format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")

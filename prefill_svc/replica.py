@@ -1,0 +1,99 @@
+"""A prefill replica: batches prompts, computes their KV, pushes it to decode.
+
+1. Queue: the prompt joins the engine's scheduler, which batches prompts under the token budget
+   and splits long ones into chunks (the same policy as continuous batching; a request here
+   asks for one token, so it leaves right after its prompt).
+2. First token: sampled with the request's seed at position len(prompt), exactly what an
+   uninterrupted run would sample; the request's blocks stay held (`hold_kv`).
+3. Push: a `KVSender` copies the held blocks into the decode replica's reserved blocks and
+   returns once decode acknowledged them.
+4. Release: the held blocks are freed, on success, failure or cancellation alike.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engine.async_engine import AsyncEngine
+from engine.config import model_id
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampler import TokenLogprobs
+from engine.sampling_params import SamplingParams
+from kvtransfer.base import KVSender, TransferResult
+from kvtransfer.layout import make_layout
+from kvtransfer.senders import create_sender
+from pdserve.v1 import decode_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillReplicaConfig:
+    engine: EngineConfig
+    replica_id: str
+    prefill_timeout_s: float = 300.0  # queueing plus compute of one prompt
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    token_id: int
+    logprobs: TokenLogprobs | None
+
+
+class PrefillReplica:
+    def __init__(self, config: PrefillReplicaConfig, loop: asyncio.AbstractEventLoop):
+        self.config = config
+        engine = LLMEngine(config.engine)
+        self.engine = AsyncEngine(engine, loop)
+        self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
+        self.kv_cache = engine.kv_cache
+        self.queued_tokens = 0  # prompt tokens accepted but not yet prefilled
+        self._senders: dict[int, KVSender] = {}
+
+    def start(self) -> None:
+        self.engine.start()
+
+    async def stop(self) -> None:
+        for sender in self._senders.values():
+            await sender.close()
+        await self.engine.stop()
+
+    def load(self) -> dict[str, int]:
+        engine = self.engine.engine
+        return {"queued_tokens": self.queued_tokens, "free_blocks": engine.allocator.num_free_blocks,
+                "total_blocks": engine.allocator.num_blocks, "block_size": engine.allocator.block_size}
+
+    async def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
+                  target: decode_pb2.KVTarget) -> AsyncIterator[FirstToken | TransferResult]:
+        """Yields the first token, then the transfer result. Closing early aborts the request."""
+        sender = self._sender(target.transport)
+        one_token = dataclasses.replace(params, max_tokens=1, stop=(), include_stop_str_in_output=False)
+        stream = self.engine.open_stream(request_id)
+        self.queued_tokens += len(prompt_ids)
+        counted = True
+        try:
+            await self.engine.call(
+                lambda engine: engine.add_request(request_id, prompt_ids, one_token, seed=seed, hold_kv=True))
+            output = await asyncio.wait_for(stream.get(), self.config.prefill_timeout_s)
+            if isinstance(output, Exception):
+                raise output
+            self.queued_tokens -= len(prompt_ids)
+            counted = False
+            completion = output.outputs[0]
+            yield FirstToken(completion.token_ids[0], completion.logprobs[0] if completion.logprobs else None)
+            yield await sender.send(request_id, self.kv_cache, output.held_block_ids, target)
+        finally:
+            if counted:
+                self.queued_tokens -= len(prompt_ids)
+            self.engine.close_stream(request_id)
+            # Releases held blocks after the push, or aborts a request still queued or running.
+            self.engine.submit(lambda engine: engine.abort_request(request_id))
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.engine.abort(request_id)
+
+    def _sender(self, transport: int) -> KVSender:
+        if transport not in self._senders:
+            self._senders[transport] = create_sender(transport, self.layout)
+        return self._senders[transport]
