@@ -1,0 +1,147 @@
+"""TRANSPORT_CUDA_IPC: the prefill replica copies device-to-device into the decode pool.
+
+Same host, CUDA pools. The decode replica exports its pool once through torch's CUDA IPC
+(`_share_cuda_`); the exported fields travel as JSON in `KVTarget.cuda_ipc_handle` and the
+prefill replica opens them once per decode pool, through torch's own IPC cache. A copy is
+synchronized before `KVTransfer.Commit`, so the decode replica never reads a half-written block.
+`cuda_device` is a device index as both processes see it: they must share CUDA_VISIBLE_DEVICES.
+There is no fallback: where CUDA IPC cannot work, this raises TransportUnavailableError.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+
+from kvtransfer.base import TransferResult, check_in_place_target, num_block_bytes, validate_send
+from kvtransfer.errors import TransferError, TransportUnavailableError
+from kvtransfer.pool import copy_blocks
+from kvtransfer.rpc import KVTransferClient
+from pdserve.v1 import common_pb2, decode_pb2
+
+logger = logging.getLogger(__name__)
+
+_BYTES_FIELDS = ("storage_handle", "ref_counter_handle", "event_handle")
+
+
+def export_cuda_pool(tensor: torch.Tensor) -> bytes:
+    """What a prefill replica needs to open `tensor`, a CUDA pool, from another process."""
+    if not tensor.is_cuda:
+        raise TransportUnavailableError(f"TRANSPORT_CUDA_IPC needs a CUDA KV pool, this one is on {tensor.device}")
+    (
+        device, storage_handle, storage_size_bytes, storage_offset_bytes,
+        ref_counter_handle, ref_counter_offset, event_handle, event_sync_required,
+    ) = tensor.untyped_storage()._share_cuda_()
+    fields = {
+        "device": device,
+        "storage_handle": storage_handle,
+        "storage_size_bytes": storage_size_bytes,
+        "storage_offset_bytes": storage_offset_bytes,
+        "ref_counter_handle": ref_counter_handle,
+        "ref_counter_offset": ref_counter_offset,
+        "event_handle": event_handle,
+        "event_sync_required": event_sync_required,
+        "tensor_offset": tensor.storage_offset(),
+        "shape": list(tensor.shape),
+        "stride": list(tensor.stride()),
+        "dtype": str(tensor.dtype).removeprefix("torch."),
+    }
+    for name in _BYTES_FIELDS:
+        fields[name] = base64.b64encode(fields[name]).decode()
+    return json.dumps(fields).encode()
+
+
+def open_cuda_pool(handle: bytes) -> torch.Tensor:
+    """Opens a pool exported by `export_cuda_pool` in another process on this host."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    try:
+        fields = json.loads(handle)
+        for name in _BYTES_FIELDS:
+            fields[name] = base64.b64decode(fields[name])
+        dtype = getattr(torch, fields["dtype"])
+    except (ValueError, KeyError, AttributeError, TypeError) as error:
+        raise TransferError(f"malformed cuda_ipc_handle in the KV target: {error}") from error
+    return rebuild_cuda_tensor(
+        torch.Tensor,
+        torch.Size(fields["shape"]),
+        tuple(fields["stride"]),
+        fields["tensor_offset"],
+        torch.UntypedStorage,
+        dtype,
+        fields["device"],
+        fields["storage_handle"],
+        fields["storage_size_bytes"],
+        fields["storage_offset_bytes"],
+        False,
+        fields["ref_counter_handle"],
+        fields["ref_counter_offset"],
+        fields["event_handle"],
+        fields["event_sync_required"],
+    )
+
+
+class CudaIpcSender:
+    def __init__(self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float):
+        if not torch.cuda.is_available():
+            raise TransportUnavailableError(
+                "TRANSPORT_CUDA_IPC needs a CUDA device, and this process sees none"
+            )
+        self._layout = local_layout
+        self._client = KVTransferClient(rpc_timeout_s)
+        self._pools: dict[bytes, torch.Tensor] = {}  # exported handle -> the decode pool, opened
+
+    def _decode_pool(self, target: decode_pb2.KVTarget) -> torch.Tensor:
+        if not target.cuda_ipc_handle:
+            raise TransportUnavailableError(
+                f"KV target of request {target.request_id} carries no CUDA IPC handle"
+            )
+        pool = self._pools.get(target.cuda_ipc_handle)
+        if pool is None:
+            pool = open_cuda_pool(target.cuda_ipc_handle)
+            if pool.shape[2] != target.pool_num_blocks:
+                raise TransferError(
+                    f"opened decode pool has {pool.shape[2]} blocks, the target says {target.pool_num_blocks}"
+                )
+            self._pools[target.cuda_ipc_handle] = pool
+        return pool
+
+    async def send(
+        self,
+        request_id: str,
+        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        block_ids: Sequence[int],
+        target: decode_pb2.KVTarget,
+    ) -> TransferResult:
+        start_s = time.perf_counter()
+        validate_send(self._layout, request_id, kv_cache, block_ids, target)
+        if not kv_cache.is_cuda:
+            raise TransportUnavailableError(
+                f"TRANSPORT_CUDA_IPC needs the prefill pool on CUDA, it is on {kv_cache.device}"
+            )
+        check_in_place_target(request_id, target)
+        decode_pool = self._decode_pool(target)
+        await asyncio.to_thread(_copy_and_sync, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
+        num_bytes = num_block_bytes(kv_cache, len(block_ids))
+        await self._client.commit(request_id, target, self._layout, num_bytes)
+        seconds = time.perf_counter() - start_s
+        logger.debug("request %s: %d KV bytes over cuda_ipc in %.4f s", request_id, num_bytes, seconds)
+        return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=common_pb2.TRANSPORT_CUDA_IPC)
+
+    async def close(self) -> None:
+        self._pools.clear()
+        await self._client.close()
+
+
+def _copy_and_sync(dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
+    # The prefill pool may have been written on another stream: finish that before reading it,
+    # and finish the copy before the decode replica is told the blocks are complete.
+    torch.cuda.synchronize(src.device)
+    copy_blocks(dst, dst_block_ids, src, src_block_ids)
+    torch.cuda.synchronize(dst.device)
+    torch.cuda.synchronize(src.device)

@@ -1,0 +1,17 @@
+"""Errors of the KV transfer layer.
+
+Torch-free and grpc-free, so that pure policy (transport choice) can raise them too.
+"""
+from engine.errors import PdserveError
+
+
+class LayoutMismatchError(PdserveError, ValueError):
+    """Two sides disagree on the KV layout; writing would silently corrupt the decode pool."""
+
+
+class TransferError(PdserveError, RuntimeError):
+    """A KV transfer did not complete: the decode side refused it, was unreachable or timed out."""
+
+
+class TransportUnavailableError(PdserveError, RuntimeError):
+    """The requested transport cannot work between these two replicas; there is no fallback."""

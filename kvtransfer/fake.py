@@ -1,0 +1,71 @@
+"""An in-memory KV sender/receiver pair, for unit tests of the services that use them.
+
+The fake sender runs the same checks as the real ones (layout, block counts) and hands a copy
+of the blocks to the fake receiver, which refuses requests its reservations do not hold and
+then marks them landed, as a decode replica would. `fail_with` makes the next sends fail.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from kvtransfer.base import TransferResult, num_block_bytes, validate_send
+from kvtransfer.errors import TransferError
+from kvtransfer.layout import check_layout
+from kvtransfer.receiver import ReservationView
+from pdserve.v1 import common_pb2, decode_pb2
+
+
+class FakeKVReceiver:
+    def __init__(self, local_layout: common_pb2.KVLayout, reservations: ReservationView):
+        self._layout = local_layout
+        self._reservations = reservations
+        # request id -> its KV, [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        self.received: dict[str, torch.Tensor] = {}
+
+    def accept(self, request_id: str, layout: common_pb2.KVLayout, blocks: torch.Tensor) -> None:
+        check_layout(self._layout, layout, "decode", "prefill")
+        reserved = self._reservations.block_ids(request_id)
+        if reserved is None:
+            raise TransferError(f"request {request_id} holds no KV reservation")
+        if len(reserved) != blocks.shape[2]:
+            raise TransferError(f"request {request_id}: {blocks.shape[2]} blocks for {len(reserved)} reserved")
+        self.received[request_id] = blocks
+        self._reservations.mark_landed(request_id, blocks.numel() * blocks.element_size())
+
+
+class FakeKVSender:
+    def __init__(
+        self,
+        receiver: FakeKVReceiver,
+        local_layout: common_pb2.KVLayout,
+        transport: int = common_pb2.TRANSPORT_GRPC,
+    ):
+        self._receiver = receiver
+        self._layout = local_layout
+        self._transport = transport
+        self.fail_with: Exception | None = None
+
+    async def send(
+        self,
+        request_id: str,
+        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        block_ids: Sequence[int],
+        target: decode_pb2.KVTarget,
+    ) -> TransferResult:
+        start_s = time.perf_counter()
+        validate_send(self._layout, request_id, kv_cache, block_ids, target)
+        if self.fail_with is not None:
+            raise self.fail_with
+        index = torch.tensor(list(block_ids), dtype=torch.long, device=kv_cache.device)
+        self._receiver.accept(request_id, self._layout, kv_cache.index_select(2, index).cpu())
+        return TransferResult(
+            num_bytes=num_block_bytes(kv_cache, len(block_ids)),
+            seconds=time.perf_counter() - start_s,
+            transport=self._transport,
+        )
+
+    async def close(self) -> None:
+        pass

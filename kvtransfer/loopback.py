@@ -1,0 +1,184 @@
+"""A decode-side KV endpoint in a process of its own, for end-to-end checks and benchmarks.
+
+The child process owns a KV pool (shared CPU memory, or CUDA), serves `KVTransfer` through a
+real `KVReceiver` on a loopback port, and keeps a plain reservation table. The parent drives
+it through a pipe, each call with a deadline:
+
+    reserve(request id, block ids, transport) -> KVTarget, as Decode.Reserve would return it
+    release(request id)   the reservation ends (as when it expires)
+    landed()              request id -> bytes, for the requests whose KV has landed
+    pool()                a copy of the child's whole pool, read by the child itself
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.errors import TransportUnavailableError
+from kvtransfer.layout import make_layout
+from kvtransfer.pool import create_kv_pool, pool_shape
+from kvtransfer.receiver import KVReceiver
+from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2_grpc
+
+
+@dataclass(frozen=True, slots=True)
+class LoopbackConfig:
+    spec: KVCacheSpec
+    num_blocks: int
+    device: str  # "cpu" gives a shared-memory pool
+    model_name: str
+    host: str = "127.0.0.1"
+    call_timeout_s: float = 30.0
+
+
+class LoopbackDecode:
+    """The parent's handle on the child; a context manager that starts and stops it."""
+
+    def __init__(self, config: LoopbackConfig):
+        self.config = config
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child_conn, config), daemon=True)
+        self.endpoint = ""
+        self.layout = common_pb2.KVLayout()
+
+    def __enter__(self) -> LoopbackDecode:
+        self._process.start()
+        self.endpoint, layout_bytes = self._receive(self.config.call_timeout_s * 2)
+        self.layout = common_pb2.KVLayout.FromString(layout_bytes)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def reserve(self, request_id: str, block_ids: list[int], transport: int, ttl_s: float = 60.0) -> decode_pb2.KVTarget:
+        return decode_pb2.KVTarget.FromString(self._call("reserve", request_id, block_ids, transport, ttl_s))
+
+    def release(self, request_id: str) -> None:
+        self._call("release", request_id)
+
+    def landed(self) -> dict[str, int]:
+        return self._call("landed")
+
+    def pool(self) -> torch.Tensor:
+        """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], a copy."""
+        data = self._call("dump")
+        tensor = torch.frombuffer(bytearray(data), dtype=self.config.spec.dtype)
+        return tensor.view(pool_shape(self.config.spec, self.config.num_blocks))
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            try:
+                self._call("stop")
+            finally:
+                self._process.join(self.config.call_timeout_s)
+                if self._process.is_alive():
+                    self._process.terminate()
+                    self._process.join(self.config.call_timeout_s)
+        self._conn.close()
+
+    def _call(self, *command: object):
+        self._conn.send(command)
+        return self._receive(self.config.call_timeout_s)
+
+    def _receive(self, timeout_s: float):
+        if not self._conn.poll(timeout_s):
+            raise TimeoutError(f"the loopback decode process did not answer within {timeout_s} s")
+        try:
+            status, payload = self._conn.recv()
+        except EOFError as error:
+            raise RuntimeError("the loopback decode process exited") from error
+        if status == "unavailable":
+            raise TransportUnavailableError(payload)
+        if status != "ok":
+            raise RuntimeError(f"loopback decode process failed: {payload}")
+        return payload
+
+
+class _ReservationTable:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._block_ids: dict[str, list[int]] = {}
+        self._landed: dict[str, int] = {}
+
+    def reserve(self, request_id: str, block_ids: list[int]) -> None:
+        with self._lock:
+            self._block_ids[request_id] = list(block_ids)
+
+    def release(self, request_id: str) -> None:
+        with self._lock:
+            self._block_ids.pop(request_id, None)
+
+    def landed(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._landed)
+
+    def block_ids(self, request_id: str) -> list[int] | None:
+        with self._lock:
+            return self._block_ids.get(request_id)
+
+    def mark_landed(self, request_id: str, num_bytes: int) -> None:
+        with self._lock:
+            self._landed[request_id] = num_bytes
+
+
+def _serve(conn, config: LoopbackConfig) -> None:
+    try:
+        asyncio.run(_serve_async(conn, config))
+    except BaseException as error:
+        conn.send(("error", repr(error)))
+        raise
+
+
+async def _serve_async(conn, config: LoopbackConfig) -> None:
+    pool = create_kv_pool(config.spec, config.num_blocks, config.device, shared=config.device == "cpu")
+    layout = make_layout(config.model_name, config.spec)
+    table = _ReservationTable()
+    server = grpc.aio.server()
+    kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(KVReceiver(pool, layout, table), server)
+    port = server.add_insecure_port(f"{config.host}:0")
+    await server.start()
+    endpoint = f"{config.host}:{port}"
+    conn.send(("ok", (endpoint, layout.SerializeToString())))
+    try:
+        while True:
+            try:
+                command, *args = await asyncio.to_thread(conn.recv)
+            except EOFError:  # the parent is gone
+                return
+            if command == "stop":
+                conn.send(("ok", None))
+                return
+            if command == "reserve":
+                request_id, block_ids, transport, ttl_s = args
+                try:
+                    fields = pool.target_fields(transport)
+                except TransportUnavailableError as error:
+                    conn.send(("unavailable", str(error)))
+                    continue
+                table.reserve(request_id, block_ids)
+                target = decode_pb2.KVTarget(
+                    request_id=request_id, decode_replica="loopback", kv_endpoint=endpoint,
+                    block_ids=block_ids, layout=layout, transport=transport,
+                    deadline_unix_s=time.time() + ttl_s, **fields,
+                )
+                conn.send(("ok", target.SerializeToString()))
+            elif command == "release":
+                table.release(*args)
+                conn.send(("ok", None))
+            elif command == "landed":
+                conn.send(("ok", table.landed()))
+            elif command == "dump":
+                conn.send(("ok", pool.tensor.cpu().contiguous().view(torch.uint8).numpy().tobytes()))
+            else:
+                conn.send(("error", f"unknown command {command!r}"))
+    finally:
+        await server.stop(grace=1.0)
+        pool.close()

@@ -1,0 +1,66 @@
+"""The client side of the KVTransfer service: one channel per decode endpoint, every call bounded
+by a deadline, every failure a TransferError that names the endpoint and the gRPC status."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from kvtransfer.errors import TransferError
+from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
+
+
+class KVTransferClient:
+    def __init__(self, rpc_timeout_s: float):
+        self._rpc_timeout_s = rpc_timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, endpoint: str) -> kv_transfer_pb2_grpc.KVTransferStub:
+        if not endpoint:
+            raise TransferError("KV target has no kv_endpoint")
+        if endpoint not in self._channels:
+            self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
+        return kv_transfer_pb2_grpc.KVTransferStub(self._channels[endpoint])
+
+    def _timeout_s(self, request_id: str, target: decode_pb2.KVTarget) -> float:
+        """The configured RPC timeout, shortened to the reservation's deadline when it has one."""
+        if not target.deadline_unix_s:
+            return self._rpc_timeout_s
+        remaining_s = target.deadline_unix_s - time.time()
+        if remaining_s <= 0:
+            raise TransferError(f"request {request_id}: the decode reservation expired")
+        return min(self._rpc_timeout_s, remaining_s)
+
+    async def commit(
+        self, request_id: str, target: decode_pb2.KVTarget, layout: common_pb2.KVLayout, num_bytes: int
+    ) -> None:
+        """Tells the decode replica that the blocks written in place are complete."""
+        request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout, num_bytes=num_bytes)
+        try:
+            await self._stub(target.kv_endpoint).Commit(request, timeout=self._timeout_s(request_id, target))
+        except grpc.aio.AioRpcError as error:
+            raise _transfer_error("commit", request_id, target, error) from error
+
+    async def push(
+        self, request_id: str, target: decode_pb2.KVTarget, chunks: AsyncIterator[kv_transfer_pb2.KVChunk]
+    ) -> None:
+        """Streams `chunks` to the decode replica and waits for its acknowledgement."""
+        try:
+            await self._stub(target.kv_endpoint).Push(chunks, timeout=self._timeout_s(request_id, target))
+        except grpc.aio.AioRpcError as error:
+            raise _transfer_error("push", request_id, target, error) from error
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+
+def _transfer_error(
+    verb: str, request_id: str, target: decode_pb2.KVTarget, error: grpc.aio.AioRpcError
+) -> TransferError:
+    return TransferError(
+        f"KV {verb} of request {request_id} to {target.kv_endpoint} failed: "
+        f"{error.code().name}: {error.details()}"
+    )

@@ -1,0 +1,77 @@
+"""The layout handshake as a specification: a fingerprint names exactly the fields that make KV
+blocks byte-compatible, and any difference is refused with every differing field named."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.layout import LAYOUT_VERSION, LayoutMismatchError, check_layout, make_layout
+
+SPEC = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
+
+
+def test_layout_carries_every_field_of_the_spec():
+    layout = make_layout("tiny-llama", SPEC)
+    assert (layout.model, layout.dtype, layout.num_layers, layout.num_kv_heads) == ("tiny-llama", "bfloat16", 4, 2)
+    assert (layout.head_dim, layout.block_size, layout.layout_version) == (64, 16, LAYOUT_VERSION)
+
+
+def test_fingerprint_is_stable_across_processes_and_releases():
+    # A changed value means replicas of two releases would refuse each other: bump LAYOUT_VERSION.
+    assert make_layout("tiny-llama", SPEC).fingerprint == "a6be60c83b9b09b0"
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"num_layers": 5},
+        {"num_kv_heads": 4},
+        {"head_dim": 128},
+        {"block_size": 32},
+        {"dtype": torch.float16},
+    ],
+)
+def test_fingerprint_changes_with_every_field(changed):
+    fields = {f: getattr(SPEC, f) for f in ("num_layers", "num_kv_heads", "head_dim", "block_size", "dtype")}
+    other = KVCacheSpec(**{**fields, **changed})
+    assert make_layout("tiny-llama", other).fingerprint != make_layout("tiny-llama", SPEC).fingerprint
+    assert make_layout("other-model", SPEC).fingerprint != make_layout("tiny-llama", SPEC).fingerprint
+
+
+def test_equal_layouts_pass():
+    check_layout(make_layout("tiny-llama", SPEC), make_layout("tiny-llama", SPEC))
+
+
+def test_mismatch_names_the_field_and_both_values():
+    decode = make_layout("tiny-llama", SPEC)
+    prefill = make_layout("tiny-llama", KVCacheSpec(4, 2, 64, 32, torch.bfloat16))
+    with pytest.raises(LayoutMismatchError) as raised:
+        check_layout(decode, prefill, "decode", "prefill")
+    assert str(raised.value) == "KV layout mismatch: block_size 16 (decode) != 32 (prefill)"
+
+
+def test_mismatch_names_every_differing_field():
+    local = make_layout("tiny-llama", SPEC)
+    remote = make_layout("tiny-qwen", KVCacheSpec(4, 2, 64, 16, torch.float32))
+    with pytest.raises(LayoutMismatchError) as raised:
+        check_layout(local, remote)
+    message = str(raised.value)
+    assert "model 'tiny-llama' (local) != 'tiny-qwen' (remote)" in message
+    assert "dtype 'bfloat16' (local) != 'float32' (remote)" in message
+    assert "block_size" not in message
+
+
+def test_a_missing_or_forged_fingerprint_is_refused():
+    local = make_layout("tiny-llama", SPEC)
+    forged = make_layout("tiny-llama", SPEC)
+    forged.fingerprint = "0" * 16
+    with pytest.raises(LayoutMismatchError, match="fingerprint"):
+        check_layout(local, forged)
+
+
+def test_layout_and_transport_choice_import_neither_torch_nor_grpc():
+    code = "import sys, kvtransfer.layout, kvtransfer.choice; print('torch' in sys.modules, 'grpc' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == ["False", "False"]
