@@ -3,15 +3,38 @@
 Each subcommand is an `add_<name>` function that declares its flags on its own subparser and
 binds a `run_<name>(args) -> exit status` handler with `set_defaults(run=...)`; it is listed
 in `SUBCOMMANDS`. Handlers import what they need themselves, so parsing stays cheap and one
-subcommand never pays for another's imports (torch, grpc). Logs go to stderr; results a
-script may want (paths, ids) go to stdout.
+subcommand never pays for another's imports (torch, grpc). The service subcommands (prefill,
+decode, gateway) take their flags from the service's own `main.add_arguments`, declared only
+when that subcommand is parsed (see `_LazyArgumentParser`). Logs go to stderr; results a
+script may want (paths, ids, generated text, endpoints) go to stdout.
 """
 import argparse
 import dataclasses
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+DEFAULT_GATEWAY_GRPC_PORT = 50051
+DEFAULT_GATEWAY_HTTP_PORT = 8000
+TRANSPORTS = ("auto", "shm", "grpc", "cuda_ipc")
+
+
+class _LazyArgumentParser(argparse.ArgumentParser):
+    """A subparser whose flags may come from a `declare_arguments(parser)` function that runs
+    the first time this parser parses, so building the whole `pdserve` parser imports no
+    service module (and with it torch); `pdserve prefill --help` still lists every flag."""
+
+    def __init__(self, *args, declare_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self._declare_arguments = declare_arguments
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._declare_arguments is not None:
+            declare, self._declare_arguments = self._declare_arguments, None
+            declare(self)
+        return super().parse_known_args(args, namespace)
 
 
 def run_make_tiny_model(args: argparse.Namespace) -> int:
@@ -60,13 +83,196 @@ def add_make_tiny_model(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_make_tiny_model)
 
 
-SUBCOMMANDS = (add_make_tiny_model,)
+def run_up(args: argparse.Namespace) -> int:
+    from pdserve.up import UpConfig, run_up
+
+    config = UpConfig(
+        model_dir=args.model, num_prefill=args.prefill, num_decode=args.decode,
+        redis_url=args.redis_url, transport=args.transport, device=args.device, host=args.host,
+        grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s)
+    return run_up(config, out=sys.stdout, log=sys.stderr)
+
+
+def add_up(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "up",
+        help="run the whole system locally: Redis, prefill and decode replicas, the gateway",
+        description="Starts Redis (unless --redis-url), N prefill and M decode replicas and the "
+                    "gateway as child processes, waits until all are healthy, prints the "
+                    "endpoints, and stops everything on Ctrl-C. With no --model it serves a "
+                    "tiny random-weight demo model, written once to the user cache.")
+    parser.add_argument("--model", type=Path, metavar="DIR",
+                        help="Hugging Face model folder (default: the cached tiny demo model)")
+    parser.add_argument("--prefill", type=_positive_int, default=1, metavar="N",
+                        help="prefill replicas (default 1)")
+    parser.add_argument("--decode", type=_positive_int, default=1, metavar="M",
+                        help="decode replicas (default 1)")
+    parser.add_argument("--redis-url", help="use this Redis instead of starting one")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                        help="how KV blocks move from prefill to decode (default auto)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address the gateway binds (default 127.0.0.1)")
+    parser.add_argument("--grpc-port", type=int, default=DEFAULT_GATEWAY_GRPC_PORT,
+                        help=f"gateway gRPC port (default {DEFAULT_GATEWAY_GRPC_PORT})")
+    parser.add_argument("--http-port", type=int, default=DEFAULT_GATEWAY_HTTP_PORT,
+                        help=f"gateway HTTP port (default {DEFAULT_GATEWAY_HTTP_PORT})")
+    parser.add_argument("--startup-timeout-s", type=float, default=120.0,
+                        help="deadline for every process to become healthy (default 120)")
+    parser.add_argument("--shutdown-timeout-s", type=float, default=15.0,
+                        help="grace after SIGTERM before SIGKILL (default 15)")
+    parser.set_defaults(run=run_up)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import grpc
+
+    from pdserve.generate_client import build_request, stream_generate
+
+    request = build_request(
+        args.prompt, chat=args.chat, max_tokens=args.max_tokens, temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop)
+
+    num_chars_printed = 0
+
+    def print_chunk(chunk) -> None:
+        nonlocal num_chars_printed
+        if args.token_ids:
+            piece = "".join(f"{token_id} " for token_id in chunk.token_ids)
+        else:
+            piece = chunk.text
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        num_chars_printed += len(piece)
+
+    try:
+        stats = stream_generate(args.gateway, request, args.timeout_s, print_chunk)
+    except grpc.RpcError as error:
+        if num_chars_printed:
+            print()
+        print(f"pdserve generate: {args.gateway}: {error.code().name}: {error.details()}",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print()
+        return 130
+    print()
+    print(stats.summary(), file=sys.stderr)
+    return 0
+
+
+def add_generate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="stream one completion from a running gateway",
+        description="Sends one request to a gateway's gRPC API and prints the text as it "
+                    "streams, then a stats line (tokens, time to first token, tokens/s) "
+                    "to stderr.")
+    parser.add_argument("prompt")
+    parser.add_argument("--gateway", default=f"127.0.0.1:{DEFAULT_GATEWAY_GRPC_PORT}",
+                        metavar="HOST:PORT",
+                        help=f"gateway gRPC address (default 127.0.0.1:{DEFAULT_GATEWAY_GRPC_PORT})")
+    parser.add_argument("--max-tokens", type=_positive_int, default=64, help="default 64")
+    parser.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=_positive_int)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="stop string (repeatable)")
+    parser.add_argument("--chat", action="store_true",
+                        help="send the prompt as a user chat message (model's chat template)")
+    parser.add_argument("--token-ids", action="store_true",
+                        help="print the generated token ids instead of the text")
+    parser.add_argument("--timeout-s", type=float, default=300.0,
+                        help="deadline of the whole request (default 300)")
+    parser.set_defaults(run=run_generate)
+
+
+def run_healthcheck(args: argparse.Namespace) -> int:
+    from pdserve.health_probe import probe
+
+    result = probe(args.target, args.timeout_s)
+    print(f"{args.target}: {result.detail}")
+    return 0 if result.ready else 1
+
+
+def add_healthcheck(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "healthcheck", help="exit 0 if a server is healthy (for container healthchecks)",
+        description="HOST:PORT asks the standard gRPC health service (grpc.health.v1) whether "
+                    "the server is SERVING; an http:// URL must answer 200.")
+    parser.add_argument("target", metavar="HOST:PORT|URL")
+    parser.add_argument("--timeout-s", type=float, default=5.0, help="default 5")
+    parser.set_defaults(run=run_healthcheck)
+
+
+def _declare_prefill_arguments(parser: argparse.ArgumentParser) -> None:
+    from prefill_svc.main import add_arguments
+    add_arguments(parser)
+
+
+def run_prefill(args: argparse.Namespace) -> int:
+    from prefill_svc.main import run
+    return run(args)
+
+
+def add_prefill(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prefill", help="serve a prefill replica (prompt batches, KV push to decode)",
+        declare_arguments=_declare_prefill_arguments)
+    parser.set_defaults(run=run_prefill)
+
+
+def _declare_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    from decode_svc.main import add_arguments
+    add_arguments(parser)
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    from decode_svc.main import run
+    return run(args)
+
+
+def add_decode(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "decode", help="serve a decode replica (paged KV pool, continuous batching)",
+        declare_arguments=_declare_decode_arguments)
+    parser.set_defaults(run=run_decode)
+
+
+def _declare_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    from gateway.main import add_arguments
+    add_arguments(parser)
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from gateway.main import run
+    return run(args)
+
+
+def add_gateway(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "gateway", help="serve the gateway (gRPC API and OpenAI-compatible HTTP API)",
+        declare_arguments=_declare_gateway_arguments)
+    parser.set_defaults(run=run_gateway)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+SUBCOMMANDS = (add_up, add_gateway, add_prefill, add_decode, add_generate, add_healthcheck,
+               add_make_tiny_model)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdserve", description="LLM serving with prefill/decode disaggregation.")
-    subparsers = parser.add_subparsers(metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(metavar="COMMAND", required=True,
+                                       parser_class=_LazyArgumentParser)
     for add_subcommand in SUBCOMMANDS:
         add_subcommand(subparsers)
     return parser

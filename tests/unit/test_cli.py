@@ -1,0 +1,40 @@
+"""The `pdserve` command line: cheap to parse, and each service subcommand takes its flags from
+that service's own `add_arguments`."""
+import subprocess
+import sys
+
+from pdserve import cli
+
+
+def test_parsing_a_client_command_imports_no_service_torch_or_engine():
+    probe = ("import sys; from pdserve import cli; "
+             "cli.build_parser().parse_args(['generate', 'hello']); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('torch', 'prefill_svc', 'decode_svc', 'gateway', 'engine')))")
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              check=True, timeout=60).stdout.strip()
+    assert imported == "[]"
+
+
+def test_service_subcommands_accept_their_services_flags():
+    args = cli.build_parser().parse_args(
+        ["decode", "--model", "/m", "--redis-url", "redis://r:6379/0", "--port", "7",
+         "--reservation-timeout-s", "3"])
+    assert args.run is cli.run_decode
+    assert (args.port, args.reservation_timeout_s) == (7, 3.0)
+    args = cli.build_parser().parse_args(
+        ["gateway", "--model", "/m", "--redis-url", "redis://r:6379/0", "--transport", "shm"])
+    assert (args.run, args.transport) == (cli.run_gateway, "shm")
+
+
+def test_up_defaults_are_one_prefill_one_decode_on_cpu_with_the_standard_gateway_ports():
+    args = cli.build_parser().parse_args(["up"])
+    assert (args.prefill, args.decode, args.device, args.transport) == (1, 1, "cpu", "auto")
+    assert (args.grpc_port, args.http_port) == (50051, 8000)
+    assert args.model is None and args.redis_url is None
+
+
+def test_generate_defaults_to_greedy_64_tokens_on_the_local_gateway():
+    args = cli.build_parser().parse_args(["generate", "hi", "--stop", "a", "--stop", "b"])
+    assert (args.gateway, args.max_tokens, args.temperature) == ("127.0.0.1:50051", 64, 0.0)
+    assert args.stop == ["a", "b"]

@@ -1,0 +1,173 @@
+"""compose.yaml as a real Compose implementation reads it, and the facts deployments rely on:
+GPU reservations, shared IPC/PID namespaces for CUDA IPC, healthchecks on every service,
+scalable replicas that each advertise their own hostname, and commands the CLI accepts.
+
+Needs a Compose CLI: `docker-compose` (Debian package docker-compose) or `docker compose`.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdserve import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO_ROOT / "compose.yaml"
+REPLICAS = ("prefill", "decode")
+COMPOSE_VARIABLES = ("PDSERVE_MODEL_DIR", "PREFILL_GPU", "DECODE_GPU", "PREFILL_DEVICE",
+                     "DECODE_DEVICE", "PDSERVE_TRANSPORT", "PDSERVE_GRPC_PORT", "PDSERVE_HTTP_PORT")
+
+
+def _compose_command() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker") and subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, timeout=30).returncode == 0:
+        return ["docker", "compose"]
+    return None
+
+
+COMPOSE = _compose_command()
+pytestmark = pytest.mark.skipif(
+    COMPOSE is None, reason="no Compose CLI (apt-get install docker-compose) to parse compose.yaml")
+
+
+def compose_config(**variables: str) -> dict:
+    """`compose config`: the file validated, merged and interpolated with `variables`."""
+    environ = {name: value for name, value in os.environ.items() if name not in COMPOSE_VARIABLES}
+    result = subprocess.run([*COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=REPO_ROOT,
+                            env={**environ, **variables}, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def services() -> dict:
+    return compose_config()["services"]
+
+
+def container_argv(service: dict) -> list[str]:
+    """The argv the container's process ends up with: the command, run through the entrypoint
+    shell exactly as in the container (compose writes `$` as `$$` in its output)."""
+    command = [str(part) for part in service["command"]]
+    entrypoint = service.get("entrypoint")
+    if entrypoint is None:
+        return command
+    assert entrypoint[:2] == ["/bin/sh", "-c"], entrypoint
+    script, *script_args = [part.replace("$$", "$") for part in entrypoint[2:]]
+    print_argv = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
+    result = subprocess.run(["/bin/sh", "-c", script, *script_args, *print_argv, *command],
+                            capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(result.stdout)
+
+
+def parse_cli(argv: list[str]):
+    assert argv[0] == "pdserve", argv
+    return cli.build_parser().parse_args(argv[1:])
+
+
+def test_the_system_is_redis_gateway_prefill_and_decode(services):
+    assert set(services) == {"redis", "gateway", "prefill", "decode"}
+    assert services["redis"]["image"].startswith("redis:7")
+    assert services["redis"]["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
+
+
+@pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
+def test_each_service_runs_its_cli_subcommand_with_flags_the_parser_accepts(services, name):
+    args = parse_cli(container_argv(services[name]))
+    assert args.run is getattr(cli, f"run_{name}")
+    assert args.redis_url == "redis://redis:6379/0"
+    assert str(args.model) == "/models/model"
+    assert {"redis": {"condition": "service_healthy"}} == services[name]["depends_on"]
+
+
+@pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
+def test_the_model_is_mounted_read_only_from_the_host_folder(services, name):
+    (volume,) = services[name]["volumes"]
+    assert volume["type"] == "bind"
+    assert volume["target"] == "/models/model"
+    assert volume["read_only"] is True
+    assert Path(volume["source"]) == REPO_ROOT / "models" / "tiny"
+
+
+def test_the_model_folder_comes_from_pdserve_model_dir(tmp_path):
+    services = compose_config(PDSERVE_MODEL_DIR=str(tmp_path))["services"]
+    assert {Path(services[name]["volumes"][0]["source"]) for name in services
+            if name != "redis"} == {tmp_path}
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replicas_share_host_ipc_and_pid_namespaces_for_cuda_ipc(services, name):
+    assert services[name]["ipc"] == "host"
+    assert services[name]["pid"] == "host"
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replicas_reserve_both_gpus_so_each_sees_the_others_memory(services, name):
+    (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+    assert "gpu" in device["capabilities"]
+    assert [str(gpu) for gpu in device["device_ids"]] == ["0", "1"]
+    args = parse_cli(container_argv(services[name]))
+    assert args.device == {"prefill": "cuda:0", "decode": "cuda:1"}[name]
+
+
+def test_gpu_assignment_follows_environment_variables():
+    services = compose_config(PREFILL_GPU="2", DECODE_GPU="3", PREFILL_DEVICE="cuda:1",
+                              DECODE_DEVICE="cuda:0")["services"]
+    for name in REPLICAS:
+        (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert [str(gpu) for gpu in device["device_ids"]] == ["2", "3"]
+    assert parse_cli(container_argv(services["prefill"])).device == "cuda:1"
+    assert parse_cli(container_argv(services["decode"])).device == "cuda:0"
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replicas_scale_without_name_or_host_port_clashes(services, name):
+    service = services[name]
+    assert "container_name" not in service
+    assert "hostname" not in service
+    assert not service.get("ports")
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_each_replica_container_advertises_its_own_hostname(services, name):
+    argv = container_argv(services[name])
+    args = parse_cli(argv)
+    assert args.advertise_host == socket.gethostname()  # the shell's $(hostname)
+    assert args.host == "0.0.0.0"
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replica_healthcheck_asks_grpc_health_on_the_served_port(services, name):
+    served = parse_cli(container_argv(services[name]))
+    kind, *check_argv = services[name]["healthcheck"]["test"]
+    assert kind == "CMD"
+    check = parse_cli(check_argv)
+    assert check.run is cli.run_healthcheck
+    assert check.target == f"127.0.0.1:{served.port}"
+
+
+def test_gateway_publishes_grpc_and_http_and_checks_http_health(services):
+    gateway = services["gateway"]
+    served = parse_cli(container_argv(gateway))
+    published = {int(port["target"]): int(port["published"]) for port in gateway["ports"]}
+    assert published == {served.grpc_port: 50051, served.http_port: 8000}
+    kind, *check_argv = gateway["healthcheck"]["test"]
+    assert kind == "CMD"
+    check = parse_cli(check_argv)
+    assert check.run is cli.run_healthcheck
+    assert check.target == f"http://127.0.0.1:{served.http_port}/health"
+
+
+def test_gateway_host_ports_and_transport_follow_environment_variables():
+    gateway = compose_config(PDSERVE_GRPC_PORT="6000", PDSERVE_HTTP_PORT="6001",
+                             PDSERVE_TRANSPORT="cuda_ipc")["services"]["gateway"]
+    assert {int(port["published"]) for port in gateway["ports"]} == {6000, 6001}
+    assert parse_cli(container_argv(gateway)).transport == "cuda_ipc"
