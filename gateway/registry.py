@@ -55,10 +55,12 @@ LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_
 
 
 def default_host_id() -> str:
-    """Hostname plus kernel boot id: equal for processes on one machine (or in one pod), and
-    different after a reboot or on a machine that happens to reuse the hostname."""
-    boot_id = _BOOT_ID_PATH.read_text().strip() if _BOOT_ID_PATH.exists() else ""
-    return f"{socket.gethostname()}/{boot_id}" if boot_id else socket.gethostname()
+    """The kernel's boot id: equal for every process on one machine, containers included (they
+    share the kernel but not the hostname), and different on another machine or after a reboot.
+    Falls back to the hostname where the boot id cannot be read."""
+    if _BOOT_ID_PATH.exists():
+        return "boot-" + _BOOT_ID_PATH.read_text().strip()
+    return socket.gethostname()
 
 
 class ReplicaHeartbeat:

@@ -91,7 +91,10 @@ def _start_once(executable: str, port: int, data_dir: Path, timeout_s: float) ->
         "--daemonize", "no",
     ]
     with log_path.open("ab") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C goes to our owner, who stops us last
+        )
     started = RedisProcess(process, port, data_dir)
     deadline = time.monotonic() + timeout_s
     probe_timeout_s = min(timeout_s, _PROBE_TIMEOUT_S)
