@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROTOS := $(wildcard protos/pdserve/v1/*.proto)
 GENERATED := pdserve/v1/__init__.py
 
-.PHONY: install protos up test test-fast clean
+.PHONY: install protos up test clean
 
 $(BIN)/pdserve: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

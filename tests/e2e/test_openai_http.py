@@ -1,0 +1,89 @@
+"""The official `openai` client, unchanged, against the gateway's HTTP front backed by real
+prefill and decode replicas."""
+import asyncio
+import socket
+
+import grpc
+import openai
+import pytest
+
+from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+
+@pytest.fixture(scope="module")
+def cluster(make_cluster):
+    return make_cluster([("decode", "d0", ()), ("prefill", "p0", ()), ("gateway", "gw", ())])
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.gateway.http_port}/v1", api_key="unused",
+                         timeout=60, max_retries=0)
+
+
+def grpc_greedy_text(cluster, prompt: str, max_tokens: int) -> str:
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.gateway.endpoint) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            request = gateway_pb2.GenerateRequest(prompt=prompt, params=common_pb2.SamplingParams(
+                max_tokens=max_tokens, temperature=0, ignore_eos=True))
+            return "".join([chunk.text async for chunk in stub.Generate(request, timeout=60)])
+    return asyncio.run(go())
+
+
+def test_models_lists_the_served_model(client):
+    assert [model.id for model in client.models.list().data] == ["model0"]
+
+
+def test_streamed_completion_equals_the_grpc_greedy_text(client, cluster):
+    stream = client.completions.create(model="model0", prompt="The quick brown fox", max_tokens=12,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(choice.text for chunk in chunks for choice in chunk.choices)
+    assert text == grpc_greedy_text(cluster, "The quick brown fox", 12)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 12
+    cluster.assert_all_kv_free()
+
+
+def test_streamed_chat_completion(client, cluster):
+    stream = client.chat.completions.create(
+        model="model0", messages=[{"role": "user", "content": "Say something."}], max_tokens=10,
+        temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    cluster.assert_all_kv_free()
+
+
+def test_whole_completion_with_logprobs_and_a_stop_string(client, cluster):
+    full = grpc_greedy_text(cluster, "Once upon a time", 20)
+    stop = full[5:8]
+    response = client.completions.create(model="model0", prompt="Once upon a time", max_tokens=20,
+                                         temperature=0, logprobs=2, stop=[stop], extra_body={"ignore_eos": True})
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.text == full[:full.index(stop)]
+    assert all(len(top) == 2 for top in choice.logprobs.top_logprobs)
+    cluster.assert_all_kv_free()
+
+
+def test_http_client_that_disconnects_mid_stream_frees_its_blocks(cluster):
+    body = ('{"model": "model0", "prompt": "tell me everything", "max_tokens": 1500, "stream": true, '
+            '"ignore_eos": true}')
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}")
+    with socket.create_connection(("127.0.0.1", cluster.gateway.http_port), timeout=30) as sock:
+        sock.sendall(request.encode())
+        received = b""
+        while received.count(b"data:") < 3:
+            received += sock.recv(4096)
+    cluster.assert_all_kv_free()
+
+
+def test_invalid_request_is_a_400_with_a_json_error(client):
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.completions.create(model="model0", prompt="x", temperature=-1)
+    assert "temperature" in failure.value.message
