@@ -1,0 +1,66 @@
+"""The engine's two disaggregation roles, in one process: a prefill engine computes a prompt's
+KV and first token and holds the blocks; the blocks are copied into a decode engine's
+reservation; decode continues. The tokens equal one uninterrupted run, sampled ones included,
+and both pools end with every block free."""
+import dataclasses
+
+import pytest
+
+from engine import SamplingParams
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model):
+    model_dir = tiny_model()
+    prefill = LLMEngine(EngineConfig(model=model_dir, num_gpu_blocks=64, block_size=16))
+    decode = LLMEngine(EngineConfig(model=model_dir, num_gpu_blocks=96, block_size=16, detokenize=False))
+    reference = LLMEngine(EngineConfig(model=model_dir, num_gpu_blocks=64, block_size=16))
+    return prefill, decode, reference
+
+
+def run_to_end(engine: LLMEngine, request_id: str) -> list[int]:
+    tokens = None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.request_id == request_id and output.finished:
+                tokens = output.outputs[0].token_ids
+    return tokens
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
+    SamplingParams(max_tokens=20, temperature=0.8, top_k=50, ignore_eos=True),
+], ids=["greedy", "sampled"])
+def test_handoff_equals_an_uninterrupted_run(engines, params):
+    prefill, decode, reference = engines
+    prompt = list(range(100, 137))
+    seed = 4242
+
+    reference.add_request("r", prompt, params, seed=seed)
+    expected = run_to_end(reference, "r")
+
+    prefill.add_request("r", prompt, dataclasses.replace(params, max_tokens=1), seed=seed, hold_kv=True)
+    output = prefill.step()[0]
+    assert output.finished and output.held_block_ids
+    first_token = output.outputs[0].token_ids[0]
+
+    reserved = decode.reserve("r", len(prompt))
+    decode.kv_cache[:, :, reserved] = prefill.kv_cache[:, :, output.held_block_ids]
+    assert prefill.release_kv("r")
+    decode.add_prefilled_request("r", prompt, first_token, params, seed)
+    continued = run_to_end(decode, "r")
+
+    assert continued == expected
+    for engine in (prefill, decode, reference):
+        assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_unused_reservation_is_released(engines):
+    _, decode, _ = engines
+    decode.reserve("never-joined", 40)
+    assert decode.allocator.num_free_blocks == decode.allocator.num_blocks - 3
+    assert decode.release_kv("never-joined")
+    assert not decode.release_kv("never-joined")
+    assert decode.allocator.num_free_blocks == decode.allocator.num_blocks
