@@ -1,8 +1,6 @@
 """Routing policy: decode by free KV blocks, prefill by queued tokens, and a burst between two
 load reports spread by the gateway's own count of what it dispatched."""
 import itertools
-import subprocess
-import sys
 
 import pytest
 
@@ -118,9 +116,3 @@ def test_prefill_and_decode_replicas_with_the_same_id_are_counted_apart():
     router.note_dispatched(prefill("r0", 0), 500)
     assert router.pick_decode([decode("r0", 100)], 16).free_blocks == 100
     assert router.pick_prefill([prefill("r0", 0)]).queued_tokens == 500
-
-
-def test_module_imports_no_redis_grpc_or_torch():
-    heavy = ("redis", "grpc", "google.protobuf", "torch")
-    code = f"import sys, gateway.router; print([m for m in {heavy!r} if m in sys.modules])"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

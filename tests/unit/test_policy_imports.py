@@ -1,0 +1,23 @@
+"""Policy modules are pure Python: importing one pulls in neither torch, grpc, protobuf nor
+redis, so the decisions they make are testable and reusable anywhere."""
+import subprocess
+import sys
+
+import pytest
+
+POLICY_MODULES = [
+    "engine.block_allocator",
+    "engine.scheduler",
+    "engine.request",
+    "decode_svc.reservations",
+    "gateway.router",
+    "gateway.request_state",
+]
+HEAVY = ("torch", "grpc", "google.protobuf", "redis")
+
+
+@pytest.mark.parametrize("module", POLICY_MODULES)
+def test_policy_module_imports_nothing_heavy(module):
+    code = f"import sys, {module}; print([m for m in {HEAVY!r} if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
