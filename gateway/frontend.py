@@ -252,13 +252,7 @@ class _Journey:
         return output, decision is not None
 
     def _chunk(self, output: RequestOutput) -> StreamChunk:
-        completion = output.outputs[0]
-        logprobs = completion.logprobs[-len(output.new_token_ids):] if completion.logprobs else []
-        return StreamChunk(
-            request_id=self.request_id, token_ids=output.new_token_ids, text=output.new_text,
-            logprobs=[lp for lp in logprobs if lp is not None], finish_reason=completion.finish_reason if output.finished else None,
-            stop_reason=completion.stop_reason if output.finished else None,
-            prompt_tokens=self.request.num_prompt_tokens, completion_tokens=len(self.request.output_token_ids))
+        return stream_chunk(output)
 
     def final_chunk(self, finish_reason: str) -> StreamChunk:
         return StreamChunk(
@@ -293,6 +287,18 @@ class _Journey:
                 yield chunk
         except grpc.aio.AioRpcError as exc:
             raise _backend_error(replica_id, exc) from exc
+
+
+def stream_chunk(output: RequestOutput) -> StreamChunk:
+    """The client-facing chunk for one engine output (its new tokens and text)."""
+    completion = output.outputs[0]
+    new_logprobs = completion.logprobs[-len(output.new_token_ids):] if completion.logprobs else []
+    return StreamChunk(
+        request_id=output.request_id, token_ids=output.new_token_ids, text=output.new_text,
+        logprobs=[lp for lp in new_logprobs if lp is not None],
+        finish_reason=completion.finish_reason if output.finished else None,
+        stop_reason=completion.stop_reason if output.finished else None,
+        prompt_tokens=len(output.prompt_token_ids), completion_tokens=len(completion.token_ids))
 
 
 def _backend_error(replica_id: str, exc: grpc.aio.AioRpcError) -> Exception:

@@ -9,6 +9,7 @@ when that subcommand is parsed (see `_LazyArgumentParser`). Logs go to stderr; r
 script may want (paths, ids, generated text, endpoints) go to stdout.
 """
 import argparse
+import importlib
 import dataclasses
 import logging
 import sys
@@ -206,55 +207,36 @@ def add_healthcheck(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_healthcheck)
 
 
-def _declare_prefill_arguments(parser: argparse.ArgumentParser) -> None:
-    from prefill_svc.main import add_arguments
-    add_arguments(parser)
+def _add_service(subparsers: argparse._SubParsersAction, name: str, module: str, help: str) -> None:
+    """A subcommand whose flags and body live in `module` (`add_arguments`, `run`), imported only
+    when this subcommand is the one being parsed."""
+    def declare_arguments(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(module).add_arguments(parser)
 
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(module).run(args)
 
-def run_prefill(args: argparse.Namespace) -> int:
-    from prefill_svc.main import run
-    return run(args)
+    parser = subparsers.add_parser(name, help=help, declare_arguments=declare_arguments)
+    parser.set_defaults(run=run, service=module)
 
 
 def add_prefill(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "prefill", help="serve a prefill replica (prompt batches, KV push to decode)",
-        declare_arguments=_declare_prefill_arguments)
-    parser.set_defaults(run=run_prefill)
-
-
-def _declare_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    from decode_svc.main import add_arguments
-    add_arguments(parser)
-
-
-def run_decode(args: argparse.Namespace) -> int:
-    from decode_svc.main import run
-    return run(args)
+    _add_service(subparsers, "prefill", "prefill_svc.main",
+                 "serve a prefill replica (prompt batches, KV push to decode)")
 
 
 def add_decode(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "decode", help="serve a decode replica (paged KV pool, continuous batching)",
-        declare_arguments=_declare_decode_arguments)
-    parser.set_defaults(run=run_decode)
-
-
-def _declare_gateway_arguments(parser: argparse.ArgumentParser) -> None:
-    from gateway.main import add_arguments
-    add_arguments(parser)
-
-
-def run_gateway(args: argparse.Namespace) -> int:
-    from gateway.main import run
-    return run(args)
+    _add_service(subparsers, "decode", "decode_svc.main", "serve a decode replica (paged KV pool, continuous batching)")
 
 
 def add_gateway(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "gateway", help="serve the gateway (gRPC API and OpenAI-compatible HTTP API)",
-        declare_arguments=_declare_gateway_arguments)
-    parser.set_defaults(run=run_gateway)
+    _add_service(subparsers, "gateway", "gateway.main",
+                 "serve the gateway (gRPC API and OpenAI-compatible HTTP API)")
+
+
+def add_serve(subparsers: argparse._SubParsersAction) -> None:
+    _add_service(subparsers, "serve", "gateway.serve_colocated",
+                 "serve one colocated engine (prefill and decode in one batch) behind the OpenAI HTTP API")
 
 
 def _positive_int(text: str) -> int:
@@ -264,7 +246,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-SUBCOMMANDS = (add_up, add_gateway, add_prefill, add_decode, add_generate, add_healthcheck,
+SUBCOMMANDS = (add_up, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
                add_make_tiny_model)
 
 

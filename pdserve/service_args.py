@@ -1,4 +1,4 @@
-"""Command-line flags shared by the prefill and decode replicas."""
+"""Command-line flags shared by the engine-running commands (prefill, decode, serve)."""
 from __future__ import annotations
 
 import argparse
@@ -9,13 +9,17 @@ from engine.engine_config import EngineConfig
 
 
 def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model folder")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port)")
     parser.add_argument("--advertise-host", default=None,
                         help="host other processes use to reach this replica (default: --host)")
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--replica-id", default=None, help=f"default: {kind}-<random>")
+    add_engine_arguments(parser)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face model folder")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")

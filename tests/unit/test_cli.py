@@ -20,11 +20,11 @@ def test_service_subcommands_accept_their_services_flags():
     args = cli.build_parser().parse_args(
         ["decode", "--model", "/m", "--redis-url", "redis://r:6379/0", "--port", "7",
          "--reservation-timeout-s", "3"])
-    assert args.run is cli.run_decode
+    assert args.service == "decode_svc.main"
     assert (args.port, args.reservation_timeout_s) == (7, 3.0)
     args = cli.build_parser().parse_args(
         ["gateway", "--model", "/m", "--redis-url", "redis://r:6379/0", "--transport", "shm"])
-    assert (args.run, args.transport) == (cli.run_gateway, "shm")
+    assert (args.service, args.transport) == ("gateway.main", "shm")
 
 
 def test_up_defaults_are_one_prefill_one_decode_on_cpu_with_the_standard_gateway_ports():

@@ -82,7 +82,7 @@ def test_the_system_is_redis_gateway_prefill_and_decode(services):
 @pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
 def test_each_service_runs_its_cli_subcommand_with_flags_the_parser_accepts(services, name):
     args = parse_cli(container_argv(services[name]))
-    assert args.run is getattr(cli, f"run_{name}")
+    assert args.service == {"gateway": "gateway.main", "prefill": "prefill_svc.main", "decode": "decode_svc.main"}[name]
     assert args.redis_url == "redis://redis:6379/0"
     assert str(args.model) == "/models/model"
     assert {"redis": {"condition": "service_healthy"}} == services[name]["depends_on"]

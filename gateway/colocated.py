@@ -1,0 +1,71 @@
+"""The `Frontend` contract over one in-process engine: prefill and decode in the same batch,
+no Redis, no replicas. What `pdserve serve` runs, and the colocated baseline of the benchmarks.
+
+The engine detokenizes and checks stop strings itself; closing the stream early aborts the
+request, so its blocks come back.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from engine.async_engine import AsyncEngine
+from engine.errors import InvalidRequestError
+from gateway.frontend import stream_chunk
+from gateway.frontend_types import GenerateInput, StreamChunk
+from gateway.metrics import GatewayMetrics
+from gateway.tokenization import PromptBuilder
+
+
+class ColocatedFrontend:
+    def __init__(self, engine: AsyncEngine, prompts: PromptBuilder, metrics: GatewayMetrics, model_name: str,
+                 token_timeout_s: float = 120.0):
+        self.engine = engine
+        self.prompts = prompts
+        self.metrics = metrics
+        self.model_name = model_name
+        self.tokenizer = prompts.tokenizer
+        self.max_model_len = prompts.max_model_len
+        self.token_timeout_s = token_timeout_s
+        self._live: set[str] = set()
+
+    def health(self) -> bool:
+        return True
+
+    async def abort(self, request_id: str) -> bool:
+        return request_id in self._live and await self.engine.abort(request_id)
+
+    async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
+        request_id = request.request_id or uuid.uuid4().hex
+        if request_id in self._live:
+            raise InvalidRequestError(f"request id {request_id!r} is already running")
+        prompt_ids = self.prompts.prompt_ids(request)
+        params = self.prompts.params(request, len(prompt_ids))
+        started_s = last_s = time.monotonic()
+        self.metrics.on_request_start()
+        stream = self.engine.open_stream(request_id)
+        self._live.add(request_id)
+        finished, reason, num_output = False, "abort", 0
+        try:
+            await self.engine.call(lambda engine: engine.add_request(request_id, prompt_ids, params))
+            while not finished:
+                output = await asyncio.wait_for(stream.get(), self.token_timeout_s)
+                if isinstance(output, Exception):
+                    raise output
+                now_s = time.monotonic()
+                if num_output == 0:
+                    self.metrics.on_first_token(now_s - started_s)
+                else:
+                    self.metrics.on_token(now_s - last_s)
+                last_s, finished = now_s, output.finished
+                chunk = stream_chunk(output)
+                num_output, reason = chunk.completion_tokens, chunk.finish_reason or reason
+                yield chunk
+        finally:
+            self._live.discard(request_id)
+            self.engine.close_stream(request_id)
+            if not finished:
+                self.engine.submit(lambda engine: engine.abort_request(request_id))
+            self.metrics.on_finish(reason, len(prompt_ids), num_output, time.monotonic() - started_s)

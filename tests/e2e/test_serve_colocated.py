@@ -1,0 +1,38 @@
+"""`pdserve serve`: one colocated engine behind the OpenAI API, in its own process."""
+import socket
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+
+from engine import LLM, SamplingParams
+from pdserve.health_probe import probe_http
+
+
+@pytest.fixture(scope="module")
+def server(e2e_model, tmp_path_factory):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "pdserve", "serve", "--model", e2e_model, "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not probe_http(f"http://127.0.0.1:{port}/health", timeout_s=1).ready:
+        assert process.poll() is None and time.monotonic() < deadline, "pdserve serve did not start"
+        time.sleep(0.2)
+    yield port
+    process.terminate()
+    assert process.wait(timeout=20) == 0
+
+
+def test_streamed_completion_equals_the_offline_engine(server, e2e_model):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="unused", max_retries=0, timeout=60)
+    stream = client.completions.create(model="model0", prompt="colocated", max_tokens=16, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    text = "".join(choice.text for chunk in stream for choice in chunk.choices)
+    expected = LLM(e2e_model).generate(["colocated"], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+                                       use_tqdm=False)[0].outputs[0].text
+    assert text == expected
