@@ -1,0 +1,128 @@
+"""Benchmark datasets: lists of `BenchRequest`, identical for identical arguments.
+
+Kinds, as in `vllm bench serve`:
+- "random": random token ids, `prefix_len` shared ids then `input_len` ± `range_ratio` own ids
+  per prompt, output lengths `output_len` ± `range_ratio`. Ids come from the tokenizer's vocabulary
+  minus its special tokens (or from `range(vocab_size)` when no tokenizer is given); with a
+  tokenizer each request also carries the decoded text.
+- "mixed": "random" where a fixed minority of prompts (`LONG_PROMPT_FRACTION`, at random
+  positions) is `LONG_PROMPT_SCALE` times longer: long prefills that interfere with decoding.
+- "jsonl": one JSON object per line, {"prompt": str} or {"prompt_token_ids": [int]}, and
+  "output_len" (the `output_len` argument when absent); the first `num_prompts` lines, in order.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.errors import BenchConfigError
+
+DATASET_KINDS = ("random", "mixed", "jsonl")
+LONG_PROMPT_FRACTION = 0.1
+LONG_PROMPT_SCALE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One request to send. At least one prompt form; when both are given they are the same
+    prompt (the text is the decoding of the ids) and backends send the ids, whose length is exact."""
+
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    output_len: int
+
+    def __post_init__(self) -> None:
+        if self.prompt is None and self.prompt_token_ids is None:
+            raise BenchConfigError("a BenchRequest needs a prompt or prompt_token_ids")
+        if self.prompt_token_ids is not None and not self.prompt_token_ids:
+            raise BenchConfigError("prompt_token_ids must not be empty")
+        if self.output_len < 1:
+            raise BenchConfigError(f"output_len must be at least 1, got {self.output_len}")
+
+
+def make_dataset(kind: str, *, num_prompts: int, seed: int, input_len: int = 1024,
+                 output_len: int = 128, range_ratio: float = 0.0, prefix_len: int = 0,
+                 tokenizer: Any = None, path: str | Path | None = None,
+                 vocab_size: int | None = None) -> list[BenchRequest]:
+    """`tokenizer` is a Hugging Face tokenizer (`len()`, `all_special_ids`, `decode`)."""
+    if num_prompts < 1:
+        raise BenchConfigError(f"num_prompts must be at least 1, got {num_prompts}")
+    if kind == "jsonl":
+        if path is None:
+            raise BenchConfigError("the jsonl dataset needs a path")
+        return _read_jsonl(Path(path), num_prompts, output_len)
+    if kind not in ("random", "mixed"):
+        raise BenchConfigError(f"dataset kind {kind!r} is not one of {DATASET_KINDS}")
+    if not 0.0 <= range_ratio < 1.0:
+        raise BenchConfigError(f"range_ratio must be in [0, 1), got {range_ratio}")
+    if input_len < 1 or output_len < 1 or prefix_len < 0:
+        raise BenchConfigError("input_len and output_len must be at least 1, prefix_len at least 0")
+    rng = np.random.default_rng(seed)
+    token_pool = _token_pool(tokenizer, vocab_size)
+    input_lens = _uniform_lens(rng, input_len, range_ratio, num_prompts)
+    if kind == "mixed":
+        num_long = round(num_prompts * LONG_PROMPT_FRACTION)
+        long_positions = rng.choice(num_prompts, size=num_long, replace=False)
+        input_lens[long_positions] *= LONG_PROMPT_SCALE
+    output_lens = _uniform_lens(rng, output_len, range_ratio, num_prompts)
+    prefix_ids = rng.choice(token_pool, size=prefix_len).tolist()
+    requests = []
+    for own_len, out_len in zip(input_lens.tolist(), output_lens.tolist()):
+        token_ids = prefix_ids + rng.choice(token_pool, size=own_len).tolist()
+        text = tokenizer.decode(token_ids) if tokenizer is not None else None
+        requests.append(BenchRequest(prompt=text, prompt_token_ids=token_ids, output_len=out_len))
+    return requests
+
+
+def _token_pool(tokenizer: Any, vocab_size: int | None) -> np.ndarray:  # [num_allowed_ids]
+    if tokenizer is not None:
+        special_ids = set(tokenizer.all_special_ids)
+        return np.array([i for i in range(len(tokenizer)) if i not in special_ids])
+    if vocab_size is None or vocab_size < 1:
+        raise BenchConfigError("random prompts need a tokenizer or a vocab_size")
+    return np.arange(vocab_size)
+
+
+def _uniform_lens(rng: np.random.Generator, length: int, range_ratio: float, num: int) -> np.ndarray:
+    low = max(1, math.floor(length * (1 - range_ratio)))
+    high = max(low, math.ceil(length * (1 + range_ratio)))
+    return rng.integers(low, high + 1, size=num)  # [num]
+
+
+def _read_jsonl(path: Path, num_prompts: int, default_output_len: int) -> list[BenchRequest]:
+    requests = []
+    with path.open() as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if len(requests) == num_prompts:
+                break
+            if not line.strip():
+                continue
+            try:
+                requests.append(_parse_line(json.loads(line), default_output_len))
+            except (ValueError, TypeError) as error:
+                raise BenchConfigError(f"{path}:{line_number}: {error}") from error
+    if len(requests) < num_prompts:
+        raise BenchConfigError(f"{path} holds {len(requests)} requests, fewer than {num_prompts}")
+    return requests
+
+
+def _parse_line(item: Any, default_output_len: int) -> BenchRequest:
+    if not isinstance(item, dict):
+        raise TypeError("each line must be a JSON object")
+    prompt, token_ids = item.get("prompt"), item.get("prompt_token_ids")
+    if (prompt is None) == (token_ids is None):
+        raise ValueError('each line needs exactly one of "prompt" and "prompt_token_ids"')
+    if prompt is not None and not isinstance(prompt, str):
+        raise TypeError('"prompt" must be a string')
+    if token_ids is not None and not (isinstance(token_ids, list)
+                                      and all(isinstance(t, int) and t >= 0 for t in token_ids)):
+        raise TypeError('"prompt_token_ids" must be a list of non-negative integers')
+    output_len = item.get("output_len", default_output_len)
+    if not isinstance(output_len, int):
+        raise TypeError('"output_len" must be an integer')
+    return BenchRequest(prompt=prompt, prompt_token_ids=token_ids, output_len=output_len)

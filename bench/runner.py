@@ -1,0 +1,143 @@
+"""`run_benchmark`: send a dataset to a server on a schedule and measure every request.
+
+Each request waits for its arrival offset (`bench.arrivals`), then for a slot when
+`max_concurrency` is set (requests queue at the client, as in vLLM), then streams through the
+backend while `bench.timing` times it. The run's duration spans the first send to the last
+answer. A request that fails or outlives `timeout_s` is a failed record; the run never hangs on
+it. With `metrics_url` the server's Prometheus figures are scraped around and during the run;
+afterwards the backend is asked what the server recorded per request.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from tqdm import tqdm
+
+from bench.arrivals import arrival_offsets_s
+from bench.backends import BACKENDS, SendOptions, create_backend
+from bench.datasets import BenchRequest
+from bench.errors import BenchConfigError
+from bench.metrics import BenchMetrics, compute_metrics, validate_slos
+from bench.records import RequestRecord
+from bench.request_details import summarise_request_details
+from bench.server_metrics import MetricsScraper
+from bench.timing import time_stream
+
+SCRAPE_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    backend: str                      # "pdserve-grpc" | "openai"
+    target: str                       # "host:port" (gRPC) or "http://host:port/v1" (openai)
+    model: str | None = None          # openai model id; None = the first of GET /v1/models
+    request_rate: float = math.inf    # requests/s; inf sends all at once
+    burstiness: float = 1.0           # gamma shape of the gaps; 1 = Poisson
+    max_concurrency: int | None = None
+    seed: int = 0
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    goodput_slos_ms: dict[str, float] = field(default_factory=dict)  # "ttft" | "tpot" | "e2el"
+    metrics_url: str | None = None    # a Prometheus /metrics URL
+    timeout_s: float = 600.0          # per request
+    label: str = "pdserve-bench"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise BenchConfigError(f"backend {self.backend!r} is not one of {BACKENDS}")
+        if not self.request_rate > 0:
+            raise BenchConfigError(f"request_rate must be positive (or inf), got {self.request_rate}")
+        if not self.burstiness > 0:
+            raise BenchConfigError(f"burstiness must be positive, got {self.burstiness}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise BenchConfigError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
+        if not self.timeout_s > 0:
+            raise BenchConfigError(f"timeout_s must be positive, got {self.timeout_s}")
+        validate_slos(self.goodput_slos_ms)
+
+    def to_json_dict(self) -> dict:
+        fields = dataclasses.asdict(self)
+        fields["request_rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        return fields
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    model_id: str
+    date: str                         # ISO 8601, UTC, when the run started
+    records: list[RequestRecord]      # in dataset order
+    metrics: BenchMetrics
+    server: dict | None               # scraped figures and per-request details; None if neither
+
+    def to_json_dict(self) -> dict:
+        """vLLM `bench serve`'s result fields, then ours ("e2els", "request_ids", "server")."""
+        return {
+            "date": self.date,
+            "backend": self.config.backend,
+            "label": self.config.label,
+            "model_id": self.model_id,
+            "num_prompts": len(self.records),
+            **{key: value for key, value in self.config.to_json_dict().items() if key not in ("backend", "label")},
+            **self.metrics.to_dict(),
+            "input_lens": [record.prompt_len for record in self.records],
+            "output_lens": [record.output_len for record in self.records],
+            "ttfts": [record.ttft_s for record in self.records],
+            "itls": [record.itl_s for record in self.records],
+            "errors": [record.error for record in self.records],
+            "e2els": [record.e2el_s for record in self.records],
+            "request_ids": [record.request_id for record in self.records],
+            "server": self.server,
+        }
+
+
+async def run_benchmark(config: BenchConfig, requests: list[BenchRequest], progress: bool = True) -> BenchResult:
+    if not requests:
+        raise BenchConfigError("the benchmark needs at least one request")
+    offsets_s = arrival_offsets_s(len(requests), config.request_rate, config.burstiness, config.seed)
+    options = SendOptions(temperature=config.temperature, ignore_eos=config.ignore_eos, timeout_s=config.timeout_s)
+    backend = create_backend(config.backend, config.target, config.model, options)
+    run_tag = uuid.uuid4().hex[:8]
+    slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+    scraper = MetricsScraper(config.metrics_url, SCRAPE_INTERVAL_S) if config.metrics_url else None
+    try:
+        model_id = await backend.open()
+        if scraper is not None:
+            await scraper.start()
+        date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        with tqdm(total=len(requests), disable=not progress, desc=config.label, unit="req") as bar:
+            started_at = time.perf_counter()
+
+            async def send(index: int, request: BenchRequest) -> RequestRecord:
+                await asyncio.sleep(max(0.0, started_at + offsets_s[index] - time.perf_counter()))
+                async with slots if slots is not None else contextlib.nullcontext():
+                    request_id = f"bench-{run_tag}-{index}"
+                    known_len = len(request.prompt_token_ids) if request.prompt_token_ids is not None else None
+                    record = await time_stream(backend.stream(request, request_id), known_prompt_len=known_len,
+                                               timeout_s=config.timeout_s, start_s=time.perf_counter() - started_at,
+                                               request_id=request_id)
+                bar.update(1)
+                return record
+
+            records = list(await asyncio.gather(*(send(i, r) for i, r in enumerate(requests))))
+            duration_s = time.perf_counter() - started_at
+        scraped = await scraper.stop() if scraper is not None else None
+        details = await backend.describe([record.request_id for record in records])
+    finally:
+        if scraper is not None:
+            await scraper.close()
+        await backend.close()
+    records = [dataclasses.replace(record, server=details.get(record.request_id, {})) for record in records]
+    per_request = summarise_request_details([record.server for record in records])
+    server = None
+    if scraped is not None or per_request is not None:
+        server = {**(scraped or {}), "requests": per_request}
+    return BenchResult(config=config, model_id=model_id, date=date, records=records,
+                       metrics=compute_metrics(records, duration_s, config.goodput_slos_ms), server=server)

@@ -1,0 +1,93 @@
+"""Datasets: lengths as asked, the seed fixes the prompts, "mixed" has its long minority, jsonl parses."""
+import json
+
+import pytest
+
+from bench.datasets import LONG_PROMPT_FRACTION, LONG_PROMPT_SCALE, BenchRequest, make_dataset
+from bench.errors import BenchConfigError
+
+
+def test_random_lengths_stay_within_the_range_ratio():
+    requests = make_dataset("random", num_prompts=400, seed=1, input_len=100, output_len=20,
+                            range_ratio=0.5, vocab_size=1000)
+    input_lens = [len(request.prompt_token_ids) for request in requests]
+    output_lens = [request.output_len for request in requests]
+    assert min(input_lens) >= 50 and max(input_lens) <= 150
+    assert min(output_lens) >= 10 and max(output_lens) <= 30
+    assert len(set(input_lens)) > 20  # actually spread, not one length
+    assert all(0 <= token_id < 1000 for request in requests for token_id in request.prompt_token_ids)
+
+
+def test_zero_range_ratio_gives_exact_lengths_and_a_shared_prefix():
+    requests = make_dataset("random", num_prompts=10, seed=0, input_len=32, output_len=7, prefix_len=16,
+                            vocab_size=500)
+    assert {len(request.prompt_token_ids) for request in requests} == {16 + 32}
+    assert {request.output_len for request in requests} == {7}
+    prefixes = {tuple(request.prompt_token_ids[:16]) for request in requests}
+    assert len(prefixes) == 1
+    assert len({tuple(request.prompt_token_ids[16:]) for request in requests}) == 10
+
+
+def test_same_seed_same_dataset():
+    def make(seed):
+        return make_dataset("mixed", num_prompts=30, seed=seed, input_len=20, output_len=5, range_ratio=0.3,
+                            prefix_len=4, vocab_size=300)
+
+    assert make(5) == make(5)
+    assert make(5) != make(6)
+
+
+def test_mixed_has_a_long_prompt_minority():
+    requests = make_dataset("mixed", num_prompts=50, seed=2, input_len=10, output_len=4, vocab_size=100)
+    lens = [len(request.prompt_token_ids) for request in requests]
+    assert lens.count(10 * LONG_PROMPT_SCALE) == round(50 * LONG_PROMPT_FRACTION)
+    assert lens.count(10) == 50 - round(50 * LONG_PROMPT_FRACTION)
+
+
+def test_with_a_tokenizer_each_request_also_carries_its_text_and_no_special_ids(tiny_model):
+    from engine.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model())
+    requests = make_dataset("random", num_prompts=3, seed=0, input_len=40, output_len=4, tokenizer=tokenizer)
+    special_ids = set(tokenizer.all_special_ids)
+    for request in requests:
+        assert request.prompt == tokenizer.decode(request.prompt_token_ids)
+        assert not special_ids & set(request.prompt_token_ids)
+
+
+def test_random_needs_a_tokenizer_or_a_vocab_size():
+    with pytest.raises(BenchConfigError, match="tokenizer or a vocab_size"):
+        make_dataset("random", num_prompts=2, seed=0)
+
+
+def test_jsonl_reads_both_prompt_forms_in_order(tmp_path):
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in [
+        {"prompt": "hello there", "output_len": 5},
+        {"prompt_token_ids": [1, 2, 3], "output_len": 9},
+        {"prompt": "uses the default output length"},
+        {"prompt": "not read: beyond num_prompts", "output_len": 1},
+    ]) + "\n")
+    requests = make_dataset("jsonl", num_prompts=3, seed=0, output_len=11, path=path)
+    assert requests == [BenchRequest("hello there", None, 5), BenchRequest(None, [1, 2, 3], 9),
+                        BenchRequest("uses the default output length", None, 11)]
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"output_len": 3}, "exactly one"),
+    ({"prompt": "a", "prompt_token_ids": [1], "output_len": 3}, "exactly one"),
+    ({"prompt_token_ids": ["x"], "output_len": 3}, "non-negative integers"),
+    ({"prompt": "a", "output_len": 0}, "at least 1"),
+])
+def test_jsonl_errors_name_the_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "fine", "output_len": 2}) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(BenchConfigError, match=f"bad.jsonl:2: .*{message}"):
+        make_dataset("jsonl", num_prompts=2, seed=0, path=path)
+
+
+def test_jsonl_with_too_few_lines_is_an_error(tmp_path):
+    path = tmp_path / "short.jsonl"
+    path.write_text(json.dumps({"prompt": "only one", "output_len": 2}) + "\n")
+    with pytest.raises(BenchConfigError, match="fewer than 2"):
+        make_dataset("jsonl", num_prompts=2, seed=0, path=path)
