@@ -62,5 +62,5 @@ async def serve(args: argparse.Namespace) -> None:
 async def report_load(heartbeat: ReplicaHeartbeat, load) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
-            heartbeat.update_load(**{name: value for name, value in load().items() if name in LOAD_FIELDS})
+            heartbeat.update_load(**{name: value for name, value in (await load()).items() if name in LOAD_FIELDS})
             await asyncio.sleep(LOAD_REPORT_INTERVAL_S)

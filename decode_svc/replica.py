@@ -66,18 +66,9 @@ class DecodeReplica:
         await self.engine.stop()
         self.pool.close()
 
-    def load(self) -> dict[str, int]:
-        """Figures for the replica registry; plain reads of counters the engine thread updates."""
-        engine = self.engine.engine
-        return {
-            "free_blocks": engine.allocator.num_free_blocks,
-            "total_blocks": engine.allocator.num_blocks,
-            "block_size": engine.allocator.block_size,
-            "running_seqs": len(engine.scheduler.running),
-            "waiting_seqs": len(engine.scheduler.waiting),
-            "reserved": len(self.reservations),
-            "num_preemptions": engine.scheduler.num_preemptions,
-        }
+    async def load(self) -> dict[str, int]:
+        """Figures for the replica registry, read on the engine thread between steps."""
+        return await self.engine.call(lambda engine: engine.load())
 
     async def reserve(self, request: decode_pb2.ReserveRequest) -> decode_pb2.KVTarget:
         """Raises LayoutMismatchError, TransportUnavailableError, OutOfBlocksError, InvalidRequestError."""

@@ -122,6 +122,23 @@ class LLMEngine:
         self._forget(request_id)
         return True
 
+    def load(self) -> dict[str, int]:
+        """Occupancy figures for the replica registry; call on the engine's own thread.
+
+        `used_slots` counts K/V entries that hold a token; allocated slots are
+        `(total_blocks - free_blocks) * block_size`, so their difference is the paging waste."""
+        running = self.scheduler.running
+        held = sum(len(self.allocator.block_table(rid)) for rid in self._kv_owners) * self.allocator.block_size
+        return {
+            "free_blocks": self.allocator.num_free_blocks,
+            "total_blocks": self.allocator.num_blocks,
+            "block_size": self.allocator.block_size,
+            "running_seqs": len(running),
+            "waiting_seqs": len(self.scheduler.waiting),
+            "used_slots": sum(request.num_computed_tokens for request in running) + held,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
 

@@ -83,8 +83,15 @@ class GatewayFrontend:
     def health(self) -> bool:
         return self._has_replicas
 
-    async def refresh_health(self) -> None:
-        self._has_replicas = bool(await self.replicas.list("prefill")) and bool(await self.replicas.list("decode"))
+    async def refresh_replicas(self) -> None:
+        """Re-reads the registry: health, and the per-replica load gauges."""
+        try:
+            prefills, decodes = await self.replicas.list("prefill"), await self.replicas.list("decode")
+        except Exception:
+            self._has_replicas = False  # Redis unreachable: cannot route
+            raise
+        self._has_replicas = bool(prefills) and bool(decodes)
+        self.metrics.on_replica_loads(prefills + decodes)
 
     async def abort(self, request_id: str) -> bool:
         if request_id not in self._live:
@@ -113,7 +120,7 @@ class GatewayFrontend:
             raise
         except Exception as exc:
             if request_id not in self._aborted:
-                await journey.end(RequestState.FAILED, "abort", str(exc) or repr(exc))
+                await journey.end(RequestState.FAILED, "error", str(exc) or repr(exc))
                 raise
             await journey.end(RequestState.ABORTED, "abort", "aborted")
             yield journey.final_chunk("abort")

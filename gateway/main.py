@@ -65,7 +65,7 @@ async def serve(args: argparse.Namespace) -> None:
     await http.setup()
     await web.TCPSite(http, args.host, args.http_port).start()
     await server.start()
-    health = asyncio.create_task(refresh_health(frontend))
+    health = asyncio.create_task(refresh_replicas(frontend))
     await server.mark_serving()
     logger.info("gateway serving gRPC on %s:%d and HTTP on http://%s:%d (model %s)",
                 args.host, server.port, args.host, args.http_port, model_name)
@@ -79,11 +79,11 @@ async def serve(args: argparse.Namespace) -> None:
     await server.serve_until_signal(on_stop=shutdown)
 
 
-async def refresh_health(frontend: GatewayFrontend) -> None:
+async def refresh_replicas(frontend: GatewayFrontend) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
             try:
-                await frontend.refresh_health()
+                await frontend.refresh_replicas()
             except Exception as exc:  # Redis down: unhealthy until it answers again
                 logger.warning("cannot list replicas: %s", exc)
             await asyncio.sleep(HEALTH_REFRESH_S)

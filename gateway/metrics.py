@@ -65,6 +65,18 @@ class GatewayMetrics:
         self._kv_s = histogram(
             "kv_transfer_seconds", "Duration of one request's KV transfer.", LATENCY_BUCKETS_S, transport
         )
+        replica = ("kind", "replica")
+        self._replica_gauges = {
+            field: Gauge(PREFIX + name, doc, replica, registry=self.registry)
+            for field, name, doc in (
+                ("kv_usage", "kv_cache_usage_perc", "Fraction of a replica's KV blocks in use."),
+                ("kv_waste", "kv_cache_waste_perc", "Fraction of allocated KV slots holding no token."),
+                ("running_seqs", "replica_num_requests_running", "Requests in a replica's running batch."),
+                ("waiting_seqs", "replica_num_requests_waiting", "Requests waiting in a replica's queue."),
+                ("queued_tokens", "replica_queued_prompt_tokens", "Prompt tokens queued at a prefill replica."),
+                ("num_preemptions", "replica_num_preemptions", "Preemptions since the replica started."),
+            )
+        }
         self._http_responses = Counter(
             PREFIX + "http_responses", "HTTP responses by route and status code.",
             ("route", "status_code"), registry=self.registry,
@@ -95,6 +107,21 @@ class GatewayMetrics:
     def on_kv_transfer(self, transport: str, num_bytes: int, seconds: float) -> None:
         self._kv_bytes.labels(self._model_name, transport).inc(num_bytes)
         self._kv_s.labels(self._model_name, transport).observe(seconds)
+
+    def on_replica_loads(self, replicas) -> None:
+        """Publishes the live replicas' last reported load (`ReplicaInfo`s); drops the others."""
+        for gauge in self._replica_gauges.values():
+            gauge.clear()
+        for replica in replicas:
+            allocated_slots = (replica.total_blocks - replica.free_blocks) * replica.block_size
+            values = {
+                "kv_usage": 1 - replica.free_blocks / replica.total_blocks if replica.total_blocks else 0.0,
+                "kv_waste": 1 - replica.used_slots / allocated_slots if allocated_slots else 0.0,
+                "running_seqs": replica.running_seqs, "waiting_seqs": replica.waiting_seqs,
+                "queued_tokens": replica.queued_tokens, "num_preemptions": replica.num_preemptions,
+            }
+            for field, value in values.items():
+                self._replica_gauges[field].labels(replica.kind, replica.replica_id).set(value)
 
     def on_http_response(self, route: str, status_code: int) -> None:
         """`route` is the matched route pattern (bounded cardinality), never the raw path."""

@@ -48,10 +48,13 @@ class ReplicaInfo:
     block_size: int = 0  # tokens per KV block; 0 when not reported
     running_seqs: int = 0
     waiting_seqs: int = 0
+    used_slots: int = 0  # KV slots holding a token (allocated slots minus paging waste)
+    num_preemptions: int = 0  # since the replica started
     updated_unix_s: float = 0.0  # when the replica last reported its load
 
 
-LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs"})
+LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs",
+                         "used_slots", "num_preemptions"})
 
 
 def default_host_id() -> str:

@@ -59,10 +59,9 @@ class PrefillReplica:
             await sender.close()
         await self.engine.stop()
 
-    def load(self) -> dict[str, int]:
-        engine = self.engine.engine
-        return {"queued_tokens": self.queued_tokens, "free_blocks": engine.allocator.num_free_blocks,
-                "total_blocks": engine.allocator.num_blocks, "block_size": engine.allocator.block_size}
+    async def load(self) -> dict[str, int]:
+        """Figures for the replica registry: the engine's, read between steps, plus queued tokens."""
+        return {**await self.engine.call(lambda engine: engine.load()), "queued_tokens": self.queued_tokens}
 
     async def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
                   target: decode_pb2.KVTarget) -> AsyncIterator[FirstToken | TransferResult]:

@@ -87,3 +87,17 @@ def test_invalid_request_is_a_400_with_a_json_error(client):
     with pytest.raises(openai.BadRequestError) as failure:
         client.completions.create(model="model0", prompt="x", temperature=-1)
     assert "temperature" in failure.value.message
+
+
+def test_metrics_export_each_live_replicas_load(cluster):
+    import urllib.request
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.gateway.http_port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    cluster.wait_until(lambda: 'pdserve:kv_cache_usage_perc{kind="decode",replica="d0"}' in scrape(),
+                       "per-replica gauges in /metrics")
+    text = scrape()
+    assert 'pdserve:replica_queued_prompt_tokens{kind="prefill",replica="p0"}' in text
+    assert 'pdserve:kv_transfer_bytes_total{model_name="model0",transport="TRANSPORT_SHM"}' in text
