@@ -14,7 +14,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-TINY_MODEL_NAME = "tiny-llama-v1"
+TINY_MODEL_NAME = "tiny-llama-v2"
 
 
 def cache_root(environ: Mapping[str, str]) -> Path:
@@ -24,7 +24,7 @@ def cache_root(environ: Mapping[str, str]) -> Path:
 
 
 def ensure_tiny_model(root: Path) -> Path:
-    """Returns `root/models/tiny-llama-v1`, writing the default tiny model there first if absent."""
+    """Returns `root/models/tiny-llama-v2`, writing the default tiny model there first if absent."""
     from pdserve.tiny_model import write_tiny_model
 
     model_dir = root / "models" / TINY_MODEL_NAME

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import (
+    GenerationConfig,
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
@@ -32,7 +33,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from pdserve.tiny_tokenizer import MIN_VOCAB_SIZE, write_tiny_tokenizer
+from pdserve.tiny_tokenizer import IM_END_TOKEN, MIN_VOCAB_SIZE, write_tiny_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,13 @@ def rope_parameters(spec: TinyModelSpec) -> dict | None:
     }
 
 
+def generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
+    """Both the end of text and the end of a chat turn end generation, as in instruct models."""
+    end_ids = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END_TOKEN)]
+    return GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=end_ids,
+                            pad_token_id=tokenizer.pad_token_id)
+
+
 def build_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     """The transformers config for `spec`, with full attention in every layer."""
     no_sliding_window = {
@@ -163,6 +171,7 @@ def write_tiny_model_spec(out_dir: str | Path, spec: TinyModelSpec) -> Path:
     tokenizer = write_tiny_tokenizer(out_dir, spec.vocab_size)
     config = build_config(spec, tokenizer)
     config.save_pretrained(out_dir)
+    generation_config(tokenizer).save_pretrained(out_dir)
     weights = random_weights(config, spec)
     num_params = sum(tensor.numel() for tensor in weights.values())
     logger.info("writing %d parameters as %s to %s", num_params, spec.dtype, out_dir / WEIGHTS_FILE_NAME)

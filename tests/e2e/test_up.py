@@ -106,7 +106,7 @@ def test_up_serves_generate_and_ctrl_c_stops_everything(up_process, tmp_path):
     endpoints = wait_for_endpoints(lines, up_process)
 
     assert f"127.0.0.1:{up_process.grpc_port}" in endpoints
-    model_dir = tmp_path / "cache" / "pdserve" / "models" / "tiny-llama-v1"
+    model_dir = tmp_path / "cache" / "pdserve" / "models" / "tiny-llama-v2"
     assert str(model_dir) in endpoints
     assert (model_dir / "config.json").is_file()
     redis_url = re.search(r"redis://\S+", endpoints).group(0)

@@ -156,3 +156,13 @@ def test_cli_writes_a_folder_transformers_loads(tmp_path):
     assert config.initializer_range == 0.1
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     assert model.model.layers[0].self_attn.q_proj.weight.shape == (8 * 16, 64)
+
+
+def test_generation_config_ends_on_end_of_text_and_end_of_turn(tmp_path):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    model_dir = write_tiny_model(tmp_path / "m", vocab_size=512, hidden_size=64, num_layers=1, num_heads=2,
+                                 num_kv_heads=1, intermediate_size=128)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eos_ids = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    assert eos_ids == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
