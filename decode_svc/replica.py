@@ -49,7 +49,6 @@ class DecodeReplica:
         self.engine = AsyncEngine(engine, loop)
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
         self.reservations = ReservationTable(config.reservation_timeout_s)
-        self.num_blocks = engine.allocator.num_blocks
         self._reaper: asyncio.Task | None = None
 
     def _allocate_pool(self, spec, num_blocks, device):
