@@ -28,8 +28,8 @@ MODELS = {
     "mistral": dict(arch="mistral", hidden_size=320, num_heads=4, num_kv_heads=2),  # head_dim 80
 }
 NUM_PROMPTS = 24
-BF16_LOGIT_TOL = 1.5
-BF16_MIN_ARGMAX_AGREEMENT = 0.85
+BF16_LOGIT_TOL = 1.0
+BF16_MIN_ARGMAX_AGREEMENT = 0.9
 
 
 def make_prompts(vocab_size: int) -> list[tuple[list[int], int]]:
