@@ -35,10 +35,13 @@ class OpenAICompletionsBackend:
 
     async def _first_model(self) -> str:
         url = f"{self._base_url}/models"
-        async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)) as response:
-            if response.status != 200:
-                raise BackendError(f"GET {url}: HTTP {response.status}: {(await response.text())[:200]}")
-            models = (await response.json()).get("data") or []
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)) as response:
+                if response.status != 200:
+                    raise BackendError(f"GET {url}: HTTP {response.status}: {(await response.text())[:200]}")
+                models = (await response.json()).get("data") or []
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise BackendError(f"GET {url}: {type(error).__name__}: {error}") from error
         if not models:
             raise BackendError(f"GET {url} lists no model")
         return models[0]["id"]

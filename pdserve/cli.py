@@ -239,6 +239,11 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
                  "serve one colocated engine (prefill and decode in one batch) behind the OpenAI HTTP API")
 
 
+def add_bench(subparsers: argparse._SubParsersAction) -> None:
+    _add_service(subparsers, "bench", "bench.cli",
+                 "benchmark a running server like `vllm bench serve` (TTFT, TPOT, ITL, throughput, goodput)")
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -247,7 +252,7 @@ def _positive_int(text: str) -> int:
 
 
 SUBCOMMANDS = (add_up, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
-               add_make_tiny_model)
+               add_bench, add_make_tiny_model)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,57 @@
+"""PNG plots of benchmark results, drawn from their JSON form.
+
+Figures are built with `matplotlib.figure.Figure` directly, never pyplot: no global backend or
+figure state, so plotting works headless and in any process.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+
+def plot_latency_cdf(result: dict, path: Path) -> Path:
+    """TTFT, ITL and E2EL empirical CDFs (milliseconds) of the successful requests."""
+    succeeded = [i for i, error in enumerate(result["errors"]) if not error]
+    samples_ms = {
+        "TTFT": [result["ttfts"][i] * 1000 for i in succeeded],
+        "ITL": [gap * 1000 for i in succeeded for gap in result["itls"][i]],
+        "E2EL": [result["e2els"][i] * 1000 for i in succeeded],
+    }
+    figure = Figure(figsize=(13, 4), layout="constrained")
+    for axes, (name, values) in zip(figure.subplots(1, 3), samples_ms.items()):
+        if values:
+            ordered = np.sort(values)
+            axes.step(ordered, np.arange(1, len(ordered) + 1) / len(ordered), where="post")
+        axes.set(title=f"{name} ({len(values)} samples)", xlabel=f"{name} (ms)", ylabel="fraction ≤ x", ylim=(0, 1.02))
+        axes.grid(alpha=0.3)
+    figure.suptitle(f"{result['label']}: latency CDFs")
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def plot_sweep(sweep: dict, path: Path) -> Path:
+    """Throughput, p99 TTFT and p99 ITL against the request rate (inf drawn as the last point)."""
+    points = sweep["points"]
+    labels = ["inf" if point["request_rate"] == "inf" else f"{point['request_rate']:g}" for point in points]
+    positions = _rate_positions([point["request_rate"] for point in points])
+    panels = (("Output throughput (tok/s)", "output_throughput"), ("P99 TTFT (ms)", "p99_ttft_ms"),
+              ("P99 ITL (ms)", "p99_itl_ms"))
+    figure = Figure(figsize=(13, 4), layout="constrained")
+    for axes, (title, key) in zip(figure.subplots(1, 3), panels):
+        axes.plot(positions, [point[key] for point in points], marker="o")
+        axes.set_xticks(positions, labels)
+        axes.set(title=title, xlabel="request rate (req/s)")
+        axes.grid(alpha=0.3)
+    figure.suptitle(f"{sweep['label']}: request-rate sweep")
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def _rate_positions(rates: list) -> list[float]:
+    """Finite rates at their value; inf one step (the largest gap, at least 1) past the largest."""
+    finite = [rate for rate in rates if rate != "inf"]
+    top = max(finite, default=0.0)
+    step = max([1.0, *np.diff(sorted(finite)).tolist()])
+    return [top + step if rate == "inf" else rate for rate in rates]

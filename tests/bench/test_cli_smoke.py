@@ -1,0 +1,92 @@
+"""`pdserve bench` end to end against a real `pdserve serve` process: the result files exist, the
+JSON has vLLM's fields, every request completed with the tokens it asked for, and the server's
+own counters agree. Nothing here is about speed."""
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.datasets import make_dataset
+from pdserve.cli import main as pdserve_main
+from pdserve.health_probe import probe_http
+
+START_TIMEOUT_S = 120.0
+BENCH_TIMEOUT_S = 120.0
+VLLM_FIELDS = (
+    "completed", "failed", "total_input_tokens", "total_output_tokens", "duration", "request_throughput",
+    "request_goodput", "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts",
+    "itls", "errors",
+    *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
+      for stat in ("mean", "median", "std", "p90", "p99")),
+)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    model_dir = tiny_model()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with open(tmp_path_factory.mktemp("serve") / "serve.log", "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "pdserve", "serve", "--model", model_dir,
+                                    "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not probe_http(f"http://127.0.0.1:{port}/health", timeout_s=1).ready:
+        assert process.poll() is None and time.monotonic() < deadline, "pdserve serve did not start"
+        time.sleep(0.2)
+    yield model_dir, f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=20)
+
+
+def bench(*flags):
+    result = subprocess.run([sys.executable, "-m", "pdserve", "bench", "--backend", "openai", "--disable-tqdm",
+                             *flags], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_one_run_writes_vllm_shaped_results(server, tmp_path):
+    model_dir, url = server
+    dataset = dict(num_prompts=6, seed=4, input_len=16, output_len=6, range_ratio=0.3)
+    stdout = bench("--target", f"{url}/v1", "--tokenizer", model_dir, "--dataset", "random",
+                   "--num-prompts", "6", "--seed", "4", "--input-len", "16", "--output-len", "6",
+                   "--range-ratio", "0.3", "--request-rate", "20", "--goodput", "ttft:600000", "e2el:600000",
+                   "--metrics-url", f"{url}/metrics", "--result-dir", str(tmp_path), "--label", "smoke")
+    assert "Serving Benchmark Result: smoke" in stdout
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert set(VLLM_FIELDS) <= set(result)
+    assert result["completed"] == 6 and result["failed"] == 0 and result["errors"] == [""] * 6
+    assert result["request_goodput"] == pytest.approx(6 / result["duration"])  # SLOs no run can miss
+    # Lengths depend on the seed only, not on which ids fill them: no tokenizer needed to know them.
+    expected = make_dataset("random", vocab_size=1000, **dataset)
+    assert result["input_lens"] == [len(request.prompt_token_ids) for request in expected]
+    assert result["output_lens"] == [request.output_len for request in expected]  # ignore_eos: all of them
+    # A token that ends mid-character streams no text of its own, so gaps <= tokens - 1.
+    assert all(len(gaps) <= n - 1 for gaps, n in zip(result["itls"], result["output_lens"]))
+    counters = result["server"]["counters"]
+    generated = [value for key, value in counters.items() if key.startswith("pdserve:generation_tokens_total")]
+    assert generated == [result["total_output_tokens"]]
+    assert (tmp_path / "smoke.md").read_text() in stdout
+    assert (tmp_path / "smoke_latency_cdf.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_sweep_runs_every_rate_and_plots_them(server, tmp_path, capsys):
+    _, url = server  # in this process, through the same command line
+    status = pdserve_main(["bench", "--backend", "openai", "--target", f"{url}/v1", "--vocab-size", "1000",
+                           "--num-prompts", "4", "--input-len", "8", "--output-len", "3", "--max-concurrency", "2",
+                           "--sweep", "8,inf", "--result-dir", str(tmp_path), "--label", "sweep", "--disable-tqdm"])
+    assert status == 0
+    sweep = json.loads((tmp_path / "sweep_sweep.json").read_text())
+    assert [point["request_rate"] for point in sweep["points"]] == [8.0, "inf"]
+    assert [point["completed"] for point in sweep["points"]] == [4, 4]
+    stdout = capsys.readouterr().out
+    for name in ("sweep_rate8", "sweep_rateinf"):
+        run = json.loads((tmp_path / f"{name}.json").read_text())
+        assert run["max_concurrency"] == 2 and 1 <= run["max_concurrent_requests"] <= 2
+        assert f"Serving Benchmark Result: {name}" in stdout
+    assert (tmp_path / "sweep_sweep.png").read_bytes().startswith(PNG_MAGIC)

@@ -1,0 +1,49 @@
+"""The markdown summary and the plots, from results built out of synthetic records."""
+import math
+
+from bench.metrics import compute_metrics
+from bench.plots import plot_latency_cdf, plot_sweep
+from bench.records import RequestRecord
+from bench.report import render_markdown
+from bench.runner import BenchConfig, BenchResult
+from bench.sweep import parse_rates, rate_label, sweep_json
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def result(request_rate, slos=None):
+    records = [
+        RequestRecord(prompt_len=8, output_len=3, ttft_s=0.05, itl_s=[0.01, 0.02], e2el_s=0.08, success=True, error=""),
+        RequestRecord(prompt_len=8, output_len=0, ttft_s=0.0, itl_s=[], e2el_s=0.01, success=False,
+                      error="BackendError: HTTP 400: a | b\nc"),
+    ]
+    config = BenchConfig(backend="openai", target="http://h:1/v1", request_rate=request_rate,
+                         goodput_slos_ms=slos or {}, label=rate_label("t", request_rate))
+    return BenchResult(config=config, model_id="m", date="2026-01-01T00:00:00+00:00", records=records,
+                       metrics=compute_metrics(records, 1.0, config.goodput_slos_ms), server=None)
+
+
+def test_markdown_has_the_run_table_the_latency_table_and_escaped_errors():
+    text = render_markdown(result(2.0, {"ttft": 100}).to_json_dict())
+    assert "## Serving Benchmark Result: t_rate2" in text
+    assert "| Successful requests | 1 |" in text and "| Failed requests | 1 |" in text
+    assert "| Request goodput (req/s) | 1.00 |" in text
+    assert "| TTFT | 50.00 | 50.00 | 0.00 | 50.00 | 50.00 |" in text
+    assert "| BackendError: HTTP 400: a \\| b c | 1 |" in text  # one table cell
+
+
+def test_without_slos_there_is_no_goodput_row():
+    assert "goodput" not in render_markdown(result(math.inf).to_json_dict())
+
+
+def test_plots_are_pngs(tmp_path):
+    runs = [result(1.0), result(4.0), result(math.inf)]
+    assert plot_latency_cdf(runs[0].to_json_dict(), tmp_path / "cdf.png").read_bytes().startswith(PNG_MAGIC)
+    sweep = sweep_json("t", runs)
+    assert [point["request_rate"] for point in sweep["points"]] == [1.0, 4.0, "inf"]
+    assert [point["label"] for point in sweep["points"]] == ["t_rate1", "t_rate4", "t_rateinf"]
+    assert plot_sweep(sweep, tmp_path / "sweep.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_sweep_rates_parse_with_inf():
+    assert parse_rates("1, 2.5,inf") == [1.0, 2.5, math.inf]

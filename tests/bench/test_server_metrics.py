@@ -1,0 +1,59 @@
+"""Server figures from Prometheus text: counter increases, histogram means, gauge statistics,
+KV transfer rates, every `pdserve:`/`vllm:` series collected without knowing its name."""
+import pytest
+
+from bench.server_metrics import parse_exposition, summarise
+
+
+def exposition(*, requests, kv_bytes, kv_count, kv_sum, usage, preemptions):
+    # As prometheus_client writes it: a counter's TYPE line names its _total series.
+    return f"""\
+# TYPE pdserve:request_success_total counter
+pdserve:request_success_total{{finished_reason="length",model_name="m"}} {requests}
+# TYPE pdserve:request_success_created gauge
+pdserve:request_success_created{{finished_reason="length",model_name="m"}} 1.7e9
+# TYPE pdserve:kv_transfer_bytes_total counter
+pdserve:kv_transfer_bytes_total{{model_name="m",transport="shm"}} {kv_bytes}
+# TYPE pdserve:kv_transfer_seconds histogram
+pdserve:kv_transfer_seconds_bucket{{le="+Inf",model_name="m",transport="shm"}} {kv_count}
+pdserve:kv_transfer_seconds_count{{model_name="m",transport="shm"}} {kv_count}
+pdserve:kv_transfer_seconds_sum{{model_name="m",transport="shm"}} {kv_sum}
+# TYPE pdserve:some_future_gauge gauge
+pdserve:some_future_gauge{{replica="decode-0"}} {usage}
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total {preemptions}
+# TYPE python_gc_collections_total counter
+python_gc_collections_total{{generation="0"}} 99
+"""
+
+
+def test_counters_histograms_and_gauges_over_a_run():
+    before = parse_exposition(exposition(requests=10, kv_bytes=1000, kv_count=2, kv_sum=0.5, usage=0.1,
+                                         preemptions=1))
+    during = [parse_exposition(exposition(requests=12, kv_bytes=2000, kv_count=3, kv_sum=0.6, usage=0.7,
+                                          preemptions=1))]
+    after = parse_exposition(exposition(requests=15, kv_bytes=5_000_001_000, kv_count=6, kv_sum=2.5, usage=0.4,
+                                        preemptions=4))
+    figures = summarise(before, during, after)
+    assert figures["counters"] == {
+        'pdserve:kv_transfer_bytes_total{model_name="m",transport="shm"}': 5_000_000_000,
+        'pdserve:request_success_total{finished_reason="length",model_name="m"}': 5,
+        "vllm:num_preemptions_total": 3,
+    }  # not python_gc (another prefix), not the _created timestamps
+    assert figures["histograms"] == {'pdserve:kv_transfer_seconds{model_name="m",transport="shm"}':
+                                     {"count": 4, "sum": 2.0, "mean": 0.5}}
+    gauge = figures["gauges"]['pdserve:some_future_gauge{replica="decode-0"}']
+    assert gauge == pytest.approx({"mean": 0.4, "max": 0.7, "last": 0.4})
+    kv = figures["kv_transfer"]
+    assert kv["bytes"] == 5_000_000_000 and kv["num_transfers"] == 4
+    assert kv["gb_per_s"] == pytest.approx(2.5)  # 5 GB in 2 s of transfers
+    assert kv["bytes_per_transfer"] == pytest.approx(1.25e9)
+    assert list(kv["by_series"]) == ['{model_name="m",transport="shm"}']
+
+
+def test_a_server_without_kv_transfers_has_no_kv_figures():
+    text = "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.25\n"
+    snapshot = parse_exposition(text)
+    figures = summarise(snapshot, [], snapshot)
+    assert figures["kv_transfer"] is None
+    assert figures["gauges"] == {"vllm:kv_cache_usage_perc": {"mean": 0.25, "max": 0.25, "last": 0.25}}
