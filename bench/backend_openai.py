@@ -61,9 +61,9 @@ class OpenAICompletionsBackend:
             if response.status != 200:
                 raise BackendError(f"HTTP {response.status}: {(await response.text())[:300]}")
             async for line in response.content:
-                data = line.strip().removeprefix(b"data:").strip()
-                if not data or line.startswith(b":"):
-                    continue
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, other event fields
+                data = line.removeprefix(b"data:").strip()
                 if data == b"[DONE]":
                     return
                 yield _piece(json.loads(data))
