@@ -1,9 +1,13 @@
 """Pure-torch paged attention: the specification every Triton kernel is tested against.
 
-These also serve CPU inference, so they gather K/V with vectorised indexing and attend with one
-masked `scaled_dot_product_attention` call per batch, in fp32, returning the input dtype.
+These also serve CPU inference, so they copy K/V out of the pool a whole block at a time and
+attend with `scaled_dot_product_attention` in fp32, returning the input dtype:
+- decode: one query row per sequence, all sequences in one call over their contexts padded to
+  the longest, the padding masked;
+- prefill: sequence by sequence, so memory follows each sequence's own chunk and context rather
+  than the batch's longest chunk times its longest context.
 Cache slots outside a sequence's context may hold anything (even NaN) and block-table entries
-past a sequence's last block may hold anything (even -1): neither is ever read.
+past a sequence's last block may hold anything (even -1): neither reaches the output.
 """
 import torch
 import torch.nn.functional as F
@@ -16,61 +20,74 @@ def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 def decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale):
-    query_positions = (context_lens.long() - 1)[:, None]  # [num_seqs, 1]
-    out = _paged_attention(
-        query[:, None], k_cache, v_cache, block_tables, query_positions, context_lens, scale
-    )  # [num_seqs, 1, num_heads, head_dim]
-    return out[:, 0]
+    key, value, in_context = _gather_padded_contexts(k_cache, v_cache, block_tables, context_lens)
+    out = F.scaled_dot_product_attention(
+        query[:, :, None].float(),  # [num_seqs, num_heads, 1, head_dim]
+        key.transpose(1, 2),  # [num_seqs, num_kv_heads, num_keys, head_dim]
+        value.transpose(1, 2),
+        attn_mask=in_context[:, None, None, :],  # [num_seqs, 1, 1, num_keys]
+        scale=scale,
+        enable_gqa=True,
+    )  # [num_seqs, num_heads, 1, head_dim]
+    return out[:, :, 0].to(query.dtype)
 
 
 def prefill_attention_reference(
     query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
 ):
-    num_tokens = query.shape[0]
-    query_starts = query_start_loc.long()
-    query_lens = query_starts.diff()  # [num_seqs]
-    seq_ids = torch.repeat_interleave(
-        torch.arange(len(query_lens), device=query.device), query_lens
-    )  # [num_tokens]
-    rows = torch.arange(num_tokens, device=query.device) - query_starts[seq_ids]  # [num_tokens]
-    max_query_len = int(query_lens.max())
-    padded_query = query.new_zeros(len(query_lens), max_query_len, *query.shape[1:])
-    padded_query[seq_ids, rows] = query  # [num_seqs, max_query_len, num_heads, head_dim]
-    prefix_lens = context_lens.long() - query_lens  # [num_seqs]
-    query_positions = prefix_lens[:, None] + torch.arange(max_query_len, device=query.device)
-    out = _paged_attention(
-        padded_query, k_cache, v_cache, block_tables, query_positions, context_lens, scale
-    )  # [num_seqs, max_query_len, num_heads, head_dim]
-    return out[seq_ids, rows]
+    out = torch.empty_like(query)  # [num_tokens, num_heads, head_dim]
+    query_starts = query_start_loc.tolist()
+    for seq, context_len in enumerate(context_lens.tolist()):
+        start, end = query_starts[seq], query_starts[seq + 1]
+        query_len = end - start
+        key = _gather_context(k_cache, block_tables[seq], context_len)  # [context_len, kv_heads, dim]
+        value = _gather_context(v_cache, block_tables[seq], context_len)
+        # New token i sits at position context_len - query_len + i and sees every key up to it;
+        # without a cached prefix that is plain causal attention.
+        is_causal = query_len == context_len
+        visible = None if is_causal else torch.ones(
+            query_len, context_len, dtype=torch.bool, device=query.device
+        ).tril(context_len - query_len)  # [query_len, context_len]
+        attended = F.scaled_dot_product_attention(
+            query[start:end].transpose(0, 1).float(),  # [num_heads, query_len, head_dim]
+            key.transpose(0, 1).float(),  # [num_kv_heads, context_len, head_dim]
+            value.transpose(0, 1).float(),
+            attn_mask=visible,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=True,
+        )  # [num_heads, query_len, head_dim]
+        out[start:end] = attended.transpose(0, 1)
+    return out
 
 
-def _paged_attention(query, k_cache, v_cache, block_tables, query_positions, context_lens, scale):
-    """Causal attention of padded queries over each sequence's paged context.
-
-    query: [num_seqs, num_queries, num_heads, head_dim]; query_positions: [num_seqs, num_queries]
-    absolute positions. Query rows past a sequence's query length are padding; their output is junk.
-    """
-    context_lens = context_lens.long()
-    key_positions = torch.arange(int(context_lens.max()), device=query.device)
-    in_context = key_positions < context_lens[:, None]  # [num_seqs, num_key_positions]
-    key = _gather_context(k_cache, block_tables, in_context, key_positions)
-    value = _gather_context(v_cache, block_tables, in_context, key_positions)
-    visible = (key_positions <= query_positions[..., None]) & in_context[:, None, :]
-    out = F.scaled_dot_product_attention(
-        query.transpose(1, 2).float(),  # [num_seqs, num_heads, num_queries, head_dim]
-        key.transpose(1, 2).float(),  # [num_seqs, num_kv_heads, num_key_positions, head_dim]
-        value.transpose(1, 2).float(),
-        attn_mask=visible[:, None],  # [num_seqs, 1, num_queries, num_key_positions]
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out.transpose(1, 2).to(query.dtype)
-
-
-def _gather_context(cache, block_tables, in_context, key_positions):
-    """Dense [num_seqs, num_key_positions, num_kv_heads, head_dim] copy; zeros outside context."""
+def _gather_context(cache, block_table, context_len):
+    """One sequence's [context_len, num_kv_heads, head_dim] slice of the pool, a copy."""
     block_size = cache.shape[1]
-    block_ids = block_tables.long()[:, key_positions // block_size]  # [num_seqs, num_key_positions]
-    slots = torch.where(in_context, block_ids * block_size + key_positions % block_size, 0)
-    gathered = cache.flatten(0, 1)[slots]
-    return torch.where(in_context[..., None, None], gathered, 0)
+    num_blocks = -(-context_len // block_size)
+    return cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:context_len]
+
+
+def _gather_padded_contexts(k_cache, v_cache, block_tables, context_lens):
+    """Every sequence's K and V as dense fp32 [num_seqs, num_keys, num_kv_heads, head_dim] copies,
+    num_keys covering the longest context in whole blocks, zero outside each context (where the
+    pool may hold NaN, which masking alone would not keep out of the output); and
+    in_context [num_seqs, num_keys]."""
+    num_seqs = block_tables.shape[0]
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    context_lens = context_lens.long()
+    num_blocks = -(-int(context_lens.max()) // block_size)
+    num_keys = num_blocks * block_size
+    in_context = torch.arange(num_keys, device=k_cache.device) < context_lens[:, None]
+    # Table entries past a sequence's last block may be anything: read block 0 there instead.
+    block_ids = torch.where(in_context[:, ::block_size], block_tables[:, :num_blocks].long(), 0)
+    outside = ~in_context
+
+    def gather(cache):
+        dense = cache.index_select(0, block_ids.flatten()).view(
+            num_seqs, num_keys, num_kv_heads, head_dim
+        ).float()
+        dense[outside] = 0
+        return dense
+
+    return gather(k_cache), gather(v_cache), in_context
