@@ -32,3 +32,17 @@ test: install
 
 clean:
 	rm -rf pdserve/v1 .pytest_cache build *.egg-info
+
+# Regenerates the figures in BENCHMARKS.md (bench/results/): every system side by side on one
+# machine, at saturation (equal, then varied lengths) and on the mixed workload.
+# PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
+PEER_VLLM ?=
+BENCH_COMPARE = $(BIN)/pdserve bench-compare $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
+.PHONY: bench
+bench: install
+	$(BENCH_COMPARE) --dataset random --num-prompts 128 --input-len 128 --output-len 128 \
+		--max-concurrency 32 --result-dir bench/results/saturation
+	$(BENCH_COMPARE) --dataset random --num-prompts 128 --input-len 128 --output-len 128 --range-ratio 0.5 \
+		--max-concurrency 32 --result-dir bench/results/saturation_varlen
+	$(BENCH_COMPARE) --dataset mixed --num-prompts 96 --input-len 64 --output-len 64 \
+		--request-rate 2 --result-dir bench/results/mixed

@@ -244,6 +244,12 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
                  "benchmark a running server like `vllm bench serve` (TTFT, TPOT, ITL, throughput, goodput)")
 
 
+def add_bench_compare(subparsers: argparse._SubParsersAction) -> None:
+    _add_service(subparsers, "bench-compare", "bench.compare",
+                 "launch static batching, pdserve (colocated, disaggregated) and vLLM in turn and "
+                 "benchmark them side by side on one trace")
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -252,7 +258,7 @@ def _positive_int(text: str) -> int:
 
 
 SUBCOMMANDS = (add_up, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
-               add_bench, add_make_tiny_model)
+               add_bench, add_bench_compare, add_make_tiny_model)
 
 
 def build_parser() -> argparse.ArgumentParser:
