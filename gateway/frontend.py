@@ -108,8 +108,8 @@ class GatewayFrontend:
         params = self.prompts.params(request, len(prompt_ids))
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         started_s = time.monotonic()
-        self.metrics.on_request_start()
         await self.store.create(request_id, len(prompt_ids))
+        self.metrics.on_request_start()
         self._live[request_id] = ("", "")
         journey = _Journey(self, request_id, prompt_ids, params, seed, started_s)
         try:
