@@ -87,7 +87,7 @@ def markdown(combined: dict) -> str:
         f"{machine.get('memory_gib', '?')} GiB",
         f"- pinning: servers on CPUs {pinning['server_cpus']} with {pinning['server_threads']} thread(s), "
         f"client on CPUs {pinning['client_cpus']}",
-        f"- command: `{' '.join(combined['command'])}`",
+        f"- command: `{' '.join(_shown_command(combined['command']))}`",
         "",
         "| system | " + " | ".join(heading for _, heading, _ in TABLE_COLUMNS) + " |",
         "|---|" + "---:|" * len(TABLE_COLUMNS),
@@ -111,6 +111,11 @@ def markdown(combined: dict) -> str:
             first_line = (entry.get("note") or "").strip().splitlines()[:1]
             lines.append(f"- {name}: {entry['status']}" + (f" ({first_line[0]})" if first_line else ""))
     return "\n".join(lines) + "\n"
+
+
+def _shown_command(argv: list[str]) -> list[str]:
+    """The command with the peer script named by its file name only (its folder is local)."""
+    return [Path(arg).name if previous == "--peer-vllm" else arg for previous, arg in zip(["", *argv], argv)]
 
 
 def _format(value, spec: str) -> str:
