@@ -81,13 +81,11 @@ def _gather_padded_contexts(k_cache, v_cache, block_tables, context_lens):
     in_context = torch.arange(num_keys, device=k_cache.device) < context_lens[:, None]
     # Table entries past a sequence's last block may be anything: read block 0 there instead.
     block_ids = torch.where(in_context[:, ::block_size], block_tables[:, :num_blocks].long(), 0)
-    outside = ~in_context
+    outside_rows = (~in_context).flatten().nonzero().squeeze(1)  # [num_outside] flat (seq, key)
 
     def gather(cache):
-        dense = cache.index_select(0, block_ids.flatten()).view(
-            num_seqs, num_keys, num_kv_heads, head_dim
-        ).float()
-        dense[outside] = 0
-        return dense
+        dense = cache.index_select(0, block_ids.flatten()).float()
+        dense = dense.view(num_seqs * num_keys, num_kv_heads, head_dim).index_fill_(0, outside_rows, 0)
+        return dense.view(num_seqs, num_keys, num_kv_heads, head_dim)
 
     return gather(k_cache), gather(v_cache), in_context
