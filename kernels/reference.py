@@ -2,8 +2,9 @@
 
 These also serve CPU inference, so they copy K/V out of the pool a whole block at a time and
 attend with `scaled_dot_product_attention` in fp32, returning the input dtype:
-- decode: one query row per sequence, all sequences in one call over their contexts padded to
-  the longest, the padding masked;
+- decode: one query row per sequence; sequences of similar context length share one call over
+  their contexts padded to the group's longest (padding masked), so however ragged the batch a
+  call reads at most about `1 / MIN_GROUP_LENGTH_RATIO` times the keys it needs;
 - prefill: sequence by sequence, so memory follows each sequence's own chunk and context rather
   than the batch's longest chunk times its longest context.
 Cache slots outside a sequence's context may hold anything (even NaN) and block-table entries
@@ -19,7 +20,32 @@ def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
     v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value
 
 
+MIN_GROUP_LENGTH_RATIO = 0.8  # decode: shortest / longest context among sequences in one call
+
+
 def decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale):
+    out = torch.empty_like(query)  # [num_seqs, num_heads, head_dim]
+    for seqs in _similar_length_groups(context_lens):
+        out[seqs] = _padded_decode_attention(
+            query[seqs], k_cache, v_cache, block_tables[seqs], context_lens[seqs], scale
+        )
+    return out
+
+
+def _similar_length_groups(context_lens):
+    """Sequence indices, longest first, cut into groups whose lengths are all at least
+    MIN_GROUP_LENGTH_RATIO times the group's longest."""
+    lengths, order = context_lens.sort(descending=True)
+    groups, start = [], 0
+    lengths = lengths.tolist()
+    for end in range(1, len(lengths) + 1):
+        if end == len(lengths) or lengths[end] < MIN_GROUP_LENGTH_RATIO * lengths[start]:
+            groups.append(order[start:end])
+            start = end
+    return groups
+
+
+def _padded_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale):
     key, value, in_context = _gather_padded_contexts(k_cache, v_cache, block_tables, context_lens)
     out = F.scaled_dot_product_attention(
         query[:, :, None].float(),  # [num_seqs, num_heads, 1, head_dim]
