@@ -4,7 +4,8 @@ These also serve CPU inference, so they copy K/V out of the pool a whole block a
 attend with `scaled_dot_product_attention` in fp32, returning the input dtype:
 - decode: one query row per sequence; sequences of similar context length share one call over
   their contexts padded to the group's longest (padding masked), so however ragged the batch a
-  call reads at most about `1 / MIN_GROUP_LENGTH_RATIO` times the keys it needs;
+  call reads at most about `1 / MIN_GROUP_LENGTH_RATIO` times the keys it needs, and a call's
+  copy of K stays small enough (`MAX_GROUP_KEY_BYTES`) to be still in cache when it is read;
 - prefill: sequence by sequence, so memory follows each sequence's own chunk and context rather
   than the batch's longest chunk times its longest context.
 Cache slots outside a sequence's context may hold anything (even NaN) and block-table entries
@@ -21,25 +22,30 @@ def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 MIN_GROUP_LENGTH_RATIO = 0.8  # decode: shortest / longest context among sequences in one call
+MAX_GROUP_KEY_BYTES = 1 << 20  # decode: fp32 padded K of one call, unless one sequence needs more
 
 
 def decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale):
     out = torch.empty_like(query)  # [num_seqs, num_heads, head_dim]
-    for seqs in _similar_length_groups(context_lens):
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    max_keys = MAX_GROUP_KEY_BYTES // (num_kv_heads * head_dim * 4)
+    for seqs in _similar_length_groups(context_lens, max_keys):
         out[seqs] = _padded_decode_attention(
             query[seqs], k_cache, v_cache, block_tables[seqs], context_lens[seqs], scale
         )
     return out
 
 
-def _similar_length_groups(context_lens):
+def _similar_length_groups(context_lens, max_keys):
     """Sequence indices, longest first, cut into groups whose lengths are all at least
-    MIN_GROUP_LENGTH_RATIO times the group's longest."""
+    MIN_GROUP_LENGTH_RATIO times the group's longest and, padded to it, sum to at most max_keys
+    (a longer sequence forms a group of its own)."""
     lengths, order = context_lens.sort(descending=True)
     groups, start = [], 0
     lengths = lengths.tolist()
     for end in range(1, len(lengths) + 1):
-        if end == len(lengths) or lengths[end] < MIN_GROUP_LENGTH_RATIO * lengths[start]:
+        if (end == len(lengths) or lengths[end] < MIN_GROUP_LENGTH_RATIO * lengths[start]
+                or (end - start + 1) * lengths[start] > max_keys):
             groups.append(order[start:end])
             start = end
     return groups
