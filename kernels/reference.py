@@ -28,7 +28,8 @@ MAX_GROUP_KEY_BYTES = 1 << 20  # decode: fp32 padded K of one call, unless one s
 def decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale):
     out = torch.empty_like(query)  # [num_seqs, num_heads, head_dim]
     num_kv_heads, head_dim = k_cache.shape[2:]
-    max_keys = MAX_GROUP_KEY_BYTES // (num_kv_heads * head_dim * 4)
+    fp32_key_bytes = num_kv_heads * head_dim * 4
+    max_keys = MAX_GROUP_KEY_BYTES // fp32_key_bytes
     for seqs in _similar_length_groups(context_lens, max_keys):
         out[seqs] = _padded_decode_attention(
             query[seqs], k_cache, v_cache, block_tables[seqs], context_lens[seqs], scale
