@@ -63,10 +63,13 @@ class Request:
         return len(self.prompt_token_ids)
 
     def token_ids(self, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) of prompt + output, copying only that span."""
         num_prompt = len(self.prompt_token_ids)
         if stop <= num_prompt:
             return self.prompt_token_ids[start:stop]
-        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt:stop - num_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - num_prompt]
 
     def transition(self, to: RequestStatus) -> None:
         if to not in _ALLOWED.get(self.status, ()):

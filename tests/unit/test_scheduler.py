@@ -142,3 +142,12 @@ def step_finish(scheduler: Scheduler, output) -> None:
     for chunk in output.chunks:
         if len(chunk.request.output_token_ids) >= chunk.request.params.max_tokens:
             scheduler.finish(chunk.request, RequestStatus.FINISHED_LENGTH)
+
+
+def test_token_ids_spans_prompt_and_output():
+    request = make_request("r", 4, 8)
+    request.output_token_ids += [901, 902, 903]
+    everything = request.prompt_token_ids + request.output_token_ids
+    for start in range(len(everything)):
+        for stop in range(start, len(everything) + 1):
+            assert request.token_ids(start, stop) == everything[start:stop]
