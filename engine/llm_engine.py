@@ -9,6 +9,8 @@ Requests join (`add_request`) and leave (finish, `abort_request`) between any tw
 For disaggregation the same engine plays both sides:
 - prefill: `add_request(..., hold_kv=True)` keeps a finished request's blocks (listed in its
   output's `held_block_ids`) until `release_kv`, so they can be pushed to a decode replica;
+  a `kv_layer_listener(request_id, block_ids, layer)` hears as soon as each layer of such a
+  request's KV is complete, during the step that computes its last prompt chunk;
 - decode: `reserve` allocates blocks for a prompt whose KV another replica computes, and
   `add_prefilled_request` joins it to the batch with that KV in place and its first token known.
   `release_kv` gives back a reservation that is never used.
@@ -41,10 +43,12 @@ CUDA_KV_CACHE_FRACTION = 0.8  # of the memory free once the weights are loaded
 
 
 KVAllocator = Callable[[KVCacheSpec, int, torch.device], torch.Tensor]
+KVLayerListener = Callable[[str, list[int], int], None]  # (request id, block ids, layer), engine thread
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, kv_allocator: KVAllocator | None = None):
+    def __init__(self, config: EngineConfig, kv_allocator: KVAllocator | None = None,
+                 kv_layer_listener: KVLayerListener | None = None):
         self.config = config
         self.device = torch.device(config.device)
         self.model_config = ModelConfig.from_dir(config.model)
@@ -61,6 +65,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
+        self.kv_layer_listener = kv_layer_listener
         self._requests: dict[str, Request] = {}
         self._hold_kv: set[str] = set()  # requests whose blocks outlive them until release_kv
         self._kv_owners: set[str] = set()  # finished-but-held requests and unused reservations
@@ -144,8 +149,23 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         output = self.scheduler.schedule()
-        result = self.runner.run(output)
+        result = self.runner.run(output, self._layer_hook(output))
         return self._update(output, result)
+
+    def _layer_hook(self, output: SchedulerOutput) -> Callable[[int], None] | None:
+        """Tells the listener about held requests whose KV this step completes, layer by layer."""
+        listener = self.kv_layer_listener
+        if listener is None:
+            return None
+        completing = [(chunk.request.request_id, list(chunk.block_table)) for chunk in output.chunks
+                      if chunk.samples and chunk.request.request_id in self._hold_kv]
+        if not completing:
+            return None
+
+        def on_layer_done(layer: int) -> None:
+            for request_id, block_ids in completing:
+                listener(request_id, block_ids, layer)
+        return on_layer_done
 
     def _update(self, output: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestOutput]:
         self.scheduler.update(output, result.sampled)

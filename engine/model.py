@@ -11,6 +11,8 @@ Hugging Face tensors into them. Parameter names otherwise follow the Hugging Fac
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -111,12 +113,16 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
-        # input_ids, positions: [num_tokens]; returns hidden states [num_tokens, hidden]
+                attn: AttentionMetadata, on_layer_done: Callable[[int], None] | None = None) -> torch.Tensor:
+        """`on_layer_done(i)` is called once layer i has written its K/V (so it can be shipped
+        while later layers compute). Returns hidden states [num_tokens, hidden]."""
+        # input_ids, positions: [num_tokens]
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_cache[i], attn)
+            if on_layer_done is not None:
+                on_layer_done(i)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ that reach the end of their request; those rows are sampled.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,11 +31,11 @@ class ModelRunner:
         self.device = device
 
     @torch.inference_mode()
-    def run(self, output: SchedulerOutput) -> ModelRunnerOutput:
+    def run(self, output: SchedulerOutput, on_layer_done: Callable[[int], None] | None = None) -> ModelRunnerOutput:
         if not output.chunks:
             return ModelRunnerOutput({}, {})
         input_ids, positions, attn = self._prepare(output.chunks, output.num_decode_chunks)
-        hidden = self.model(input_ids, positions, self.kv_cache, attn)  # [num_tokens, hidden]
+        hidden = self.model(input_ids, positions, self.kv_cache, attn, on_layer_done)  # [num_tokens, hidden]
 
         sampling = [chunk for chunk in output.chunks if chunk.samples]
         if not sampling:

@@ -4,6 +4,10 @@ Any host, any device. The stream goes layer by layer; each `KVChunk` holds the K
 some of the request's blocks in one layer, at most `max_chunk_bytes` of them (so a chunk fits
 gRPC's default 4 MiB message limit), and names the decode block ids it fills. The first chunk
 carries the layout, the final one `last=True`. Chunk bytes are gathered on a worker thread.
+
+With `layers_ready` (the layer numbers, in order, as the prefill forward pass completes them) the
+stream starts while later layers are still being computed: each layer is sent as soon as it is
+announced, so the transfer overlaps the prefill compute instead of following it.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 import torch
 
 from kvtransfer.base import TransferResult, num_block_bytes, validate_send
+from kvtransfer.errors import TransferError
 from kvtransfer.rpc import KVTransferClient
 from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2
 
@@ -37,10 +42,11 @@ class GrpcSender:
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         block_ids: Sequence[int],
         target: decode_pb2.KVTarget,
+        layers_ready: AsyncIterator[int] | None = None,
     ) -> TransferResult:
         start_s = time.perf_counter()
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
-        chunks = self._chunks(request_id, kv_cache, list(block_ids), list(target.block_ids))
+        chunks = self._chunks(request_id, kv_cache, list(block_ids), list(target.block_ids), layers_ready)
         await self._client.push(request_id, target, chunks)
         num_bytes = num_block_bytes(kv_cache, len(block_ids))
         seconds = time.perf_counter() - start_s
@@ -48,7 +54,8 @@ class GrpcSender:
         return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=common_pb2.TRANSPORT_GRPC)
 
     async def _chunks(
-        self, request_id: str, kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int]
+        self, request_id: str, kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int],
+        layers_ready: AsyncIterator[int] | None,
     ) -> AsyncIterator[kv_transfer_pb2.KVChunk]:
         kv_bytes_per_block = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()  # K and V, one layer
         blocks_per_chunk = max(1, self._max_chunk_bytes // kv_bytes_per_block)
@@ -59,7 +66,13 @@ class GrpcSender:
             for layer in range(num_layers)
             for start in range(0, max(1, len(src_block_ids)), blocks_per_chunk)
         ]
+        num_layers_ready = num_layers if layers_ready is None else 0
         for index, (layer, start) in enumerate(spans):
+            while layer >= num_layers_ready:
+                announced = await anext(layers_ready)
+                if announced != num_layers_ready:
+                    raise TransferError(f"request {request_id}: layer {announced} announced before {num_layers_ready}")
+                num_layers_ready += 1
             src_ids = src_block_ids[start : start + blocks_per_chunk]
             key, value = await asyncio.to_thread(_layer_bytes, kv_cache, layer, src_ids)
             yield kv_transfer_pb2.KVChunk(

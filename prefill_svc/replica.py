@@ -6,7 +6,8 @@
 2. First token: sampled with the request's seed at position len(prompt), exactly what an
    uninterrupted run would sample; the request's blocks stay held (`hold_kv`).
 3. Push: a `KVSender` copies the held blocks into the decode replica's reserved blocks and
-   returns once decode acknowledged them.
+   returns once decode acknowledged them. Over TRANSPORT_GRPC the push starts during the forward
+   pass of the last prompt chunk, each layer leaving as soon as it is computed (`LayerFeed`).
 4. Release: the held blocks are freed, on success, failure or cancellation alike.
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ from engine.sampling_params import SamplingParams
 from kvtransfer.base import KVSender, TransferResult
 from kvtransfer.layout import make_layout
 from kvtransfer.senders import create_sender
-from pdserve.v1 import decode_pb2
+from pdserve.v1 import common_pb2, decode_pb2
+from prefill_svc.layer_feed import LayerFeed
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +46,10 @@ class FirstToken:
 class PrefillReplica:
     def __init__(self, config: PrefillReplicaConfig, loop: asyncio.AbstractEventLoop):
         self.config = config
-        engine = LLMEngine(config.engine)
+        engine = LLMEngine(config.engine, kv_layer_listener=lambda request_id, block_ids, layer:
+                           loop.call_soon_threadsafe(self._on_kv_layer, request_id, block_ids, layer))
         self.engine = AsyncEngine(engine, loop)
+        self._feeds: dict[str, tuple[LayerFeed, decode_pb2.KVTarget]] = {}
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
         self.kv_cache = engine.kv_cache
         self.queued_tokens = 0  # prompt tokens accepted but not yet prefilled
@@ -69,6 +73,10 @@ class PrefillReplica:
         sender = self._sender(target.transport)
         one_token = dataclasses.replace(params, max_tokens=1, stop=(), include_stop_str_in_output=False)
         stream = self.engine.open_stream(request_id)
+        feed = None
+        if target.transport == common_pb2.TRANSPORT_GRPC:
+            feed = LayerFeed(self.kv_cache.shape[0], self.config.prefill_timeout_s)
+            self._feeds[request_id] = (feed, target)
         self.queued_tokens += len(prompt_ids)
         counted = True
         try:
@@ -81,16 +89,30 @@ class PrefillReplica:
             counted = False
             completion = output.outputs[0]
             yield FirstToken(completion.token_ids[0], completion.logprobs[0] if completion.logprobs else None)
-            yield await sender.send(request_id, self.kv_cache, output.held_block_ids, target)
+            if feed is not None and feed.push is not None:
+                yield await feed.push  # started during the forward pass
+            else:
+                yield await sender.send(request_id, self.kv_cache, output.held_block_ids, target)
         finally:
             if counted:
                 self.queued_tokens -= len(prompt_ids)
+            if feed is not None:
+                self._feeds.pop(request_id, None)
+                feed.cancel()
             self.engine.close_stream(request_id)
             # Releases held blocks after the push, or aborts a request still queued or running.
             self.engine.submit(lambda engine: engine.abort_request(request_id))
 
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort(request_id)
+
+    def _on_kv_layer(self, request_id: str, block_ids: list[int], layer: int) -> None:
+        if request_id not in self._feeds:
+            return
+        feed, target = self._feeds[request_id]
+        sender = self._sender(target.transport)
+        feed.announce(block_ids, layer, lambda ids, layers: sender.send(
+            request_id, self.kv_cache, ids, target, layers_ready=layers))
 
     def _sender(self, transport: int) -> KVSender:
         if transport not in self._senders:

@@ -64,3 +64,31 @@ def test_unused_reservation_is_released(engines):
     assert decode.release_kv("never-joined")
     assert not decode.release_kv("never-joined")
     assert decode.allocator.num_free_blocks == decode.allocator.num_blocks
+
+
+def test_layer_listener_hears_each_layer_of_a_held_request_while_the_forward_pass_runs(tiny_model):
+    engine = LLMEngine(EngineConfig(model=tiny_model(), num_gpu_blocks=64, block_size=16,
+                                    max_num_batched_tokens=32))
+    heard = []
+
+    def written(layer: int, block_id: int) -> bool:
+        return layer < engine.kv_cache.shape[0] and bool(engine.kv_cache[layer, :, block_id].abs().sum() > 0)
+
+    def listener(request_id, block_ids, layer):
+        # The last chunk (positions 64..69) fills only the last block.
+        heard.append((request_id, layer, list(block_ids), written(layer, block_ids[-1]),
+                      written(layer + 1, block_ids[-1])))
+
+    engine.kv_layer_listener = listener
+    engine.add_request("held", list(range(100, 170)), SamplingParams(max_tokens=1), hold_kv=True)  # 3 chunks
+    engine.add_request("plain", list(range(200, 210)), SamplingParams(max_tokens=1))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    held = next(o for o in outputs if o.request_id == "held")
+
+    num_layers = engine.kv_cache.shape[0]
+    assert [(rid, layer) for rid, layer, *_ in heard] == [("held", layer) for layer in range(num_layers)]
+    assert all(block_ids == held.held_block_ids for _, _, block_ids, _, _ in heard)
+    assert all(written and not later for *_, written, later in heard)  # heard mid-pass, not after
+    assert engine.release_kv("held")

@@ -271,3 +271,33 @@ def test_the_decode_replica_unlinks_its_pool_and_prefill_views_stay_valid():
         assert os.path.exists(os.path.join(SHM_DIR, target.shm_name))
     assert not os.path.exists(os.path.join(SHM_DIR, target.shm_name))
     assert torch.all(view[0, 0, 0] == 1.5)  # still mapped here, until this view is dropped
+
+
+def test_grpc_push_sends_each_layer_as_it_is_announced_and_lands_only_after_the_last(decode):
+    kv = prefill_pool(decode, seed=5)
+    src, dst = [4, 9], [18, 19]
+    request_id = fresh_id(decode, "layered")
+    target = decode.reserve(request_id, dst, GRPC)
+    num_layers = decode.config.spec.num_layers
+
+    async def push_while_layers_complete():
+        sender = GrpcSender(decode.layout, rpc_timeout_s=20.0)
+        announced: asyncio.Queue[int] = asyncio.Queue()
+
+        async def layers():
+            for _ in range(num_layers):
+                yield await announced.get()
+
+        push = asyncio.create_task(sender.send(request_id, kv, src, target, layers_ready=layers()))
+        try:
+            for layer in range(num_layers):
+                await asyncio.sleep(0.3)  # "computing" layer `layer`
+                assert not push.done() and request_id not in decode.landed()
+                announced.put_nowait(layer)
+            return await push
+        finally:
+            await sender.close()
+
+    result = asyncio.run(push_while_layers_complete())
+    assert torch.equal(decode.pool()[:, :, dst], kv[:, :, src])
+    assert decode.landed()[request_id] == result.num_bytes
