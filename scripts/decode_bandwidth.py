@@ -46,12 +46,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--context-lens", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--hbm-gbps", type=float, default=4800.0, help="peak memory bandwidth (H200: 4800)")
     args = parser.parse_args()
     print(f"decode on {torch.cuda.get_device_name()}, batch {args.batch_size}, bf16")
     for context_len in args.context_lens:
         seconds = decode_seconds(args.batch_size, context_len, args.iters)
         kv_bytes = 2 * args.batch_size * context_len * NUM_KV_HEADS * HEAD_DIM * DTYPE.itemsize
-        print(f"context {context_len:>6}: {seconds * 1e6:9.1f} us  {kv_bytes / seconds / 1e9:7.0f} GB/s")
+        gbps = kv_bytes / seconds / 1e9
+        print(f"context {context_len:>6}: {seconds * 1e6:9.1f} us  {gbps:7.0f} GB/s  ({gbps / args.hbm_gbps:.0%} of peak)")
         torch.cuda.empty_cache()
 
 
