@@ -159,7 +159,7 @@ class _Journey:
         self.processor.add(self.request)
         self.started_s = started_s
         self.last_token_s = started_s
-        self.state = RequestState.QUEUED
+        self.last_token_itl_s = 0.0
         self.finished = False
 
     async def run(self) -> AsyncIterator[StreamChunk]:
@@ -271,7 +271,6 @@ class _Journey:
         if self.request_id in self.frontend._aborted:
             raise AbortedError(f"request {self.request_id} was aborted")
         await self.frontend.store.transition(self.request_id, state, **fields)
-        self.state = state
 
     async def _call(self, replica_id: str, call):
         try:
