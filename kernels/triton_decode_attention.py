@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.paged_tile import load_kv_tile
 from kernels.tile_dot import needs_exact_dot, tile_dot
 
 MAX_SPLITS = 16
@@ -80,12 +81,8 @@ def _decode_split_kernel(
     for tile_start in range(split_start, split_end, TILE_TOKENS):
         positions = tile_start + tl.arange(0, TILE_TOKENS)  # [TILE_TOKENS]
         in_split = positions < split_end
-        block = tl.load(table_row + positions // BLOCK_SIZE, mask=in_split, other=0).to(tl.int64)
-        slot = block * BLOCK_SIZE + positions % BLOCK_SIZE
-        kv_offsets = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + dims[None, :]
-        kv_mask = in_split[:, None] & dim_mask[None, :]
-        key = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # [TILE_TOKENS, HEAD_DIM_PAD]
-        value = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        key, value = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, positions, in_split, kv_head, dims, dim_mask,
+                                  stride_cache_slot, stride_cache_head, BLOCK_SIZE)  # [TILE_TOKENS, HEAD_DIM_PAD] each
 
         scores = tile_dot(query, tl.trans(key), EXACT_DOT) * qk_scale_log2  # [GROUP_ROWS, TILE_TOKENS]
         scores = tl.where(in_split[None, :], scores, float("-inf"))

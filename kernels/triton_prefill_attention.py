@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.paged_tile import load_kv_tile
 from kernels.tile_dot import needs_exact_dot, tile_dot
 
 MIN_TILE = 16  # tl.dot needs every tile side >= 16
@@ -75,12 +76,8 @@ def _prefill_kernel(
     for tile_start in range(0, key_end, KEY_TILE):
         positions = tile_start + tl.arange(0, KEY_TILE)  # [KEY_TILE]
         in_range = positions < key_end
-        block = tl.load(table_row + positions // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
-        slot = block * BLOCK_SIZE + positions % BLOCK_SIZE
-        kv_offsets = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head + dims[None, :]
-        kv_mask = in_range[:, None] & dim_mask[None, :]
-        key = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # [KEY_TILE, HEAD_DIM_PAD]
-        value = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        key, value = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, positions, in_range, kv_head, dims, dim_mask,
+                                  stride_cache_slot, stride_cache_head, BLOCK_SIZE)  # [KEY_TILE, HEAD_DIM_PAD] each
 
         scores = tile_dot(query, tl.trans(key), EXACT_DOT) * qk_scale_log2  # [QUERY_TILE, KEY_TILE]
         visible = (positions[None, :] <= query_positions[:, None]) & in_range[None, :]
