@@ -25,3 +25,24 @@ def tiny_model(tmp_path_factory):
         return written[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def hf_greedy():
+    """The oracle: transformers' greedy `generate` for each (prompt ids, max_tokens), run alone and
+    to max_tokens (EOS does not stop it, like `ignore_eos`)."""
+    def generate(model_dir: str, cases, dtype: str = "float32") -> list[list[int]]:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        model.generation_config.eos_token_id = None
+        outputs = []
+        for prompt, max_tokens in cases:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                 do_sample=False, pad_token_id=0)
+            outputs.append(out[0, len(prompt):].tolist())
+        return outputs
+
+    return generate

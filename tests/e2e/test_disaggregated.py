@@ -6,8 +6,8 @@ import asyncio
 import grpc
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
+from engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 NUM_REQUESTS = 16
@@ -21,18 +21,10 @@ def prompts_and_lengths(vocab_size: int) -> list[tuple[list[int], int]]:
 
 
 @pytest.fixture(scope="module")
-def workload(e2e_model):
+def workload(e2e_model, hf_greedy):
     """Prompts (token ids) with their max_tokens, and transformers' greedy output for each."""
-    model = AutoModelForCausalLM.from_pretrained(e2e_model, dtype=torch.float32)
-    model.generation_config.eos_token_id = None
-    cases = prompts_and_lengths(model.config.vocab_size)
-    expected = []
-    for prompt, max_tokens in cases:
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                             do_sample=False, pad_token_id=0)
-        expected.append(out[0, len(prompt):].tolist())
-    return cases, expected
+    cases = prompts_and_lengths(ModelConfig.from_dir(e2e_model).vocab_size)
+    return cases, hf_greedy(e2e_model, cases)
 
 
 async def stream_all(endpoint: str, cases):

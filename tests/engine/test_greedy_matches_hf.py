@@ -41,18 +41,6 @@ def make_prompts(vocab_size: int) -> list[tuple[list[int], int]]:
     ]
 
 
-def hf_greedy(model_dir: str, dtype: torch.dtype, prompts) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    model.generation_config.eos_token_id = None  # run to max_new_tokens, like ignore_eos
-    outputs = []
-    for prompt, max_tokens in prompts:
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                             do_sample=False, pad_token_id=0)
-        outputs.append(out[0, len(prompt):].tolist())
-    return outputs
-
-
 def engine_greedy(engine: LLMEngine, prompts) -> list[list[int]]:
     """Adds half the prompts, steps a few times, adds the rest while those run."""
     outputs: dict[str, list[int]] = {}
@@ -104,10 +92,10 @@ def run_engine(model_dir: str, dtype: str):
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
-def test_float32_greedy_equals_transformers_under_chunking_and_preemption(tiny_model, arch):
+def test_float32_greedy_equals_transformers_under_chunking_and_preemption(tiny_model, hf_greedy, arch):
     model_dir = tiny_model(**MODELS[arch])
     prompts, ours = run_engine(model_dir, "float32")
-    expected = hf_greedy(model_dir, torch.float32, prompts)
+    expected = hf_greedy(model_dir, prompts)
     mismatches = [(i, len(p), e, o) for i, ((p, _), e, o) in enumerate(zip(prompts, expected, ours)) if e != o]
     assert not mismatches, f"{len(mismatches)} of {len(prompts)} differ; first: {mismatches[0]}"
 
