@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from engine.async_engine import AsyncEngine
-from engine.errors import InvalidRequestError
 from gateway.frontend import stream_chunk
 from gateway.frontend_types import GenerateInput, StreamChunk
 from gateway.metrics import GatewayMetrics
@@ -38,11 +36,7 @@ class ColocatedFrontend:
         return request_id in self._live and await self.engine.abort(request_id)
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
-        request_id = request.request_id or uuid.uuid4().hex
-        if request_id in self._live:
-            raise InvalidRequestError(f"request id {request_id!r} is already running")
-        prompt_ids = self.prompts.prompt_ids(request)
-        params = self.prompts.params(request, len(prompt_ids))
+        request_id, prompt_ids, params = self.prompts.prepare(request, self._live)
         started_s = last_s = time.monotonic()
         self.metrics.on_request_start()
         stream = self.engine.open_stream(request_id)

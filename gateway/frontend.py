@@ -17,7 +17,6 @@ import contextlib
 import logging
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -101,11 +100,7 @@ class GatewayFrontend:
         return True
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
-        request_id = request.request_id or uuid.uuid4().hex
-        if request_id in self._live:
-            raise InvalidRequestError(f"request id {request_id!r} is already running")
-        prompt_ids = self.prompts.prompt_ids(request)
-        params = self.prompts.params(request, len(prompt_ids))
+        request_id, prompt_ids, params = self.prompts.prepare(request, self._live)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         started_s = time.monotonic()
         await self.store.create(request_id, len(prompt_ids))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from pathlib import Path
 
 from engine.errors import InvalidRequestError
@@ -22,6 +23,14 @@ class PromptBuilder:
         self.eos_token_id = tokenizer.eos_token_id
         self.extra_stop_token_ids = tuple(
             sorted(set(_generation_eos_ids(Path(model_dir))) - {self.eos_token_id}))
+
+    def prepare(self, request: GenerateInput, running_ids) -> tuple[str, list[int], SamplingParams]:
+        """The request's id (assigned when the client gave none), prompt ids and final parameters."""
+        request_id = request.request_id or uuid.uuid4().hex
+        if request_id in running_ids:
+            raise InvalidRequestError(f"request id {request_id!r} is already running")
+        prompt_ids = self.prompt_ids(request)
+        return request_id, prompt_ids, self.params(request, len(prompt_ids))
 
     def prompt_ids(self, request: GenerateInput) -> list[int]:
         given = [x is not None for x in (request.prompt, request.prompt_token_ids, request.messages)]
