@@ -1,4 +1,6 @@
-"""Paged-KV attention kernels: Triton when the tensors are on CUDA, pure torch otherwise.
+"""Paged-KV attention kernels: Triton when the tensors are on CUDA; on CPU a compiled C kernel
+for float32 decode attention when a C compiler is at hand (`cpu_decode_attention`), pure torch
+otherwise.
 
 KV cache layout, per layer: `k_cache` and `v_cache` are each
 `[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous, with one shared layout. The token
@@ -10,6 +12,7 @@ Triton modules are imported on first CUDA call, so importing this package loads 
 """
 import torch
 
+from kernels import cpu_decode_attention
 from kernels.reference import (
     decode_attention_reference,
     prefill_attention_reference,
@@ -48,6 +51,9 @@ def decode_attention(
         return triton_decode_attention.decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale
         )
+    if query.dtype == k_cache.dtype == torch.float32 and (library := cpu_decode_attention.load()):
+        return cpu_decode_attention.decode_attention(
+            library, query, k_cache, v_cache, block_tables, context_lens, scale)
     return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale)
 
 

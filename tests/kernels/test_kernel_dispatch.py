@@ -1,10 +1,12 @@
-"""The public `kernels` API: CPU tensors go to the references, and importing loads no kernel."""
+"""The public `kernels` API on CPU tensors: float32 decode goes to the compiled kernel when it
+builds, everything else to the references; importing loads no kernel."""
 import subprocess
 import sys
 
 import torch
 
 import kernels
+from kernels import cpu_decode_attention
 from kernels.reference import (
     decode_attention_reference,
     prefill_attention_reference,
@@ -31,7 +33,7 @@ def test_cpu_store_kv_is_the_reference():
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
-def test_cpu_attention_is_the_reference(kernel_case, paged_batch):
+def test_cpu_attention_dispatch(kernel_case, paged_batch):
     batch = paged_batch([kernel_case.block_size + 2, 3], [2, 1], kernel_case, device="cpu")
     cache = (batch.k_cache, batch.v_cache, batch.block_tables)
     last_tokens = batch.query[batch.query_start_loc[1:].long() - 1]  # [num_seqs, num_heads, head_dim]
@@ -41,5 +43,9 @@ def test_cpu_attention_is_the_reference(kernel_case, paged_batch):
     decoded = kernels.decode_attention(*decode_args)
     prefilled = kernels.prefill_attention(*prefill_args)
 
-    assert torch.equal(decoded, decode_attention_reference(*decode_args))
+    library = cpu_decode_attention.load() if kernel_case.dtype == torch.float32 else None
+    if library is None:
+        assert torch.equal(decoded, decode_attention_reference(*decode_args))
+    else:
+        assert torch.equal(decoded, cpu_decode_attention.decode_attention(library, *decode_args))
     assert torch.equal(prefilled, prefill_attention_reference(*prefill_args))

@@ -1,0 +1,146 @@
+/* Paged decode attention for CPU, float32: one new query row per sequence over its whole context,
+ * K and V read in place from the block pool (no gathered copy, no padding).
+ *
+ * Layouts (all contiguous, row-major):
+ *   out, query       [num_seqs, num_heads, head_dim]
+ *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+ *   block_tables     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's last block are
+ *                    never read, so they may hold anything (-1 padding)
+ *   context_lens     [num_seqs] int32, cached tokens including the new one
+ * Query head j reads kv head j / (num_heads / num_kv_heads).
+ *
+ * One work item is one sequence, in three passes over its context: score every query head against
+ * each key, softmax each head's scores, weigh each value. K and V are each read once, block by block
+ * and within a block front to back (a token's row holds every kv head), so the reads stream. Items
+ * run in parallel under OpenMP.
+ *
+ * Returns 0, or 1 + the index of the first sequence whose context length or block ids are out of
+ * range; nothing is written then.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <math.h>
+
+typedef struct {
+    int64_t num_heads, num_kv_heads, head_dim, block_size;
+} Shape;
+
+/* e^x for x <= 0 (a softmax numerator), vectorisable: x = n ln2 + r with |r| <= ln2 / 2, e^r by a
+ * degree-6 polynomial, 2^n assembled in the exponent bits. Relative error ~1e-7; inputs below -87
+ * (where e^x turns denormal) give e^-87. */
+#pragma omp declare simd
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = floorf(x * 1.44269504089f + 0.5f);
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const union { int32_t bits; float value; } two_to_n = {.bits = ((int32_t)n + 127) << 23};
+    return p * two_to_n.value;
+}
+
+static float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* scores[j * context_len + t] = scale * q_j . k_t for every query head j and context token t. */
+static void score_context(float *restrict scores, const float *restrict query, const float *restrict k_cache,
+                          const int32_t *restrict block_table, int64_t context_len, Shape shape, float scale) {
+    const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
+    const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
+    for (int64_t start = 0; start < context_len; start += shape.block_size) {
+        const float *key = k_cache + block_table[start / shape.block_size] * block_stride;
+        const int64_t end = start + shape.block_size < context_len ? start + shape.block_size : context_len;
+        for (int64_t t = start; t < end; t++, key += token_stride)
+            for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
+                for (int64_t g = 0; g < group_size; g++, j++)
+                    scores[j * context_len + t] = scale * dot(query + j * head_dim, key + h * head_dim, head_dim);
+    }
+}
+
+/* Each row of scores, in place, becomes its softmax. */
+static void softmax_rows(float *restrict scores, int64_t num_rows, int64_t row_len) {
+    for (int64_t j = 0; j < num_rows; j++) {
+        float *restrict row = scores + j * row_len;
+        float max_score = row[0], total = 0.0f;
+#pragma omp simd reduction(max : max_score)
+        for (int64_t t = 0; t < row_len; t++) max_score = row[t] > max_score ? row[t] : max_score;
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < row_len; t++) {
+            row[t] = exp_nonpositive(row[t] - max_score);
+            total += row[t];
+        }
+        const float inv_total = 1.0f / total;
+#pragma omp simd
+        for (int64_t t = 0; t < row_len; t++) row[t] *= inv_total;
+    }
+}
+
+/* out[j] = sum_t probs[j * context_len + t] * v_t for every query head j. */
+static void weigh_values(float *restrict out, const float *restrict probs, const float *restrict v_cache,
+                         const int32_t *restrict block_table, int64_t context_len, Shape shape) {
+    const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
+    const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
+    memset(out, 0, shape.num_heads * head_dim * sizeof(float));
+    for (int64_t start = 0; start < context_len; start += shape.block_size) {
+        const float *value = v_cache + block_table[start / shape.block_size] * block_stride;
+        const int64_t end = start + shape.block_size < context_len ? start + shape.block_size : context_len;
+        for (int64_t t = start; t < end; t++, value += token_stride)
+            for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
+                for (int64_t g = 0; g < group_size; g++, j++) {
+                    const float p = probs[j * context_len + t];
+                    const float *restrict head_value = value + h * head_dim;
+                    float *restrict out_row = out + j * head_dim;
+#pragma omp simd
+                    for (int64_t d = 0; d < head_dim; d++) out_row[d] += p * head_value[d];
+                }
+    }
+}
+
+static int in_range(const int32_t *block_table, int64_t context_len, int64_t num_blocks, int64_t block_size,
+                    int64_t max_blocks_per_seq) {
+    if (context_len < 1 || context_len > max_blocks_per_seq * block_size) return 0;
+    for (int64_t b = 0; b < (context_len + block_size - 1) / block_size; b++)
+        if (block_table[b] < 0 || block_table[b] >= num_blocks) return 0;
+    return 1;
+}
+
+int64_t paged_decode_attention_f32(float *out, const float *query, const float *k_cache, const float *v_cache,
+                                   const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
+                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+                                   int64_t block_size, int64_t max_blocks_per_seq, float scale,
+                                   int32_t num_threads) {
+    int64_t max_context_len = 0;
+    for (int64_t s = 0; s < num_seqs; s++) {
+        if (!in_range(block_tables + s * max_blocks_per_seq, context_lens[s], num_blocks, block_size,
+                      max_blocks_per_seq))
+            return s + 1;
+        max_context_len = context_lens[s] > max_context_len ? context_lens[s] : max_context_len;
+    }
+    const Shape shape = {num_heads, num_kv_heads, head_dim, block_size};
+
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+    {
+        float *scores = malloc(num_heads * max_context_len * sizeof(float));  /* [num_heads, context_len] */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < num_seqs; s++) {
+            const int32_t *block_table = block_tables + s * max_blocks_per_seq;
+            const int64_t head_offset = s * num_heads * head_dim;
+            score_context(scores, query + head_offset, k_cache, block_table, context_lens[s], shape, scale);
+            softmax_rows(scores, num_heads, context_lens[s]);
+            weigh_values(out + head_offset, scores, v_cache, block_table, context_lens[s], shape);
+        }
+        free(scores);
+    }
+    return 0;
+}

@@ -1,0 +1,77 @@
+"""The compiled CPU decode kernel equals the reference on every GQA ratio x block size x head dim.
+
+The full product (27 cases) runs, the kernel being fast. Each batch mixes a length-1 context,
+contexts that end mid-block and on a block edge, and one spanning many blocks, in a shuffled pool
+whose unwritten slots are NaN and whose block tables are padded with -1. The kernel is built by
+the system C compiler into a cache directory private to the test session.
+"""
+import itertools
+
+import pytest
+import torch
+
+from kernels import cpu_decode_attention
+from kernels.reference import decode_attention_reference
+from tests.kernels.conftest import BLOCK_SIZES, HEAD_DIMS, QUERIES_PER_KV, KernelCase
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PDSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        cpu_decode_attention.load.cache_clear()
+        library = cpu_decode_attention.load()
+        cpu_decode_attention.load.cache_clear()
+    if library is None:
+        pytest.skip("no C compiler: the compiled CPU kernel is unavailable")
+    return library
+
+
+def decode_both(library, batch):
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, batch.scale)
+    return cpu_decode_attention.decode_attention(library, *args), decode_attention_reference(*args)
+
+
+@pytest.mark.parametrize(
+    "case", [KernelCase(torch.float32, *axes) for axes in itertools.product(QUERIES_PER_KV, BLOCK_SIZES, HEAD_DIMS)],
+    ids=str)
+def test_matches_reference(library, paged_batch, assert_close_for_dtype, case):
+    block_size = case.block_size
+    context_lens = [1, block_size + 3, 2 * block_size, 9 * block_size + 5]
+    batch = paged_batch(context_lens, [1] * len(context_lens), case, device="cpu")
+
+    out, expected = decode_both(library, batch)
+
+    assert out.shape == batch.query.shape and out.dtype == torch.float32
+    assert_close_for_dtype(out, expected)
+
+
+def test_threads_split_sequences_without_changing_results(library, paged_batch):
+    case = KernelCase(torch.float32, 4, 16, 64)
+    batch = paged_batch([5, 40, 300, 17, 1, 64, 129], [1] * 7, case, device="cpu")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread, _ = decode_both(library, batch)
+        torch.set_num_threads(2)
+        two_threads, _ = decode_both(library, batch)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread, two_threads)
+
+
+def test_block_id_outside_the_pool_is_an_error(library, paged_batch):
+    batch = paged_batch([20, 20], [1, 1], KernelCase(torch.float32, 1, 16, 64), device="cpu")
+    batch.block_tables[1, 1] = batch.k_cache.shape[0]
+    with pytest.raises(ValueError, match="sequence 1 has context length 20"):
+        decode_both(library, batch)
+
+
+def test_disabled_or_without_compiler_it_is_not_loaded(monkeypatch):
+    for env in ({"PDSERVE_CPU_KERNELS": "0"}, {"CC": "no-such-compiler"}):
+        with monkeypatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            cpu_decode_attention.load.cache_clear()
+            assert cpu_decode_attention.load() is None
+    cpu_decode_attention.load.cache_clear()
