@@ -29,9 +29,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # Normalised in fp32, rounded back, then scaled: Hugging Face's order, in one fused op.
+        normalized = nn.functional.rms_norm(x.float(), self.weight.shape, eps=self.eps)
+        return self.weight * normalized.to(x.dtype)
 
 
 class Attention(nn.Module):
