@@ -51,7 +51,8 @@ def decode_attention(
         return triton_decode_attention.decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale
         )
-    if query.dtype == k_cache.dtype == torch.float32 and (library := cpu_decode_attention.load()):
+    if (query.dtype == k_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and (library := cpu_decode_attention.load())):
         return cpu_decode_attention.decode_attention(
             library, query, k_cache, v_cache, block_tables, context_lens, scale)
     return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale)
