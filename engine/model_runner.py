@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.model import CausalLM
 from engine.sampler import TokenLogprobs, sample
@@ -29,6 +30,7 @@ class ModelRunner:
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self.block_size = block_size
         self.device = device
+        kernels.prepare(device, kv_cache.dtype)
 
     @torch.inference_mode()
     def run(self, output: SchedulerOutput, on_layer_done: Callable[[int], None] | None = None) -> ModelRunnerOutput:

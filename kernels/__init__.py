@@ -20,6 +20,13 @@ from kernels.reference import (
 )
 
 
+def prepare(device: torch.device, dtype: torch.dtype) -> None:
+    """Builds or loads ahead of time what attention on (device, dtype) will use, so that the
+    first request does not wait for a compiler."""
+    if device.type == "cpu" and dtype == torch.float32:
+        cpu_decode_attention.load()
+
+
 def store_kv(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
