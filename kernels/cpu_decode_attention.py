@@ -90,14 +90,16 @@ def decode_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads = k_cache.shape[:3]
     out = torch.empty_like(query)  # [num_seqs, num_heads, head_dim]
-    bad_seq = library.paged_decode_attention_f32(
+    status = library.paged_decode_attention_f32(
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         block_tables.data_ptr(), context_lens.data_ptr(),
         num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size, block_tables.shape[1],
         scale, torch.get_num_threads(),
     )
-    if bad_seq:
-        seq = bad_seq - 1
+    if status == -1:
+        raise MemoryError(f"decode attention: no scratch memory for {num_seqs} sequences")
+    if status:
+        seq = status - 1
         raise ValueError(f"decode attention: sequence {seq} has context length {int(context_lens[seq])} "
                          f"or a block id outside the pool of {num_blocks} blocks")
     return out

@@ -14,8 +14,9 @@
  * and within a block front to back (a token's row holds every kv head), so the reads stream. Items
  * run in parallel under OpenMP.
  *
- * Returns 0, or 1 + the index of the first sequence whose context length or block ids are out of
- * range; nothing is written then.
+ * Returns 0; 1 + the index of the first sequence whose context length or block ids are out of
+ * range (nothing is written then); or -1 when scratch memory could not be allocated (the output
+ * is then incomplete).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -128,12 +129,18 @@ int64_t paged_decode_attention_f32(float *out, const float *query, const float *
         max_context_len = context_lens[s] > max_context_len ? context_lens[s] : max_context_len;
     }
     const Shape shape = {num_heads, num_kv_heads, head_dim, block_size};
+    int out_of_memory = 0;
 
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
         float *scores = malloc(num_heads * max_context_len * sizeof(float));  /* [num_heads, context_len] */
+        if (scores == NULL) {
+#pragma omp atomic write
+            out_of_memory = 1;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < num_seqs; s++) {
+            if (scores == NULL) continue;
             const int32_t *block_table = block_tables + s * max_blocks_per_seq;
             const int64_t head_offset = s * num_heads * head_dim;
             score_context(scores, query + head_offset, k_cache, block_table, context_lens[s], shape, scale);
@@ -142,5 +149,5 @@ int64_t paged_decode_attention_f32(float *out, const float *query, const float *
         }
         free(scores);
     }
-    return 0;
+    return out_of_memory ? -1 : 0;
 }
