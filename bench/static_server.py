@@ -1,12 +1,17 @@
 """The static-batching baseline: the traditional way to serve a model, behind the same OpenAI API.
 
     requests ──▶ waiting queue ──▶ [ batch of up to max_batch_size ] ──▶ one padded
-                                     (whatever waited when the           `model.generate`
-                                      model became free)                 in a worker thread
+                                     (what waited when the model         `model.generate`
+                                      became free, plus what arrives     in a worker thread
+                                      within batch_wait_ms)
                                                                               │
     each request's tokens, all at once ◀───────────────────────────────────────┘
 
-Invariant: a batch is fixed when it starts. Prompts are left-padded to the longest one, the
+Invariant: a batch is fixed when it starts. A batch that would start short of max_batch_size
+first waits up to `batch_wait_ms` after its first request for more, as TorchServe's
+`max_batch_delay` and Triton's `max_queue_delay_microseconds` do: without it, requests that arrive
+a moment apart (a client refilling its concurrency as a batch ends) are split into a batch of one
+and a batch of the rest. Prompts are left-padded to the longest one, the
 batch runs greedily for the largest `max_tokens` in it, and only when the whole batch is done does
 any request get a token. So every request's time to first token is its wait for the model plus
 the whole batch's latency, short requests wait for the longest one, and a request arriving while
@@ -46,6 +51,7 @@ from gateway.tokenization import PromptBuilder
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_BATCH_WAIT_MS = 50.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +109,37 @@ class _Waiting:
 
 
 class StaticBatcher:
-    """Queues requests and runs one batch at a time, each made of what waited when it started."""
+    """Queues requests and runs one batch at a time, each made of what waited when it started
+    and what arrived in the following `batch_wait_s`, up to `max_batch_size`."""
 
-    def __init__(self, model, pad_token_id: int, max_batch_size: int):
+    def __init__(self, model, pad_token_id: int, max_batch_size: int,
+                 batch_wait_s: float = DEFAULT_BATCH_WAIT_MS / 1000):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must not be negative, got {batch_wait_s}")
         self._model = model
         self._pad_token_id = pad_token_id
         self._max_batch_size = max_batch_size
+        self._batch_wait_s = batch_wait_s
         self._queue: asyncio.Queue[_Waiting] = asyncio.Queue()
         self.batch_sizes: list[int] = []  # one entry per batch run, in order
+
+    async def _gather(self) -> list[_Waiting]:
+        batch = [await self._queue.get()]
+        deadline_s = asyncio.get_running_loop().time() + self._batch_wait_s
+        while len(batch) < self._max_batch_size:
+            if not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+                continue
+            remaining_s = deadline_s - asyncio.get_running_loop().time()
+            if remaining_s <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining_s))
+            except TimeoutError:
+                break
+        return batch
 
     async def submit(self, item: BatchItem) -> BatchOutput:
         waiting = _Waiting(item, asyncio.get_running_loop().create_future())
@@ -120,11 +147,9 @@ class StaticBatcher:
         return await waiting.done
 
     async def run(self) -> None:
-        """Forever: wait for a request, take it and everything queued behind it, run them."""
+        """Forever: wait for a request, gather the batch behind it, run it."""
         while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._max_batch_size and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            batch = await self._gather()
             batch = [waiting for waiting in batch if not waiting.done.cancelled()]
             if not batch:
                 continue
@@ -202,6 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
     parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
                         help=f"most requests in one generate call (default {DEFAULT_MAX_BATCH_SIZE})")
+    parser.add_argument("--batch-wait-ms", type=float, default=DEFAULT_BATCH_WAIT_MS,
+                        help="how long a batch short of --max-batch-size waits for more requests "
+                             f"(default {DEFAULT_BATCH_WAIT_MS:g})")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
     parser.add_argument("--log-level", default="INFO")
@@ -217,12 +245,13 @@ def load_model(model_dir: str, dtype: str):
 BATCHER_KEY = web.AppKey("batcher", StaticBatcher)
 
 
-def create_static_app(model, tokenizer, model_dir: str, model_name: str, max_batch_size: int) -> web.Application:
+def create_static_app(model, tokenizer, model_dir: str, model_name: str, max_batch_size: int,
+                      batch_wait_s: float = DEFAULT_BATCH_WAIT_MS / 1000) -> web.Application:
     """The OpenAI HTTP app over a `StaticBatcher`, whose batch loop runs while the app does."""
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, model_dir, model.config.vocab_size, model.config.max_position_embeddings)
-    batcher = StaticBatcher(model, pad_token_id, max_batch_size)
+    batcher = StaticBatcher(model, pad_token_id, max_batch_size, batch_wait_s)
     app = create_app(StaticBatchFrontend(batcher, prompts, metrics, model_name), metrics)
     app[BATCHER_KEY] = batcher
 
@@ -238,12 +267,13 @@ def create_static_app(model, tokenizer, model_dir: str, model_name: str, max_bat
 async def serve(args: argparse.Namespace) -> None:
     model_name = args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
     app = create_static_app(load_model(args.model, args.dtype), AutoTokenizer.from_pretrained(args.model),
-                            args.model, model_name, args.max_batch_size)
+                            args.model, model_name, args.max_batch_size, args.batch_wait_ms / 1000)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    logger.info("static batching %s on http://%s:%d/v1 (batches of up to %d, %d torch threads)",
-                model_name, args.host, args.port, args.max_batch_size, torch.get_num_threads())
+    logger.info("static batching %s on http://%s:%d/v1 (batches of up to %d, gathered for up to %g ms, "
+                "%d torch threads)", model_name, args.host, args.port, args.max_batch_size, args.batch_wait_ms,
+                torch.get_num_threads())
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -83,6 +83,22 @@ def test_a_request_arriving_during_a_batch_waits_for_the_next(model, tokenizer):
     assert asyncio.run(scenario()) == [1, 2]
 
 
+def test_requests_arriving_within_the_wait_share_a_batch(model, tokenizer):
+    async def scenario(batch_wait_s: float) -> list[int]:
+        batcher = StaticBatcher(model, tokenizer.pad_token_id, max_batch_size=4, batch_wait_s=batch_wait_s)
+        loop = asyncio.create_task(batcher.run())
+        requests = []
+        for n in range(3):  # 3 ms apart, the way a client refills its concurrency
+            requests.append(asyncio.ensure_future(batcher.submit(BatchItem([5 + n], 2, frozenset()))))
+            await asyncio.sleep(0.003)
+        await asyncio.wait_for(asyncio.gather(*requests), timeout=60)
+        loop.cancel()
+        return batcher.batch_sizes
+
+    assert asyncio.run(scenario(batch_wait_s=0.3)) == [3]
+    assert asyncio.run(scenario(batch_wait_s=0.0))[0] == 1
+
+
 async def with_server(model, tokenizer, model_dir, scenario):
     """Runs `scenario(client, batcher)` against the static server's app on a real loopback socket."""
     app = create_static_app(model, tokenizer, model_dir, "tiny", max_batch_size=4)
