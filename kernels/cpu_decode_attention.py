@@ -1,9 +1,10 @@
 """Compiled paged decode attention for CPU: `csrc/paged_decode_attention.c`, built on first use.
 
 The C source is compiled with the system C compiler (`$CC`, else `cc`) into a shared library
-cached under `$PDSERVE_CACHE_DIR/kernels` (default `~/.cache/pdserve/kernels`), named by a hash of
-the source, the flags and the CPU model, so an edit or another machine never reuses a stale build;
-concurrent first builds race harmlessly (each writes a temporary file, then renames it in place).
+cached under `$XDG_CACHE_HOME/pdserve/kernels` (`~/.cache/pdserve/kernels` when XDG_CACHE_HOME is
+unset, beside the demo model), named by a hash of the source, the flags and the CPU model, so an
+edit or another machine never reuses a stale build; concurrent first builds race harmlessly (each
+writes a temporary file, then renames it in place).
 The library is called through `ctypes`, which releases the GIL for the call.
 
 `load()` returns None when the kernel cannot be had (no compiler, a failed build, or
@@ -55,7 +56,7 @@ def load() -> ctypes.CDLL | None:
 def _build(compiler: str) -> Path:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(CFLAGS).encode(), _cpu_model().encode()])).hexdigest()[:16]
-    cache_dir = Path(os.environ.get("PDSERVE_CACHE_DIR", Path.home() / ".cache" / "pdserve")) / "kernels"
+    cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdserve" / "kernels"
     library_path = cache_dir / f"{SOURCE.stem}-{key}.so"
     if library_path.exists():
         return library_path

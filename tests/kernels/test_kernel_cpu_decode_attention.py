@@ -18,7 +18,7 @@ from tests.kernels.conftest import BLOCK_SIZES, HEAD_DIMS, QUERIES_PER_KV, Kerne
 @pytest.fixture(scope="module")
 def library(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PDSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         cpu_decode_attention.load.cache_clear()
         library = cpu_decode_attention.load()
         cpu_decode_attention.load.cache_clear()
