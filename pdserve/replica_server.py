@@ -43,6 +43,8 @@ async def serve_replica(
     await server.start()
     replica.start()
     heartbeat = ReplicaHeartbeat(args.redis_url, kind, replica_id, endpoint, default_host_id(), args.device)
+    # Registered with its load: a replica listed with none would look full to the router.
+    heartbeat.update_load(**_load_fields(await replica.load()))
     await heartbeat.start()
     reporter = asyncio.create_task(_report_load(heartbeat, replica.load))
     await server.mark_serving()
@@ -59,6 +61,9 @@ async def serve_replica(
 async def _report_load(heartbeat: ReplicaHeartbeat, load: Callable[[], Awaitable[dict[str, int]]]) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
-            figures = await load()
-            heartbeat.update_load(**{name: value for name, value in figures.items() if name in LOAD_FIELDS})
+            heartbeat.update_load(**_load_fields(await load()))
             await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
+
+
+def _load_fields(figures: dict[str, int]) -> dict[str, int]:
+    return {name: value for name, value in figures.items() if name in LOAD_FIELDS}
