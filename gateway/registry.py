@@ -1,13 +1,20 @@
 """The live replica set in Redis: replicas announce themselves, the gateway reads who is alive.
 
     replica:{kind}:{replica_id}   JSON of a ReplicaInfo, with a TTL of ttl_s (ids hold no ':')
+    replicas:{kind}               sorted set of replica ids, scored by their last heartbeat's
+                                  expiry (unix s): the index LiveReplicas reads
 
 A replica's ReplicaHeartbeat rewrites its key every interval_s (< ttl_s) with a fresh TTL, so
 the key lives while the replica keeps beating: `stop()` deletes it, and a killed
 replica's key expires within ttl_s. The load in the key is the last one the replica reported
 through `update_load`, so it lags the replica by up to interval_s; `updated_unix_s` says when the
-replica reported it. LiveReplicas lists keys with SCAN, never KEYS, so a large keyspace never
-blocks Redis.
+replica reported it.
+
+Liveness is the key alone; the index only says which keys to read, so listing costs two round
+trips however many other keys (request records) Redis holds. An index member whose key has
+expired is skipped, and every heartbeat drops members of its kind silent for over
+INDEX_GRACE_S; a member dropped while alive (a replica whose clock runs that far behind) is back
+at its next beat.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ logger = logging.getLogger(__name__)
 ReplicaKind = Literal["prefill", "decode"]
 _KINDS = ("prefill", "decode")
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+INDEX_GRACE_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +96,8 @@ class ReplicaHeartbeat:
             raise InvalidConfigError(f"need 0 < interval_s < ttl_s, got {interval_s} and {ttl_s}")
         self._redis_url = redis_url
         self._key = _replica_key(kind, replica_id)
+        self._index = _index_key(kind)
+        self._ttl_s = ttl_s
         self._ttl_ms = round(ttl_s * 1000)
         self._interval_s = interval_s
         self._info = ReplicaInfo(replica_id, kind, endpoint, host_id, device)
@@ -125,7 +135,10 @@ class ReplicaHeartbeat:
             self._task = None
         if self._client is not None:
             try:
-                await self._client.delete(self._key)
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.delete(self._key)
+                    pipe.zrem(self._index, self._info.replica_id)
+                    await pipe.execute()
             finally:
                 await self._client.aclose()
                 self._client = None
@@ -140,30 +153,35 @@ class ReplicaHeartbeat:
                 logger.warning("heartbeat %s not written: %s", self._key, error)
 
     async def _write(self) -> None:
-        await self._client.set(self._key, json.dumps(dataclasses.asdict(self._info)), px=self._ttl_ms)
+        now_unix_s = time.time()
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(self._key, json.dumps(dataclasses.asdict(self._info)), px=self._ttl_ms)
+            pipe.zadd(self._index, {self._info.replica_id: now_unix_s + self._ttl_s})
+            pipe.zremrangebyscore(self._index, "-inf", now_unix_s - INDEX_GRACE_S)
+            await pipe.execute()
 
 
 class LiveReplicas:
     """The gateway's side: reads the replicas whose heartbeat keys have not expired."""
 
-    def __init__(self, client: redis.Redis, *, scan_count: int = 100):
+    def __init__(self, client: redis.Redis):
         """`client` must decode replies (gateway.redis_client.connect_redis makes one)."""
         self._redis = client
-        self._scan_count = scan_count
 
     async def list(self, kind: ReplicaKind) -> list[ReplicaInfo]:
         """The live replicas of `kind`, ordered by replica_id."""
-        pattern = _replica_key(kind, "*")
-        keys = [key async for key in self._redis.scan_iter(match=pattern, count=self._scan_count)]
-        # Keys below a replica's own (replica:{kind}:{id}:...) are not heartbeats.
-        keys = [key for key in keys if ":" not in key.removeprefix(pattern[:-1])]
-        if not keys:
+        replica_ids = await self._redis.zrange(_index_key(kind), 0, -1)
+        if not replica_ids:
             return []
-        # A key may expire between SCAN and MGET; it reads as None and is left out.
-        values = await self._redis.mget(keys)
+        # An indexed replica whose key has expired reads as None and is left out.
+        values = await self._redis.mget([_replica_key(kind, replica_id) for replica_id in replica_ids])
         replicas = [ReplicaInfo(**json.loads(value)) for value in values if value is not None]
         return sorted(replicas, key=lambda replica: replica.replica_id)
 
 
 def _replica_key(kind: str, replica_id: str) -> str:
     return f"replica:{kind}:{replica_id}"
+
+
+def _index_key(kind: str) -> str:
+    return f"replicas:{kind}"

@@ -14,7 +14,7 @@ import redis
 
 from engine.errors import InvalidConfigError
 from gateway.redis_client import connect_redis
-from gateway.registry import LiveReplicas, ReplicaHeartbeat, ReplicaInfo, default_host_id
+from gateway.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat, ReplicaInfo, default_host_id
 
 TTL_S = 1.0
 INTERVAL_S = 0.2
@@ -156,20 +156,38 @@ def test_a_killed_replica_process_leaves_the_list_within_ttl(redis_url):
             process.kill()
 
 
-def test_listing_pages_through_many_keys_with_scan(redis_url):
+def test_listing_reads_the_index_whatever_else_redis_holds(redis_url):
     async def scenario():
         client = connect_redis(redis_url, timeout_s=2.0)
         beats = [heartbeat(redis_url, f"d{i:02d}") for i in range(25)] + [heartbeat(redis_url, "p0", kind="prefill")]
         try:
             for beat in beats:
                 await beat.start()
-            await client.mset({f"req:{i}": "x" for i in range(100)} | {"replica:decode:d00:lease:r1": "x"})
-            live = LiveReplicas(client, scan_count=7)
+            await client.mset({f"req:{i}": "x" for i in range(1000)} | {"replica:decode:d00:lease:r1": "x"})
+            live = LiveReplicas(client)
             assert [r.replica_id for r in await live.list("decode")] == [f"d{i:02d}" for i in range(25)]
             assert [r.replica_id for r in await live.list("prefill")] == ["p0"]
         finally:
             for beat in beats:
                 await beat.stop()
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_heartbeat_drops_index_members_silent_past_the_grace(redis_url):
+    async def scenario():
+        client = connect_redis(redis_url, timeout_s=2.0)
+        recent_s = time.time() - INDEX_GRACE_S / 2  # silent, but not for long: kept, though not listed
+        await client.zadd("replicas:decode", {"gone": time.time() - 2 * INDEX_GRACE_S, "quiet": recent_s})
+        beat = heartbeat(redis_url, "d0")
+        try:
+            await beat.start()
+            assert await client.zrange("replicas:decode", 0, -1) == ["quiet", "d0"]
+            assert [r.replica_id for r in await LiveReplicas(client).list("decode")] == ["d0"]
+        finally:
+            await beat.stop()
+            assert await client.zrange("replicas:decode", 0, -1) == ["quiet"]
             await client.aclose()
 
     asyncio.run(scenario())
