@@ -9,22 +9,15 @@ There is no fallback: where CUDA IPC cannot work, this raises TransportUnavailab
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import logging
-import time
-from collections.abc import Sequence
 
 import torch
 
-from kvtransfer.base import TransferResult, check_in_place_target, num_block_bytes, validate_send
 from kvtransfer.errors import TransferError, TransportUnavailableError
+from kvtransfer.in_place import InPlaceSender
 from kvtransfer.pool import copy_blocks
-from kvtransfer.rpc import KVTransferClient
 from pdserve.v1 import common_pb2, decode_pb2
-
-logger = logging.getLogger(__name__)
 
 _BYTES_FIELDS = ("storage_handle", "ref_counter_handle", "event_handle")
 
@@ -86,17 +79,21 @@ def open_cuda_pool(handle: bytes) -> torch.Tensor:
     )
 
 
-class CudaIpcSender:
+class CudaIpcSender(InPlaceSender):
+    transport = common_pb2.TRANSPORT_CUDA_IPC
+
     def __init__(self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float):
         if not torch.cuda.is_available():
             raise TransportUnavailableError(
                 "TRANSPORT_CUDA_IPC needs a CUDA device, and this process sees none"
             )
-        self._layout = local_layout
-        self._client = KVTransferClient(rpc_timeout_s)
-        self._pools: dict[bytes, torch.Tensor] = {}  # exported handle -> the decode pool, opened
+        super().__init__(local_layout, rpc_timeout_s)
 
-    def _decode_pool(self, target: decode_pb2.KVTarget) -> torch.Tensor:
+    def _open_pool(self, target: decode_pb2.KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
+        if not kv_cache.is_cuda:
+            raise TransportUnavailableError(
+                f"TRANSPORT_CUDA_IPC needs the prefill pool on CUDA, it is on {kv_cache.device}"
+            )
         if not target.cuda_ipc_handle:
             raise TransportUnavailableError(
                 f"KV target of request {target.request_id} carries no CUDA IPC handle"
@@ -111,37 +108,9 @@ class CudaIpcSender:
             self._pools[target.cuda_ipc_handle] = pool
         return pool
 
-    async def send(
-        self,
-        request_id: str,
-        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        block_ids: Sequence[int],
-        target: decode_pb2.KVTarget,
-    ) -> TransferResult:
-        start_s = time.perf_counter()
-        validate_send(self._layout, request_id, kv_cache, block_ids, target)
-        if not kv_cache.is_cuda:
-            raise TransportUnavailableError(
-                f"TRANSPORT_CUDA_IPC needs the prefill pool on CUDA, it is on {kv_cache.device}"
-            )
-        check_in_place_target(request_id, target)
-        decode_pool = self._decode_pool(target)
-        await asyncio.to_thread(_copy_and_sync, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
-        num_bytes = num_block_bytes(kv_cache, len(block_ids))
-        await self._client.commit(request_id, target, self._layout, num_bytes)
-        seconds = time.perf_counter() - start_s
-        logger.debug("request %s: %d KV bytes over cuda_ipc in %.4f s", request_id, num_bytes, seconds)
-        return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=common_pb2.TRANSPORT_CUDA_IPC)
-
-    async def close(self) -> None:
-        self._pools.clear()
-        await self._client.close()
-
-
-def _copy_and_sync(dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
-    # The prefill pool may have been written on another stream: finish that before reading it,
-    # and finish the copy before the decode replica is told the blocks are complete.
-    torch.cuda.synchronize(src.device)
-    copy_blocks(dst, dst_block_ids, src, src_block_ids)
-    torch.cuda.synchronize(dst.device)
-    torch.cuda.synchronize(src.device)
+    def _copy(self, dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
+        # The prefill pool may have been written on another stream: finish that before reading it,
+        # and finish the copy before the decode replica is told the blocks are complete.
+        torch.cuda.synchronize(src.device)
+        copy_blocks(dst, dst_block_ids, src, src_block_ids)
+        torch.cuda.synchronize(dst.device)

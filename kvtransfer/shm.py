@@ -6,58 +6,27 @@ complete. This side never unlinks a segment: the decode replica owns it.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import Sequence
-
 import torch
 
-from kvtransfer.base import (
-    TransferResult, check_in_place_target, decode_pool_shape, num_block_bytes, validate_send,
-)
+from kvtransfer.base import decode_pool_shape
 from kvtransfer.errors import TransferError
+from kvtransfer.in_place import InPlaceSender
 from kvtransfer.pool import copy_blocks, map_shared_pool
-from kvtransfer.rpc import KVTransferClient
 from pdserve.v1 import common_pb2, decode_pb2
 
-logger = logging.getLogger(__name__)
 
+class ShmSender(InPlaceSender):
+    transport = common_pb2.TRANSPORT_SHM
 
-class ShmSender:
-    def __init__(self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float):
-        self._layout = local_layout
-        self._client = KVTransferClient(rpc_timeout_s)
-        self._pools: dict[str, torch.Tensor] = {}  # shm name -> the decode pool, mapped
-
-    def _decode_pool(self, target: decode_pb2.KVTarget, dtype: torch.dtype) -> torch.Tensor:
+    def _open_pool(self, target: decode_pb2.KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
         if not target.shm_name:
             raise TransferError(f"KV target of request {target.request_id} names no shared memory")
         shape = decode_pool_shape(self._layout, target.pool_num_blocks)
         pool = self._pools.get(target.shm_name)
         if pool is None or tuple(pool.shape) != shape:
-            pool = map_shared_pool(target.shm_name, shape, dtype)
+            pool = map_shared_pool(target.shm_name, shape, kv_cache.dtype)
             self._pools[target.shm_name] = pool
         return pool
 
-    async def send(
-        self,
-        request_id: str,
-        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        block_ids: Sequence[int],
-        target: decode_pb2.KVTarget,
-    ) -> TransferResult:
-        start_s = time.perf_counter()
-        validate_send(self._layout, request_id, kv_cache, block_ids, target)
-        check_in_place_target(request_id, target)
-        decode_pool = self._decode_pool(target, kv_cache.dtype)
-        await asyncio.to_thread(copy_blocks, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
-        num_bytes = num_block_bytes(kv_cache, len(block_ids))
-        await self._client.commit(request_id, target, self._layout, num_bytes)
-        seconds = time.perf_counter() - start_s
-        logger.debug("request %s: %d KV bytes over shm in %.4f s", request_id, num_bytes, seconds)
-        return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=common_pb2.TRANSPORT_SHM)
-
-    async def close(self) -> None:
-        self._pools.clear()
-        await self._client.close()
+    def _copy(self, dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
+        copy_blocks(dst, dst_block_ids, src, src_block_ids)
