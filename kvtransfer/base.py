@@ -14,8 +14,9 @@ from typing import Protocol
 
 import torch
 
+from engine.kv_cache import KVCacheMismatchError, KVCacheSpec
 from kvtransfer.errors import TransferError
-from kvtransfer.layout import check_layout, dtype_name
+from kvtransfer.layout import check_layout
 from pdserve.v1 import common_pb2, decode_pb2
 
 
@@ -54,19 +55,10 @@ def validate_send(
             f"request {request_id}: {len(block_ids)} prefill blocks for {len(target.block_ids)} "
             "reserved decode blocks"
         )
-    expected_block_shape = (local_layout.block_size, local_layout.num_kv_heads, local_layout.head_dim)
-    if (
-        kv_cache.dim() != 6
-        or kv_cache.shape[0] != local_layout.num_layers
-        or kv_cache.shape[1] != 2
-        or tuple(kv_cache.shape[3:]) != expected_block_shape
-        or dtype_name(kv_cache.dtype) != local_layout.dtype
-    ):
-        raise TransferError(
-            f"prefill pool {list(kv_cache.shape)} {dtype_name(kv_cache.dtype)} does not match its "
-            f"own layout ({local_layout.num_layers} layers, blocks {list(expected_block_shape)}, "
-            f"{local_layout.dtype})"
-        )
+    try:
+        KVCacheSpec.from_layout(local_layout).check(kv_cache)
+    except KVCacheMismatchError as error:
+        raise TransferError(f"prefill side: {error}") from error
     num_local_blocks = kv_cache.shape[2]
     if any(not 0 <= block_id < num_local_blocks for block_id in block_ids):
         raise TransferError(f"request {request_id}: prefill block ids outside [0, {num_local_blocks})")
@@ -82,12 +74,3 @@ def check_in_place_target(request_id: str, target: decode_pb2.KVTarget) -> None:
     if target.deadline_unix_s and time.time() >= target.deadline_unix_s:
         raise TransferError(f"request {request_id}: the decode reservation expired before the transfer")
 
-
-def decode_pool_shape(layout: common_pb2.KVLayout, num_blocks: int) -> tuple[int, ...]:
-    return (layout.num_layers, 2, num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
-
-
-def num_block_bytes(kv_cache: torch.Tensor, num_blocks: int) -> int:
-    """Bytes of K and V, all layers, for `num_blocks` blocks of this pool."""
-    per_block = kv_cache.shape[0] * 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()
-    return per_block * num_blocks

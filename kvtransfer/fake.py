@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtransfer.base import TransferResult, num_block_bytes, validate_send
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.errors import TransferError
 from kvtransfer.layout import check_layout
 from kvtransfer.receiver import ReservationView
@@ -62,7 +63,7 @@ class FakeKVSender:
         index = torch.tensor(list(block_ids), dtype=torch.long, device=kv_cache.device)
         self._receiver.accept(request_id, self._layout, kv_cache.index_select(2, index).cpu())
         return TransferResult(
-            num_bytes=num_block_bytes(kv_cache, len(block_ids)),
+            num_bytes=len(block_ids) * KVCacheSpec.from_layout(self._layout).bytes_per_block,
             seconds=time.perf_counter() - start_s,
             transport=self._transport,
         )

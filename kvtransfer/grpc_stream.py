@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import torch
 
-from kvtransfer.base import TransferResult, num_block_bytes, validate_send
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.errors import TransferError
 from kvtransfer.rpc import KVTransferClient
 from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2
@@ -33,6 +34,7 @@ class GrpcSender:
         self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
     ):
         self._layout = local_layout
+        self._spec = KVCacheSpec.from_layout(local_layout)
         self._client = KVTransferClient(rpc_timeout_s)
         self._max_chunk_bytes = max_chunk_bytes
 
@@ -48,7 +50,7 @@ class GrpcSender:
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
         chunks = self._chunks(request_id, kv_cache, list(block_ids), list(target.block_ids), layers_ready)
         await self._client.push(request_id, target, chunks)
-        num_bytes = num_block_bytes(kv_cache, len(block_ids))
+        num_bytes = len(block_ids) * self._spec.bytes_per_block
         seconds = time.perf_counter() - start_s
         logger.debug("request %s: %d KV bytes over grpc in %.4f s", request_id, num_bytes, seconds)
         return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=common_pb2.TRANSPORT_GRPC)
@@ -57,9 +59,8 @@ class GrpcSender:
         self, request_id: str, kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int],
         layers_ready: AsyncIterator[int] | None,
     ) -> AsyncIterator[kv_transfer_pb2.KVChunk]:
-        kv_bytes_per_block = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()  # K and V, one layer
-        blocks_per_chunk = max(1, self._max_chunk_bytes // kv_bytes_per_block)
-        num_layers = kv_cache.shape[0]
+        blocks_per_chunk = max(1, self._max_chunk_bytes // self._spec.bytes_per_layer_block)
+        num_layers = self._spec.num_layers
         # (layer, first position) of every chunk; an empty request still sends one final chunk.
         spans = [
             (layer, start)

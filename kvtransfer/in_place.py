@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtransfer.base import TransferResult, check_in_place_target, num_block_bytes, validate_send
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.base import TransferResult, check_in_place_target, validate_send
 from kvtransfer.choice import transport_name
 from kvtransfer.rpc import KVTransferClient
 from pdserve.v1 import common_pb2, decode_pb2
@@ -29,6 +30,7 @@ class InPlaceSender:
 
     def __init__(self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float):
         self._layout = local_layout
+        self._spec = KVCacheSpec.from_layout(local_layout)
         self._client = KVTransferClient(rpc_timeout_s)
         self._pools: dict[str | bytes, torch.Tensor] = {}  # pool handle -> the decode pool, opened
 
@@ -50,7 +52,7 @@ class InPlaceSender:
         check_in_place_target(request_id, target)
         decode_pool = self._open_pool(target, kv_cache)
         await asyncio.to_thread(self._copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
-        num_bytes = num_block_bytes(kv_cache, len(block_ids))
+        num_bytes = len(block_ids) * self._spec.bytes_per_block
         await self._client.commit(request_id, target, self._layout, num_bytes)
         seconds = time.perf_counter() - start_s
         logger.debug("request %s: %d KV bytes over %s in %.4f s",

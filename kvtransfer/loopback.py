@@ -23,7 +23,7 @@ import torch
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import TransportUnavailableError
 from kvtransfer.layout import make_layout
-from kvtransfer.pool import create_kv_pool, pool_shape
+from kvtransfer.pool import create_kv_pool
 from kvtransfer.receiver import KVReceiver
 from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2_grpc
 
@@ -71,7 +71,7 @@ class LoopbackDecode:
         """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], a copy."""
         data = self._call("dump")
         tensor = torch.frombuffer(bytearray(data), dtype=self.config.spec.dtype)
-        return tensor.view(pool_shape(self.config.spec, self.config.num_blocks))
+        return tensor.view(self.config.spec.shape(self.config.num_blocks))
 
     def stop(self) -> None:
         if self._process.is_alive():

@@ -83,13 +83,11 @@ def create_kv_pool(spec: KVCacheSpec, num_blocks: int, device: torch.device | st
     device = torch.device(device)
     if not shared or device.type != "cpu":
         return KVPool(spec, spec.allocate(num_blocks, device), None)
-    shape = pool_shape(spec, num_blocks)
-    num_bytes = _num_bytes(shape, spec.dtype)
     segment = shared_memory.SharedMemory(
-        name=_SHM_NAME_PREFIX + uuid.uuid4().hex, create=True, size=num_bytes
+        name=_SHM_NAME_PREFIX + uuid.uuid4().hex, create=True, size=num_blocks * spec.bytes_per_block
     )
     try:
-        tensor = map_shared_pool(segment.name, shape, spec.dtype)
+        tensor = map_shared_pool(segment.name, spec, num_blocks)
     except BaseException:
         segment.close()
         segment.unlink()
@@ -99,10 +97,11 @@ def create_kv_pool(spec: KVCacheSpec, num_blocks: int, device: torch.device | st
     return KVPool(spec, tensor, segment)
 
 
-def map_shared_pool(shm_name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Maps an existing segment as a pool tensor of `shape`; raises TransferError if the segment
-    is gone or too small. Never creates or unlinks the segment."""
-    num_bytes = _num_bytes(shape, dtype)
+def map_shared_pool(shm_name: str, spec: KVCacheSpec, num_blocks: int) -> torch.Tensor:
+    """Maps an existing segment as a pool of `num_blocks` blocks of `spec`; raises TransferError
+    if the segment is gone or too small. Never creates or unlinks the segment."""
+    shape = spec.shape(num_blocks)
+    num_bytes = num_blocks * spec.bytes_per_block
     path = os.path.join(SHM_DIR, shm_name)
     try:
         fd = os.open(path, os.O_RDWR)
@@ -118,7 +117,7 @@ def map_shared_pool(shm_name: str, shape: tuple[int, ...], dtype: torch.dtype) -
         mapping = mmap.mmap(fd, num_bytes)
     finally:
         os.close(fd)
-    return torch.frombuffer(mapping, dtype=dtype).view(shape)
+    return torch.frombuffer(mapping, dtype=spec.dtype).view(shape)
 
 
 def copy_blocks(
@@ -147,10 +146,3 @@ def _runs(src_block_ids: list[int], dst_block_ids: list[int]) -> list[tuple[int,
             runs.append((src_id, dst_id, 1))
     return runs
 
-
-def pool_shape(spec: KVCacheSpec, num_blocks: int) -> tuple[int, ...]:
-    return (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-
-
-def _num_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()

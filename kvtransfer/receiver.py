@@ -18,8 +18,9 @@ import grpc
 import torch
 
 from engine.errors import PdserveError
+from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import LayoutMismatchError
-from kvtransfer.layout import check_layout, dtype_name
+from kvtransfer.layout import check_layout
 from kvtransfer.pool import KVPool
 from pdserve.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
@@ -42,21 +43,11 @@ class _Refusal(Exception):
 
 class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
     def __init__(self, pool: KVPool, local_layout: common_pb2.KVLayout, reservations: ReservationView):
-        tensor = pool.tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        block_shape = (local_layout.block_size, local_layout.num_kv_heads, local_layout.head_dim)
-        if (
-            tensor.shape[0] != local_layout.num_layers
-            or tuple(tensor.shape[3:]) != block_shape
-            or dtype_name(tensor.dtype) != local_layout.dtype
-        ):
-            raise LayoutMismatchError(
-                f"KV pool {list(tensor.shape)} {dtype_name(tensor.dtype)} does not match the replica's layout"
-            )
-        self._pool = tensor
+        self._spec = KVCacheSpec.from_layout(local_layout)
+        self._spec.check(pool.tensor)
+        self._pool = pool.tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self._layout = local_layout
         self._reservations = reservations
-        self._block_shape = block_shape
-        self._num_half_block_bytes = tensor[0, 0, 0].numel() * tensor.element_size()  # K (or V), one layer
 
     async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> kv_transfer_pb2.KVAck:
         try:
@@ -68,7 +59,7 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
         try:
             self._check_layout(request.layout if request.HasField("layout") else None)
             reserved = self._reserved(request.request_id)
-            expected_bytes = len(reserved) * self._layout.num_layers * 2 * self._num_half_block_bytes
+            expected_bytes = len(reserved) * self._spec.bytes_per_block
             if request.num_bytes != expected_bytes:
                 raise _Refusal(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -82,7 +73,7 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
 
     async def _push(self, request_iterator) -> kv_transfer_pb2.KVAck:
         request_id: str | None = None
-        written_block_ids: list[set[int]] = [set() for _ in range(self._layout.num_layers)]
+        written_block_ids: list[set[int]] = [set() for _ in range(self._spec.num_layers)]
         num_bytes = 0
         async for chunk in request_iterator:
             if request_id is None:
@@ -125,10 +116,10 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
         return reserved
 
     def _check_chunk(self, request_id: str, chunk: kv_transfer_pb2.KVChunk, reserved: set[int]) -> None:
-        if chunk.layer >= self._layout.num_layers:
+        if chunk.layer >= self._spec.num_layers:
             raise _Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"request {request_id}: layer {chunk.layer} of a {self._layout.num_layers}-layer model",
+                f"request {request_id}: layer {chunk.layer} of a {self._spec.num_layers}-layer model",
             )
         if len(set(chunk.block_ids)) != len(chunk.block_ids):
             raise _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"request {request_id}: repeated block ids in a chunk")
@@ -138,7 +129,7 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"request {request_id}: blocks {foreign} are not reserved for it",
             )
-        expected_bytes = len(chunk.block_ids) * self._num_half_block_bytes
+        expected_bytes = len(chunk.block_ids) * self._spec.bytes_per_layer_block // 2  # K (or V) alone
         if len(chunk.key) != expected_bytes or len(chunk.value) != expected_bytes:
             raise _Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -169,5 +160,5 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
         for kv, data in ((0, key), (1, value)):
             # bytearray: torch only wraps writable buffers without a warning.
             blocks = torch.frombuffer(bytearray(data), dtype=self._pool.dtype)
-            blocks = blocks.view(len(block_ids), *self._block_shape)  # [n, block_size, num_kv_heads, head_dim]
+            blocks = blocks.view(len(block_ids), *self._spec.block_shape)  # [n, block_size, num_kv_heads, head_dim]
             self._pool[layer, kv].index_copy_(0, index, blocks.to(self._pool.device))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from kvtransfer.base import decode_pool_shape
 from kvtransfer.errors import TransferError
 from kvtransfer.in_place import InPlaceSender
 from kvtransfer.pool import copy_blocks, map_shared_pool
@@ -21,10 +20,9 @@ class ShmSender(InPlaceSender):
     def _open_pool(self, target: decode_pb2.KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
         if not target.shm_name:
             raise TransferError(f"KV target of request {target.request_id} names no shared memory")
-        shape = decode_pool_shape(self._layout, target.pool_num_blocks)
         pool = self._pools.get(target.shm_name)
-        if pool is None or tuple(pool.shape) != shape:
-            pool = map_shared_pool(target.shm_name, shape, kv_cache.dtype)
+        if pool is None or pool.shape[2] != target.pool_num_blocks:
+            pool = map_shared_pool(target.shm_name, self._spec, target.pool_num_blocks)
             self._pools[target.shm_name] = pool
         return pool
 

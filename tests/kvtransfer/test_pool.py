@@ -18,7 +18,7 @@ def test_shared_pool_is_visible_through_a_second_mapping_until_unlinked():
     try:
         assert pool.tensor.shape == (2, 2, 6, 4, 2, 4) and pool.tensor.dtype == torch.bfloat16
         assert not pool.tensor.any()
-        view = map_shared_pool(pool.shm_name, tuple(pool.tensor.shape), SPEC.dtype)
+        view = map_shared_pool(pool.shm_name, SPEC, 6)
         view[1, 0, 5] = 2.0
         assert torch.all(pool.tensor[1, 0, 5] == 2.0)
         assert pool.target_fields(common_pb2.TRANSPORT_SHM) == {"shm_name": pool.shm_name, "pool_num_blocks": 6}
@@ -32,12 +32,12 @@ def test_shared_pool_is_visible_through_a_second_mapping_until_unlinked():
 
 def test_mapping_a_missing_or_short_segment_fails_and_creates_nothing():
     with pytest.raises(TransferError, match="cannot open"):
-        map_shared_pool("pdserve_kv_missing", (2, 2, 6, 4, 2, 4), SPEC.dtype)
+        map_shared_pool("pdserve_kv_missing", SPEC, 6)
     assert not os.path.exists(os.path.join(SHM_DIR, "pdserve_kv_missing"))
     pool = create_kv_pool(SPEC, num_blocks=2, device="cpu", shared=True)
     try:
         with pytest.raises(TransferError, match="needs"):
-            map_shared_pool(pool.shm_name, (2, 2, 6, 4, 2, 4), SPEC.dtype)
+            map_shared_pool(pool.shm_name, SPEC, 6)
     finally:
         pool.close()
 

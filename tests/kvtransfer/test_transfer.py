@@ -40,8 +40,7 @@ def decode(request):
 def prefill_pool(decode: LoopbackDecode, seed: int) -> torch.Tensor:
     spec = decode.config.spec
     generator = torch.Generator().manual_seed(seed)
-    shape = (spec.num_layers, 2, NUM_PREFILL_BLOCKS, spec.block_size, spec.num_kv_heads, spec.head_dim)
-    return torch.randn(shape, generator=generator).to(spec.dtype)
+    return torch.randn(spec.shape(NUM_PREFILL_BLOCKS), generator=generator).to(spec.dtype)
 
 
 def fresh_id(decode: LoopbackDecode, name: str) -> str:
@@ -265,7 +264,7 @@ def test_the_decode_replica_unlinks_its_pool_and_prefill_views_stay_valid():
     config = LoopbackConfig(spec_of(torch.float32), 4, "cpu", MODEL, call_timeout_s=20.0)
     with LoopbackDecode(config) as decode:
         target = decode.reserve("r", [0], SHM)
-        view = map_shared_pool(target.shm_name, tuple(decode.pool().shape), torch.float32)
+        view = map_shared_pool(target.shm_name, config.spec, config.num_blocks)
         view[0, 0, 0] = 1.5
         assert torch.all(decode.pool()[0, 0, 0] == 1.5)
         assert os.path.exists(os.path.join(SHM_DIR, target.shm_name))

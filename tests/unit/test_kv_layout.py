@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
+from engine.kv_cache import KVCacheMismatchError, KVCacheSpec
 from kvtransfer.layout import LAYOUT_VERSION, LayoutMismatchError, check_layout, make_layout
 
 SPEC = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
@@ -75,3 +75,20 @@ def test_layout_and_transport_choice_import_neither_torch_nor_grpc():
     code = "import sys, kvtransfer.layout, kvtransfer.choice; print('torch' in sys.modules, 'grpc' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_spec_is_the_one_source_of_pool_geometry():
+    assert SPEC.shape(3) == (4, 2, 3, 16, 2, 64)
+    assert SPEC.block_shape == (16, 2, 64)
+    assert SPEC.bytes_per_layer_block == 2 * 16 * 2 * 64 * 2  # K and V, bf16
+    assert SPEC.bytes_per_block == 4 * SPEC.bytes_per_layer_block
+    pool = SPEC.allocate(3, torch.device("cpu"))
+    assert pool.numel() * pool.element_size() == 3 * SPEC.bytes_per_block
+    assert KVCacheSpec.from_layout(make_layout("tiny-llama", SPEC)) == SPEC
+
+
+def test_spec_refuses_a_pool_of_another_geometry():
+    SPEC.check(SPEC.allocate(5, torch.device("cpu")))
+    for wrong in (torch.zeros(4, 2, 5, 16, 2, 32, dtype=torch.bfloat16), torch.zeros(4, 2, 5, 16, 2, 64)):
+        with pytest.raises(KVCacheMismatchError, match=r"does not match its spec \[4, 2, num_blocks, 16, 2, 64\]"):
+            SPEC.check(wrong)
