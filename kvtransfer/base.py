@@ -4,11 +4,12 @@
 `target.block_ids` (same count, same order) and returns only after the decode replica has
 acknowledged that the request's KV is complete. Before the first byte moves, the target's
 layout must equal the sender's (`LayoutMismatchError`); any other failure is a `TransferError`.
+A sender that `streams_layers` also takes `layers_ready` (the layer numbers, in order, as the
+forward pass completes them) and starts sending before the last layer is computed.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,8 +17,8 @@ import torch
 
 from engine.kv_cache import KVCacheMismatchError, KVCacheSpec
 from kvtransfer.errors import TransferError
-from kvtransfer.layout import check_layout
-from pdserve.v1 import common_pb2, decode_pb2
+from kvtransfer.layout import KVLayout, check_layout
+from kvtransfer.target import KVTarget
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,23 +29,27 @@ class TransferResult:
 
 
 class KVSender(Protocol):
+    transport: int  # common_pb2.Transport
+    streams_layers: bool
+
     async def send(
         self,
         request_id: str,
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         block_ids: Sequence[int],
-        target: decode_pb2.KVTarget,
+        target: KVTarget,
+        layers_ready: AsyncIterator[int] | None = None,  # only where `streams_layers`
     ) -> TransferResult: ...
 
     async def close(self) -> None: ...
 
 
 def validate_send(
-    local_layout: common_pb2.KVLayout,
+    local_layout: KVLayout,
     request_id: str,
     kv_cache: torch.Tensor,
     block_ids: Sequence[int],
-    target: decode_pb2.KVTarget,
+    target: KVTarget,
 ) -> None:
     """Everything a sender checks before it touches the decode replica."""
     check_layout(local_layout, target.layout, "prefill", "decode")
@@ -62,15 +67,3 @@ def validate_send(
     num_local_blocks = kv_cache.shape[2]
     if any(not 0 <= block_id < num_local_blocks for block_id in block_ids):
         raise TransferError(f"request {request_id}: prefill block ids outside [0, {num_local_blocks})")
-
-
-def check_in_place_target(request_id: str, target: decode_pb2.KVTarget) -> None:
-    """In-place transports write straight into decode memory: only into blocks that exist, and
-    never after the reservation's deadline, when the blocks may already belong to someone else."""
-    if any(block_id >= target.pool_num_blocks for block_id in target.block_ids):
-        raise TransferError(
-            f"request {request_id}: decode block ids outside the pool's {target.pool_num_blocks} blocks"
-        )
-    if target.deadline_unix_s and time.time() >= target.deadline_unix_s:
-        raise TransferError(f"request {request_id}: the decode reservation expired before the transfer")
-

@@ -1,5 +1,6 @@
 """The layout handshake as a specification: a fingerprint names exactly the fields that make KV
 blocks byte-compatible, and any difference is refused with every differing field named."""
+import dataclasses
 import subprocess
 import sys
 
@@ -65,14 +66,13 @@ def test_mismatch_names_every_differing_field():
 
 def test_a_missing_or_forged_fingerprint_is_refused():
     local = make_layout("tiny-llama", SPEC)
-    forged = make_layout("tiny-llama", SPEC)
-    forged.fingerprint = "0" * 16
+    forged = dataclasses.replace(make_layout("tiny-llama", SPEC), fingerprint="0" * 16)
     with pytest.raises(LayoutMismatchError, match="fingerprint"):
         check_layout(local, forged)
 
 
-def test_layout_and_transport_choice_import_neither_torch_nor_grpc():
-    code = "import sys, kvtransfer.layout, kvtransfer.choice; print('torch' in sys.modules, 'grpc' in sys.modules)"
+def test_layout_target_and_transport_choice_import_neither_torch_nor_grpc():
+    code = "import sys, kvtransfer.layout, kvtransfer.target, kvtransfer.choice; print('torch' in sys.modules, 'grpc' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.split() == ["False", "False"]
 
