@@ -23,9 +23,10 @@ from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from kvtransfer.layout import check_layout, make_layout
-from kvtransfer.pool import KVPool, create_kv_pool
-from pdserve.v1 import decode_pb2
+from kvtransfer.layout import make_layout
+from kvtransfer.pool import KVPool
+from kvtransfer.target import KVTarget
+from kvtransfer.transports import create_kv_pool, target_fields
 
 logger = logging.getLogger(__name__)
 REAP_INTERVAL_S = 0.5
@@ -69,19 +70,17 @@ class DecodeReplica:
         """Figures for the replica registry, read on the engine thread between steps."""
         return await self.engine.call(lambda engine: engine.load())
 
-    async def reserve(self, request: decode_pb2.ReserveRequest) -> decode_pb2.KVTarget:
-        """Raises LayoutMismatchError, TransportUnavailableError, OutOfBlocksError, InvalidRequestError."""
-        if request.HasField("prefill_layout"):  # otherwise prefill checks the target's layout itself
-            check_layout(self.layout, request.prefill_layout, "decode", "prefill")
-        pool_fields = self.pool.target_fields(request.transport)
-        request_id, num_tokens = request.request_id, request.num_prompt_tokens
-        block_ids = await self.engine.call(lambda engine: engine.reserve(request_id, num_tokens))
-        entry = self.reservations.add(request_id, block_ids, num_tokens, time.monotonic())
+    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> KVTarget:
+        """Raises TransportUnavailableError, OutOfBlocksError, InvalidRequestError. The prefill
+        replica checks the target's layout against its own before the first byte moves."""
+        pool_fields = target_fields(self.pool, transport)
+        block_ids = await self.engine.call(lambda engine: engine.reserve(request_id, num_prompt_tokens))
+        entry = self.reservations.add(request_id, block_ids, num_prompt_tokens, time.monotonic())
         remaining_s = entry.deadline_s - time.monotonic()
-        return decode_pb2.KVTarget(
-            request_id=request_id, decode_replica=self.config.replica_id,
-            kv_endpoint=self.config.kv_endpoint, block_ids=block_ids, layout=self.layout,
-            transport=request.transport, deadline_unix_s=time.time() + remaining_s, **pool_fields)
+        return KVTarget(
+            request_id=request_id, block_ids=tuple(block_ids), layout=self.layout, transport=transport,
+            decode_replica=self.config.replica_id, kv_endpoint=self.config.kv_endpoint,
+            deadline_unix_s=time.time() + remaining_s, **pool_fields)
 
     # The two methods below are the KVReceiver's view of the reservations.
     def block_ids(self, request_id: str) -> list[int] | None:

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from decode_svc.replica import DecodeReplica
+from kvtransfer.wire import target_to_proto
 from pdserve.grpc_errors import grpc_errors
 from pdserve.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
-from pdserve.v1 import decode_pb2, decode_pb2_grpc
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
 
 class DecodeService(decode_pb2_grpc.DecodeServicer):
@@ -12,8 +13,9 @@ class DecodeService(decode_pb2_grpc.DecodeServicer):
         self.replica = replica
 
     @grpc_errors
-    async def Reserve(self, request: decode_pb2.ReserveRequest, context) -> decode_pb2.KVTarget:
-        return await self.replica.reserve(request)
+    async def Reserve(self, request: decode_pb2.ReserveRequest, context) -> kv_transfer_pb2.KVTarget:
+        target = await self.replica.reserve(request.request_id, request.num_prompt_tokens, request.transport)
+        return target_to_proto(target)
 
     @grpc_errors
     async def Generate(self, request: decode_pb2.DecodeRequest, context):

@@ -18,13 +18,13 @@ from gateway.registry import LiveReplicas
 from gateway.request_store import RequestStore
 from gateway.service import GatewayService
 from gateway.tokenization import PromptBuilder
+from kvtransfer.choice import transport_from_name
+from kvtransfer.names import TRANSPORT_NAMES
 from pdserve.serving import GrpcServer
 from pdserve.service_args import configure_logging
-from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 logger = logging.getLogger(__name__)
-TRANSPORTS = {"auto": None, "shm": common_pb2.TRANSPORT_SHM, "grpc": common_pb2.TRANSPORT_GRPC,
-              "cuda_ipc": common_pb2.TRANSPORT_CUDA_IPC}
 HEALTH_REFRESH_S = 1.0
 REDIS_TIMEOUT_S = 5.0
 
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, default=50051)
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--transport", choices=sorted(TRANSPORTS), default="auto",
+    parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="KV transport between prefill and decode (auto: from the replicas' host and device)")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     parser.add_argument("--log-level", default="INFO")
@@ -56,7 +56,7 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)
     frontend = GatewayFrontend(
-        FrontendConfig(model_name=model_name, forced_transport=TRANSPORTS[args.transport]),
+        FrontendConfig(model_name=model_name, forced_transport=transport_from_name(args.transport)),
         prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
 
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])

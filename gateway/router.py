@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine.block_allocator import num_blocks_for
 from engine.errors import PdserveError
 
 if TYPE_CHECKING:
@@ -41,10 +42,6 @@ def pick_prefill(replicas: Sequence[ReplicaInfo]) -> ReplicaInfo:
     if not replicas:
         raise NoReplicaError("no live prefill replica")
     return min(replicas, key=lambda r: (r.queued_tokens, r.replica_id))
-
-
-def num_blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
 
 
 def _fits(replica: ReplicaInfo, num_prompt_tokens: int) -> bool:

@@ -6,6 +6,7 @@ on CPU and CUDA respectively; asking for one where it cannot work is an error, n
 Devices are torch device strings ("cpu", "cuda", "cuda:1"); an empty host id is never "same".
 """
 from kvtransfer.errors import TransportUnavailableError
+from kvtransfer.names import TRANSPORT_NAMES
 from pdserve.v1 import common_pb2
 
 
@@ -13,6 +14,15 @@ def transport_name(transport: int) -> str:
     if transport in common_pb2.Transport.values():
         return common_pb2.Transport.Name(transport)
     return f"transport {transport}"
+
+
+def transport_from_name(name: str) -> int | None:
+    """`"shm"` -> TRANSPORT_SHM, ... for each of TRANSPORT_NAMES; "auto" -> None (chosen per request)."""
+    if name == "auto":
+        return None
+    if name not in TRANSPORT_NAMES:
+        raise TransportUnavailableError(f"unknown KV transport {name!r}, expected one of {TRANSPORT_NAMES}")
+    return common_pb2.Transport.Value(f"TRANSPORT_{name.upper()}")
 
 
 def choose_transport(

@@ -1,11 +1,12 @@
-"""TRANSPORT_CUDA_IPC: the prefill replica copies device-to-device into the decode pool.
+"""TRANSPORT_CUDA_IPC, both ends: the prefill replica copies device-to-device into the decode pool.
 
-Same host, CUDA pools. The decode replica exports its pool once through torch's CUDA IPC
-(`_share_cuda_`); the exported fields travel as JSON in `KVTarget.cuda_ipc_handle` and the
-prefill replica opens them once per decode pool, through torch's own IPC cache. A copy is
-synchronized before `KVTransfer.Commit`, so the decode replica never reads a half-written block.
-`cuda_device` is a device index as both processes see it: they must share CUDA_VISIBLE_DEVICES.
-There is no fallback: where CUDA IPC cannot work, this raises TransportUnavailableError.
+Same host, CUDA pools. Decode end: a `CudaIpcKVPool` exports itself once, on the first target
+that asks, through torch's CUDA IPC (`_share_cuda_`); `target_fields` puts the exported fields,
+as JSON, in `KVTarget.cuda_ipc_handle`. Prefill end: `CudaIpcSender` opens them once per decode
+pool, through torch's own IPC cache, copies, and synchronizes before `KVTransfer.Commit`, so the
+decode replica never reads a half-written block. `cuda_device` is a device index as both
+processes see it: they must share CUDA_VISIBLE_DEVICES. There is no fallback: where CUDA IPC
+cannot work, this raises TransportUnavailableError. Nothing here needs CUDA until it is used.
 """
 from __future__ import annotations
 
@@ -14,12 +15,42 @@ import json
 
 import torch
 
+from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import TransferError, TransportUnavailableError
-from kvtransfer.in_place import InPlaceSender
-from kvtransfer.pool import copy_blocks
-from pdserve.v1 import common_pb2, decode_pb2
+from kvtransfer.in_place import InPlaceSender, copy_blocks
+from kvtransfer.layout import KVLayout
+from kvtransfer.pool import KVPool
+from kvtransfer.target import KVTarget
+from pdserve.v1 import common_pb2
 
 _BYTES_FIELDS = ("storage_handle", "ref_counter_handle", "event_handle")
+
+
+class CudaIpcKVPool(KVPool):
+    """A CUDA pool, exported to other processes on first use and only once."""
+
+    def __init__(self, spec: KVCacheSpec, tensor: torch.Tensor):
+        super().__init__(spec, tensor)
+        self._handle: bytes | None = None
+
+    def ipc_handle(self) -> bytes:
+        if self._handle is None:
+            self._handle = export_cuda_pool(self.tensor)
+        return self._handle
+
+
+def target_fields(pool: KVPool) -> dict[str, object]:
+    """The pool's part of a TRANSPORT_CUDA_IPC `KVTarget`; raises TransportUnavailableError
+    unless the pool is on CUDA."""
+    if not isinstance(pool, CudaIpcKVPool):
+        raise TransportUnavailableError(
+            f"TRANSPORT_CUDA_IPC needs a CUDA KV pool, this one is on {pool.tensor.device}"
+        )
+    return {
+        "cuda_ipc_handle": pool.ipc_handle(),
+        "cuda_device": pool.tensor.device.index or 0,
+        "pool_num_blocks": pool.num_blocks,
+    }
 
 
 def export_cuda_pool(tensor: torch.Tensor) -> bytes:
@@ -82,14 +113,14 @@ def open_cuda_pool(handle: bytes) -> torch.Tensor:
 class CudaIpcSender(InPlaceSender):
     transport = common_pb2.TRANSPORT_CUDA_IPC
 
-    def __init__(self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float):
+    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float):
         if not torch.cuda.is_available():
             raise TransportUnavailableError(
                 "TRANSPORT_CUDA_IPC needs a CUDA device, and this process sees none"
             )
         super().__init__(local_layout, rpc_timeout_s)
 
-    def _open_pool(self, target: decode_pb2.KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
+    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
         if not kv_cache.is_cuda:
             raise TransportUnavailableError(
                 f"TRANSPORT_CUDA_IPC needs the prefill pool on CUDA, it is on {kv_cache.device}"

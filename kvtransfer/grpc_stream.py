@@ -1,13 +1,18 @@
-"""TRANSPORT_GRPC: the prompt's KV streamed to the decode replica's `KVTransfer.Push`.
+"""TRANSPORT_GRPC, both ends: the prompt's KV streamed to the decode replica's `KVTransfer.Push`.
 
-Any host, any device. The stream goes layer by layer; each `KVChunk` holds the K and V bytes of
-some of the request's blocks in one layer, at most `max_chunk_bytes` of them (so a chunk fits
-gRPC's default 4 MiB message limit), and names the decode block ids it fills. The first chunk
-carries the layout, the final one `last=True`. Chunk bytes are gathered on a worker thread.
+Any host, any device. Prefill end (`GrpcSender`): the stream goes layer by layer; each `KVChunk`
+holds the K and V bytes of some of the request's blocks in one layer, at most `max_chunk_bytes`
+of them (so a chunk fits gRPC's default 4 MiB message limit), and names the decode block ids it
+fills. The first chunk carries the layout, the final one `last=True`. Chunk bytes are gathered
+on a worker thread. With `layers_ready` (the layer numbers, in order, as the prefill forward pass
+completes them) the stream starts while later layers are still being computed: each layer is sent
+as soon as it is announced, so the transfer overlaps the prefill compute instead of following it.
 
-With `layers_ready` (the layer numbers, in order, as the prefill forward pass completes them) the
-stream starts while later layers are still being computed: each layer is sent as soon as it is
-announced, so the transfer overlaps the prefill compute instead of following it.
+Decode end (`receive_push`, served by kvtransfer/receiver.py), per chunk: request id consistent
+-> layout (first chunk, FAILED_PRECONDITION) -> reservation still held (NOT_FOUND, checked on
+every chunk, so an expiry mid-stream stops the writes) -> layer and block ids inside the
+reservation (INVALID_ARGUMENT / PERMISSION_DENIED) -> byte sizes (INVALID_ARGUMENT) -> write.
+A stream that ends or breaks before `last` lands nothing.
 """
 from __future__ import annotations
 
@@ -15,24 +20,38 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
 
+import grpc
 import torch
 
-from kvtransfer.base import TransferResult, num_block_bytes, validate_send
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.errors import TransferError
-from kvtransfer.rpc import KVTransferClient
-from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2
+from kvtransfer.layout import KVLayout
+from kvtransfer.pool import KVPool
+from kvtransfer.rpc import KVTransferClient, Refusal
+from kvtransfer.target import KVTarget
+from kvtransfer.wire import layout_from_proto, layout_to_proto
+from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CHUNK_BYTES = 3 * 2**20
 
 
+def target_fields(pool: KVPool) -> dict[str, object]:
+    """The pool's part of a TRANSPORT_GRPC `KVTarget`: any pool can be pushed to."""
+    return {"pool_num_blocks": pool.num_blocks}
+
+
 class GrpcSender:
-    def __init__(
-        self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
-    ):
+    transport = common_pb2.TRANSPORT_GRPC
+    streams_layers = True
+
+    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
         self._layout = local_layout
+        self._spec = KVCacheSpec.from_layout(local_layout)
         self._client = KVTransferClient(rpc_timeout_s)
         self._max_chunk_bytes = max_chunk_bytes
 
@@ -41,25 +60,24 @@ class GrpcSender:
         request_id: str,
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         block_ids: Sequence[int],
-        target: decode_pb2.KVTarget,
+        target: KVTarget,
         layers_ready: AsyncIterator[int] | None = None,
     ) -> TransferResult:
         start_s = time.perf_counter()
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
         chunks = self._chunks(request_id, kv_cache, list(block_ids), list(target.block_ids), layers_ready)
         await self._client.push(request_id, target, chunks)
-        num_bytes = num_block_bytes(kv_cache, len(block_ids))
+        num_bytes = len(block_ids) * self._spec.bytes_per_block
         seconds = time.perf_counter() - start_s
         logger.debug("request %s: %d KV bytes over grpc in %.4f s", request_id, num_bytes, seconds)
-        return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=common_pb2.TRANSPORT_GRPC)
+        return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=self.transport)
 
     async def _chunks(
         self, request_id: str, kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int],
         layers_ready: AsyncIterator[int] | None,
     ) -> AsyncIterator[kv_transfer_pb2.KVChunk]:
-        kv_bytes_per_block = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()  # K and V, one layer
-        blocks_per_chunk = max(1, self._max_chunk_bytes // kv_bytes_per_block)
-        num_layers = kv_cache.shape[0]
+        blocks_per_chunk = max(1, self._max_chunk_bytes // self._spec.bytes_per_layer_block)
+        num_layers = self._spec.num_layers
         # (layer, first position) of every chunk; an empty request still sends one final chunk.
         spans = [
             (layer, start)
@@ -77,7 +95,7 @@ class GrpcSender:
             key, value = await asyncio.to_thread(_layer_bytes, kv_cache, layer, src_ids)
             yield kv_transfer_pb2.KVChunk(
                 request_id=request_id,
-                layout=self._layout if index == 0 else None,
+                layout=layout_to_proto(self._layout) if index == 0 else None,
                 layer=layer,
                 block_ids=dst_block_ids[start : start + blocks_per_chunk],
                 key=key,
@@ -98,3 +116,92 @@ def _layer_bytes(kv_cache: torch.Tensor, layer: int, block_ids: list[int]) -> tu
 
 def _as_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+class DecodeEnd(Protocol):
+    """What the KVTransfer service checks for every transport (kvtransfer/receiver.py); each
+    method raises Refusal."""
+
+    def check_layout(self, remote: KVLayout | None) -> None: ...
+
+    def reserved(self, request_id: str) -> list[int]: ...
+
+    def land(self, request_id: str, num_bytes: int) -> None: ...
+
+
+async def receive_push(
+    chunks: AsyncIterator[kv_transfer_pb2.KVChunk], end: DecodeEnd, pool: KVPool
+) -> kv_transfer_pb2.KVAck:
+    """Writes one request's pushed chunks into its reserved blocks of `pool`; raises Refusal."""
+    spec = pool.spec
+    request_id: str | None = None
+    written_block_ids: list[set[int]] = [set() for _ in range(spec.num_layers)]
+    num_bytes = 0
+    async for chunk in chunks:
+        if request_id is None:
+            request_id = chunk.request_id
+            end.check_layout(layout_from_proto(chunk.layout) if chunk.HasField("layout") else None)
+        elif chunk.request_id != request_id:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"push for request {request_id} carries a chunk of request {chunk.request_id}",
+            )
+        reserved = end.reserved(request_id)
+        _check_chunk(spec, request_id, chunk, set(reserved))
+        await asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), chunk.key, chunk.value)
+        written_block_ids[chunk.layer].update(chunk.block_ids)
+        num_bytes += len(chunk.key) + len(chunk.value)
+        if chunk.last:
+            _check_complete(request_id, reserved, written_block_ids)
+            end.land(request_id, num_bytes)
+            return kv_transfer_pb2.KVAck(request_id=request_id, num_bytes=num_bytes)
+    raise Refusal(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"KV push for request {request_id} ended before its last chunk" if request_id else "empty KV push",
+    )
+
+
+def _check_chunk(spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVChunk, reserved: set[int]) -> None:
+    if chunk.layer >= spec.num_layers:
+        raise Refusal(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"request {request_id}: layer {chunk.layer} of a {spec.num_layers}-layer model",
+        )
+    if len(set(chunk.block_ids)) != len(chunk.block_ids):
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"request {request_id}: repeated block ids in a chunk")
+    foreign = sorted(set(chunk.block_ids) - reserved)
+    if foreign:
+        raise Refusal(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"request {request_id}: blocks {foreign} are not reserved for it",
+        )
+    expected_bytes = len(chunk.block_ids) * spec.bytes_per_layer_block // 2  # K (or V) alone
+    if len(chunk.key) != expected_bytes or len(chunk.value) != expected_bytes:
+        raise Refusal(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"request {request_id}: {len(chunk.block_ids)} blocks need {expected_bytes} bytes each "
+            f"of key and value, the chunk has {len(chunk.key)} and {len(chunk.value)}",
+        )
+
+
+def _check_complete(request_id: str, reserved: list[int], written_block_ids: list[set[int]]) -> None:
+    reserved_set = set(reserved)
+    for layer, written in enumerate(written_block_ids):
+        if written != reserved_set:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request {request_id}: last chunk arrived with layer {layer} missing blocks "
+                f"{sorted(reserved_set - written)}",
+            )
+
+
+def _write(pool: KVPool, layer: int, block_ids: list[int], key: bytes, value: bytes) -> None:
+    if not block_ids:
+        return
+    tensor = pool.tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+    index = torch.tensor(block_ids, dtype=torch.long, device=tensor.device)
+    for kv, data in ((0, key), (1, value)):
+        # bytearray: torch only wraps writable buffers without a warning.
+        blocks = torch.frombuffer(bytearray(data), dtype=tensor.dtype)
+        blocks = blocks.view(len(block_ids), *pool.spec.block_shape)  # [n, block_size, num_kv_heads, head_dim]
+        tensor[layer, kv].index_copy_(0, index, blocks.to(tensor.device))

@@ -4,8 +4,9 @@
              → copy the blocks on a worker thread → KVTransfer.Commit
 
 A subclass says how to open a target's pool (`_open_pool`, which may refuse the source pool too)
-and how to copy into it (`_copy`). Invariant: Commit is sent only after the copy has finished, so
-the decode replica never reads a half-written block; a send that raises commits nothing.
+and how to copy into it (`_copy`, usually `copy_blocks`). Invariant: Commit is sent only after
+the copy has finished, so the decode replica never reads a half-written block; a send that raises
+commits nothing.
 """
 from __future__ import annotations
 
@@ -16,23 +17,28 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtransfer.base import TransferResult, check_in_place_target, num_block_bytes, validate_send
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.choice import transport_name
+from kvtransfer.errors import TransferError
+from kvtransfer.layout import KVLayout
 from kvtransfer.rpc import KVTransferClient
-from pdserve.v1 import common_pb2, decode_pb2
+from kvtransfer.target import KVTarget
 
 logger = logging.getLogger(__name__)
 
 
 class InPlaceSender:
     transport: int  # common_pb2.Transport
+    streams_layers = False
 
-    def __init__(self, local_layout: common_pb2.KVLayout, rpc_timeout_s: float):
+    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float):
         self._layout = local_layout
+        self._spec = KVCacheSpec.from_layout(local_layout)
         self._client = KVTransferClient(rpc_timeout_s)
         self._pools: dict[str | bytes, torch.Tensor] = {}  # pool handle -> the decode pool, opened
 
-    def _open_pool(self, target: decode_pb2.KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
+    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def _copy(self, dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
@@ -43,14 +49,15 @@ class InPlaceSender:
         request_id: str,
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         block_ids: Sequence[int],
-        target: decode_pb2.KVTarget,
+        target: KVTarget,
+        layers_ready: None = None,
     ) -> TransferResult:
         start_s = time.perf_counter()
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
-        check_in_place_target(request_id, target)
+        _check_in_place_target(request_id, target)
         decode_pool = self._open_pool(target, kv_cache)
         await asyncio.to_thread(self._copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
-        num_bytes = num_block_bytes(kv_cache, len(block_ids))
+        num_bytes = len(block_ids) * self._spec.bytes_per_block
         await self._client.commit(request_id, target, self._layout, num_bytes)
         seconds = time.perf_counter() - start_s
         logger.debug("request %s: %d KV bytes over %s in %.4f s",
@@ -60,3 +67,41 @@ class InPlaceSender:
     async def close(self) -> None:
         self._pools.clear()
         await self._client.close()
+
+
+def _check_in_place_target(request_id: str, target: KVTarget) -> None:
+    """In-place transports write straight into decode memory: only into blocks that exist, and
+    never after the reservation's deadline, when the blocks may already belong to someone else."""
+    if any(block_id >= target.pool_num_blocks for block_id in target.block_ids):
+        raise TransferError(
+            f"request {request_id}: decode block ids outside the pool's {target.pool_num_blocks} blocks"
+        )
+    if target.deadline_unix_s is not None and time.time() >= target.deadline_unix_s:
+        raise TransferError(f"request {request_id}: the decode reservation expired before the transfer")
+
+
+def copy_blocks(
+    dst_pool: torch.Tensor, dst_block_ids: list[int], src_pool: torch.Tensor, src_block_ids: list[int]
+) -> None:
+    """dst_pool[:, :, dst_block_ids] = src_pool[:, :, src_block_ids], across devices if needed."""
+    if dst_pool.is_cuda and src_pool.device == dst_pool.device:
+        # One gather and one scatter kernel, whatever the number of blocks.
+        src_index = torch.tensor(src_block_ids, dtype=torch.long, device=src_pool.device)
+        dst_index = torch.tensor(dst_block_ids, dtype=torch.long, device=dst_pool.device)
+        dst_pool.index_copy_(2, dst_index, src_pool.index_select(2, src_index))
+        return
+    # Elsewhere torch's indexed copies along dim 2 run far below memcpy speed; a strided copy
+    # per run of consecutive blocks does not.
+    for src_start, dst_start, num_blocks in _runs(src_block_ids, dst_block_ids):
+        dst_pool[:, :, dst_start : dst_start + num_blocks].copy_(src_pool[:, :, src_start : src_start + num_blocks])
+
+
+def _runs(src_block_ids: list[int], dst_block_ids: list[int]) -> list[tuple[int, int, int]]:
+    """(src start, dst start, length) of the maximal runs where both id lists count up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for src_id, dst_id in zip(src_block_ids, dst_block_ids, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == src_id and runs[-1][1] + runs[-1][2] == dst_id:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((src_id, dst_id, 1))
+    return runs

@@ -7,15 +7,15 @@ difference is a `LayoutMismatchError` that names each differing field with both 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvtransfer.errors import LayoutMismatchError
-from pdserve.v1 import common_pb2
 
 if TYPE_CHECKING:
     from engine.kv_cache import KVCacheSpec
 
-__all__ = ["LAYOUT_VERSION", "LayoutMismatchError", "check_layout", "dtype_name", "make_layout"]
+__all__ = ["LAYOUT_VERSION", "KVLayout", "LayoutMismatchError", "check_layout", "dtype_name", "make_layout"]
 
 # Bumped whenever the pool's memory layout (see engine/kv_cache.py) changes meaning.
 LAYOUT_VERSION = 1
@@ -26,33 +26,47 @@ _COMPARED_FIELDS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The fields of `KVCacheSpec` plus the model and the layout version; `KVCacheSpec.from_layout`
+    reads it back. On the wire: `pdserve.v1.KVLayout` (see kvtransfer/wire.py)."""
+
+    model: str
+    dtype: str  # "bfloat16"
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    layout_version: int
+    fingerprint: str  # hash of the fields above
+
+
 def dtype_name(dtype: object) -> str:
     """`torch.bfloat16` -> "bfloat16", without importing torch."""
     return str(dtype).removeprefix("torch.")
 
 
-def fingerprint(layout: common_pb2.KVLayout) -> str:
-    canonical = "|".join(f"{field}={getattr(layout, field)}" for field in _COMPARED_FIELDS)
+def _fingerprint(fields: dict[str, object]) -> str:
+    canonical = "|".join(f"{field}={fields[field]}" for field in _COMPARED_FIELDS)
     return hashlib.sha256(canonical.encode()).hexdigest()[:_FINGERPRINT_HEX_CHARS]
 
 
-def make_layout(model_name: str, spec: KVCacheSpec) -> common_pb2.KVLayout:
-    layout = common_pb2.KVLayout(
-        model=model_name,
-        dtype=dtype_name(spec.dtype),
-        num_layers=spec.num_layers,
-        num_kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        block_size=spec.block_size,
-        layout_version=LAYOUT_VERSION,
-    )
-    layout.fingerprint = fingerprint(layout)
-    return layout
+def make_layout(model_name: str, spec: KVCacheSpec) -> KVLayout:
+    fields = {
+        "model": model_name,
+        "dtype": dtype_name(spec.dtype),
+        "num_layers": spec.num_layers,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "block_size": spec.block_size,
+        "layout_version": LAYOUT_VERSION,
+    }
+    return KVLayout(**fields, fingerprint=_fingerprint(fields))
 
 
 def check_layout(
-    local: common_pb2.KVLayout,
-    remote: common_pb2.KVLayout,
+    local: KVLayout,
+    remote: KVLayout,
     local_role: str = "local",
     remote_role: str = "remote",
 ) -> None:

@@ -1,5 +1,6 @@
-"""The client side of the KVTransfer service: one channel per decode endpoint, every call bounded
-by a deadline, every failure a TransferError that names the endpoint and the gRPC status."""
+"""The KVTransfer wire. Client side: one channel per decode endpoint, every call bounded by a
+deadline, every failure a TransferError that names the endpoint and the gRPC status. Service
+side: a `Refusal` is the status a decode end answers a sender with."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,18 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kvtransfer.errors import TransferError
-from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
+from kvtransfer.layout import KVLayout
+from kvtransfer.target import KVTarget
+from kvtransfer.wire import layout_to_proto
+from pdserve.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc
+
+
+class Refusal(Exception):
+    """The decode end refuses a transfer; the KVTransfer service aborts the call with `code`."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 class KVTransferClient:
@@ -23,9 +35,9 @@ class KVTransferClient:
             self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
         return kv_transfer_pb2_grpc.KVTransferStub(self._channels[endpoint])
 
-    def _timeout_s(self, request_id: str, target: decode_pb2.KVTarget) -> float:
+    def _timeout_s(self, request_id: str, target: KVTarget) -> float:
         """The configured RPC timeout, shortened to the reservation's deadline when it has one."""
-        if not target.deadline_unix_s:
+        if target.deadline_unix_s is None:
             return self._rpc_timeout_s
         remaining_s = target.deadline_unix_s - time.time()
         if remaining_s <= 0:
@@ -33,17 +45,17 @@ class KVTransferClient:
         return min(self._rpc_timeout_s, remaining_s)
 
     async def commit(
-        self, request_id: str, target: decode_pb2.KVTarget, layout: common_pb2.KVLayout, num_bytes: int
+        self, request_id: str, target: KVTarget, layout: KVLayout, num_bytes: int
     ) -> None:
         """Tells the decode replica that the blocks written in place are complete."""
-        request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout, num_bytes=num_bytes)
+        request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout_to_proto(layout), num_bytes=num_bytes)
         try:
             await self._stub(target.kv_endpoint).Commit(request, timeout=self._timeout_s(request_id, target))
         except grpc.aio.AioRpcError as error:
             raise _transfer_error("commit", request_id, target, error) from error
 
     async def push(
-        self, request_id: str, target: decode_pb2.KVTarget, chunks: AsyncIterator[kv_transfer_pb2.KVChunk]
+        self, request_id: str, target: KVTarget, chunks: AsyncIterator[kv_transfer_pb2.KVChunk]
     ) -> None:
         """Streams `chunks` to the decode replica and waits for its acknowledgement."""
         try:
@@ -58,7 +70,7 @@ class KVTransferClient:
 
 
 def _transfer_error(
-    verb: str, request_id: str, target: decode_pb2.KVTarget, error: grpc.aio.AioRpcError
+    verb: str, request_id: str, target: KVTarget, error: grpc.aio.AioRpcError
 ) -> TransferError:
     return TransferError(
         f"KV {verb} of request {request_id} to {target.kv_endpoint} failed: "

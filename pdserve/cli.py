@@ -16,9 +16,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvtransfer.names import TRANSPORT_NAMES
+
 DEFAULT_GATEWAY_GRPC_PORT = 50051
 DEFAULT_GATEWAY_HTTP_PORT = 8000
-TRANSPORTS = ("auto", "shm", "grpc", "cuda_ipc")
 
 
 class _LazyArgumentParser(argparse.ArgumentParser):
@@ -110,7 +111,7 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--decode", type=_positive_int, default=1, metavar="M",
                         help="decode replicas (default 1)")
     parser.add_argument("--redis-url", help="use this Redis instead of starting one")
-    parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
+    parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="how KV blocks move from prefill to decode (default auto)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--host", default="127.0.0.1",

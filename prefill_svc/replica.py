@@ -6,8 +6,9 @@
 2. First token: sampled with the request's seed at position len(prompt), exactly what an
    uninterrupted run would sample; the request's blocks stay held (`hold_kv`).
 3. Push: a `KVSender` copies the held blocks into the decode replica's reserved blocks and
-   returns once decode acknowledged them. Over TRANSPORT_GRPC the push starts during the forward
-   pass of the last prompt chunk, each layer leaving as soon as it is computed (`LayerFeed`).
+   returns once decode acknowledged them. With a sender that streams layers (TRANSPORT_GRPC) the
+   push starts during the forward pass of the last prompt chunk, each layer leaving as soon as
+   it is computed (`LayerFeed`).
 4. Release: the held blocks are freed, on success, failure or cancellation alike.
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from kvtransfer.base import KVSender, TransferResult
 from kvtransfer.layout import make_layout
-from kvtransfer.senders import create_sender
-from pdserve.v1 import common_pb2, decode_pb2
+from kvtransfer.target import KVTarget
+from kvtransfer.transports import create_sender
 from prefill_svc.layer_feed import LayerFeed
 
 
@@ -49,8 +50,9 @@ class PrefillReplica:
         engine = LLMEngine(config.engine, kv_layer_listener=lambda request_id, block_ids, layer:
                            loop.call_soon_threadsafe(self._on_kv_layer, request_id, block_ids, layer))
         self.engine = AsyncEngine(engine, loop)
-        self._feeds: dict[str, tuple[LayerFeed, decode_pb2.KVTarget]] = {}
+        self._feeds: dict[str, tuple[LayerFeed, KVTarget]] = {}
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
+        self.kv_spec = engine.kv_spec
         self.kv_cache = engine.kv_cache
         self.queued_tokens = 0  # prompt tokens accepted but not yet prefilled
         self._senders: dict[int, KVSender] = {}
@@ -68,14 +70,14 @@ class PrefillReplica:
         return {**await self.engine.call(lambda engine: engine.load()), "queued_tokens": self.queued_tokens}
 
     async def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
-                  target: decode_pb2.KVTarget) -> AsyncIterator[FirstToken | TransferResult]:
+                  target: KVTarget) -> AsyncIterator[FirstToken | TransferResult]:
         """Yields the first token, then the transfer result. Closing early aborts the request."""
         sender = self._sender(target.transport)
         one_token = dataclasses.replace(params, max_tokens=1, stop=(), include_stop_str_in_output=False)
         stream = self.engine.open_stream(request_id)
         feed = None
-        if target.transport == common_pb2.TRANSPORT_GRPC:
-            feed = LayerFeed(self.kv_cache.shape[0], self.config.prefill_timeout_s)
+        if sender.streams_layers:
+            feed = LayerFeed(self.kv_spec.num_layers, self.config.prefill_timeout_s)
             self._feeds[request_id] = (feed, target)
         self.queued_tokens += len(prompt_ids)
         counted = True

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kvtransfer.base import TransferResult
+from kvtransfer.wire import target_from_proto
 from pdserve.grpc_errors import grpc_errors
 from pdserve.protocol import logprobs_to_proto, params_from_proto
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
@@ -16,7 +17,7 @@ class PrefillService(prefill_pb2_grpc.PrefillServicer):
     async def Run(self, request: prefill_pb2.PrefillRequest, context):
         params = params_from_proto(request.params)
         events = self.replica.run(request.request_id, list(request.prompt_token_ids), params,
-                                  request.seed, request.target)
+                                  request.seed, target_from_proto(request.target))
         try:
             async for event in events:
                 yield _event_to_proto(event)

@@ -17,8 +17,8 @@ import time
 import torch
 
 from engine.kv_cache import KVCacheSpec
-from kvtransfer.loopback import LoopbackConfig, LoopbackDecode
-from kvtransfer.senders import create_sender
+from kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
+from kvtransfer.transports import create_sender
 from pdserve.v1 import common_pb2
 
 CUDA_IPC = common_pb2.TRANSPORT_CUDA_IPC
@@ -56,8 +56,7 @@ def main() -> int:
     num_blocks = max(1, args.mib * 2**20 // spec.bytes_per_block)
     moved_bytes = num_blocks * spec.bytes_per_block
     generator = torch.Generator().manual_seed(0)
-    src = torch.randn((spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim),
-                      generator=generator).to(device=device, dtype=spec.dtype)
+    src = torch.randn(spec.shape(num_blocks), generator=generator).to(device=device, dtype=spec.dtype)
     src_ids = torch.randperm(num_blocks, generator=generator).tolist()
     dst_ids = torch.randperm(2 * num_blocks, generator=generator)[:num_blocks].tolist()
 

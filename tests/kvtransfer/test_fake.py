@@ -7,12 +7,14 @@ import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import LayoutMismatchError, TransferError
-from kvtransfer.fake import FakeKVReceiver, FakeKVSender
 from kvtransfer.layout import make_layout
-from pdserve.v1 import decode_pb2
+from kvtransfer.target import KVTarget
+from kvtransfer.testing.fake import FakeKVReceiver, FakeKVSender
+from pdserve.v1 import common_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=4, block_size=2, dtype=torch.float32)
 LAYOUT = make_layout("m", SPEC)
+GRPC = common_pb2.TRANSPORT_GRPC
 
 
 class Reservations:
@@ -31,7 +33,7 @@ def test_fake_delivers_the_blocks_and_marks_them_landed():
     receiver = FakeKVReceiver(LAYOUT, reservations)
     sender = FakeKVSender(receiver, LAYOUT)
     kv = torch.randn(2, 2, 4, 2, 1, 4)
-    result = asyncio.run(sender.send("a", kv, [3, 1], decode_pb2.KVTarget(request_id="a", block_ids=[5, 6], layout=LAYOUT)))
+    result = asyncio.run(sender.send("a", kv, [3, 1], KVTarget(request_id="a", block_ids=(5, 6), layout=LAYOUT, transport=GRPC)))
     assert torch.equal(receiver.received["a"], kv[:, :, [3, 1]])
     assert reservations.landed == {"a": result.num_bytes} and result.num_bytes == 2 * SPEC.bytes_per_block
 
@@ -40,14 +42,14 @@ def test_fake_refuses_like_the_real_transports():
     reservations = Reservations({})
     sender = FakeKVSender(FakeKVReceiver(LAYOUT, reservations), LAYOUT)
     kv = torch.zeros(2, 2, 4, 2, 1, 4)
-    target = decode_pb2.KVTarget(request_id="a", block_ids=[0], layout=LAYOUT)
+    target = KVTarget(request_id="a", block_ids=(0,), layout=LAYOUT, transport=GRPC)
     with pytest.raises(TransferError, match="no KV reservation"):
         asyncio.run(sender.send("a", kv, [0], target))
     other = make_layout("m", KVCacheSpec(2, 1, 4, 4, torch.float32))
     with pytest.raises(LayoutMismatchError):
-        asyncio.run(sender.send("a", kv, [0], decode_pb2.KVTarget(request_id="a", block_ids=[0], layout=other)))
+        asyncio.run(sender.send("a", kv, [0], KVTarget(request_id="a", block_ids=(0,), layout=other, transport=GRPC)))
     with pytest.raises(TransferError, match="1 prefill blocks for 2"):
-        asyncio.run(sender.send("a", kv, [0], decode_pb2.KVTarget(request_id="a", block_ids=[0, 1], layout=LAYOUT)))
+        asyncio.run(sender.send("a", kv, [0], KVTarget(request_id="a", block_ids=(0, 1), layout=LAYOUT, transport=GRPC)))
     sender.fail_with = TransferError("injected")
     reservations.table["a"] = [0]
     with pytest.raises(TransferError, match="injected"):

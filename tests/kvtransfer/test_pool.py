@@ -7,7 +7,9 @@ import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import TransferError, TransportUnavailableError
-from kvtransfer.pool import SHM_DIR, copy_blocks, create_kv_pool, map_shared_pool
+from kvtransfer.in_place import copy_blocks
+from kvtransfer.shm import SHM_DIR, map_shared_pool
+from kvtransfer.transports import create_kv_pool, target_fields
 from pdserve.v1 import common_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype=torch.bfloat16)
@@ -18,12 +20,13 @@ def test_shared_pool_is_visible_through_a_second_mapping_until_unlinked():
     try:
         assert pool.tensor.shape == (2, 2, 6, 4, 2, 4) and pool.tensor.dtype == torch.bfloat16
         assert not pool.tensor.any()
-        view = map_shared_pool(pool.shm_name, tuple(pool.tensor.shape), SPEC.dtype)
+        fields = target_fields(pool, common_pb2.TRANSPORT_SHM)
+        name = fields["shm_name"]
+        assert name.startswith("pdserve_kv_") and fields == {"shm_name": name, "pool_num_blocks": 6}
+        view = map_shared_pool(name, SPEC, 6)
         view[1, 0, 5] = 2.0
         assert torch.all(pool.tensor[1, 0, 5] == 2.0)
-        assert pool.target_fields(common_pb2.TRANSPORT_SHM) == {"shm_name": pool.shm_name, "pool_num_blocks": 6}
     finally:
-        name = pool.shm_name
         pool.close()
     assert not os.path.exists(os.path.join(SHM_DIR, name))
     assert torch.all(pool.tensor[1, 0, 5] == 2.0)  # the owner's tensor outlives the name
@@ -32,24 +35,23 @@ def test_shared_pool_is_visible_through_a_second_mapping_until_unlinked():
 
 def test_mapping_a_missing_or_short_segment_fails_and_creates_nothing():
     with pytest.raises(TransferError, match="cannot open"):
-        map_shared_pool("pdserve_kv_missing", (2, 2, 6, 4, 2, 4), SPEC.dtype)
+        map_shared_pool("pdserve_kv_missing", SPEC, 6)
     assert not os.path.exists(os.path.join(SHM_DIR, "pdserve_kv_missing"))
     pool = create_kv_pool(SPEC, num_blocks=2, device="cpu", shared=True)
     try:
         with pytest.raises(TransferError, match="needs"):
-            map_shared_pool(pool.shm_name, (2, 2, 6, 4, 2, 4), SPEC.dtype)
+            map_shared_pool(target_fields(pool, common_pb2.TRANSPORT_SHM)["shm_name"], SPEC, 6)
     finally:
         pool.close()
 
 
 def test_private_pool_offers_no_shared_memory_or_cuda_ipc():
     pool = create_kv_pool(SPEC, num_blocks=2, device="cpu", shared=False)
-    assert pool.shm_name is None
-    assert pool.target_fields(common_pb2.TRANSPORT_GRPC) == {"pool_num_blocks": 2}
+    assert target_fields(pool, common_pb2.TRANSPORT_GRPC) == {"pool_num_blocks": 2}
     with pytest.raises(TransportUnavailableError, match="not shared"):
-        pool.target_fields(common_pb2.TRANSPORT_SHM)
+        target_fields(pool, common_pb2.TRANSPORT_SHM)
     with pytest.raises(TransportUnavailableError, match="CUDA"):
-        pool.target_fields(common_pb2.TRANSPORT_CUDA_IPC)
+        target_fields(pool, common_pb2.TRANSPORT_CUDA_IPC)
 
 
 def test_copy_blocks_moves_whole_blocks_in_order_and_nothing_else():

@@ -15,9 +15,10 @@ from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
 from kvtransfer.grpc_stream import GrpcSender
 from kvtransfer.layout import make_layout
-from kvtransfer.loopback import LoopbackConfig, LoopbackDecode
-from kvtransfer.pool import SHM_DIR, map_shared_pool
-from kvtransfer.senders import create_sender
+from kvtransfer.shm import SHM_DIR, map_shared_pool
+from kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
+from kvtransfer.transports import create_sender
+from kvtransfer.wire import layout_to_proto
 from pdserve.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 MODEL = "tiny-llama"
@@ -40,8 +41,7 @@ def decode(request):
 def prefill_pool(decode: LoopbackDecode, seed: int) -> torch.Tensor:
     spec = decode.config.spec
     generator = torch.Generator().manual_seed(seed)
-    shape = (spec.num_layers, 2, NUM_PREFILL_BLOCKS, spec.block_size, spec.num_kv_heads, spec.head_dim)
-    return torch.randn(shape, generator=generator).to(spec.dtype)
+    return torch.randn(spec.shape(NUM_PREFILL_BLOCKS), generator=generator).to(spec.dtype)
 
 
 def fresh_id(decode: LoopbackDecode, name: str) -> str:
@@ -114,7 +114,7 @@ def chunk(decode, request_id, layer, block_ids, fill, layout=None, last=False):
     blocks = torch.full((len(block_ids), spec.block_size, spec.num_kv_heads, spec.head_dim), fill, dtype=spec.dtype)
     data = blocks.view(torch.uint8).numpy().tobytes()
     return kv_transfer_pb2.KVChunk(
-        request_id=request_id, layout=layout, layer=layer, block_ids=block_ids, key=data, value=data, last=last
+        request_id=request_id, layout=layout and layout_to_proto(layout), layer=layer, block_ids=block_ids, key=data, value=data, last=last
     )
 
 
@@ -133,7 +133,8 @@ async def commit(endpoint, request_id, layout, num_bytes):
     async with grpc.aio.insecure_channel(endpoint) as channel:
         stub = kv_transfer_pb2_grpc.KVTransferStub(channel)
         try:
-            await stub.Commit(kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout, num_bytes=num_bytes), timeout=20.0)
+            request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout_to_proto(layout), num_bytes=num_bytes)
+            await stub.Commit(request, timeout=20.0)
         except grpc.aio.AioRpcError as error:
             return error.code(), error.details()
         return grpc.StatusCode.OK, ""
@@ -265,7 +266,7 @@ def test_the_decode_replica_unlinks_its_pool_and_prefill_views_stay_valid():
     config = LoopbackConfig(spec_of(torch.float32), 4, "cpu", MODEL, call_timeout_s=20.0)
     with LoopbackDecode(config) as decode:
         target = decode.reserve("r", [0], SHM)
-        view = map_shared_pool(target.shm_name, tuple(decode.pool().shape), torch.float32)
+        view = map_shared_pool(target.shm_name, config.spec, config.num_blocks)
         view[0, 0, 0] = 1.5
         assert torch.all(decode.pool()[0, 0, 0] == 1.5)
         assert os.path.exists(os.path.join(SHM_DIR, target.shm_name))

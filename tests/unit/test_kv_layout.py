@@ -1,12 +1,13 @@
 """The layout handshake as a specification: a fingerprint names exactly the fields that make KV
 blocks byte-compatible, and any difference is refused with every differing field named."""
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
+from engine.kv_cache import KVCacheMismatchError, KVCacheSpec
 from kvtransfer.layout import LAYOUT_VERSION, LayoutMismatchError, check_layout, make_layout
 
 SPEC = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
@@ -65,13 +66,29 @@ def test_mismatch_names_every_differing_field():
 
 def test_a_missing_or_forged_fingerprint_is_refused():
     local = make_layout("tiny-llama", SPEC)
-    forged = make_layout("tiny-llama", SPEC)
-    forged.fingerprint = "0" * 16
+    forged = dataclasses.replace(make_layout("tiny-llama", SPEC), fingerprint="0" * 16)
     with pytest.raises(LayoutMismatchError, match="fingerprint"):
         check_layout(local, forged)
 
 
-def test_layout_and_transport_choice_import_neither_torch_nor_grpc():
-    code = "import sys, kvtransfer.layout, kvtransfer.choice; print('torch' in sys.modules, 'grpc' in sys.modules)"
+def test_layout_target_and_transport_choice_import_neither_torch_nor_grpc():
+    code = "import sys, kvtransfer.layout, kvtransfer.target, kvtransfer.choice; print('torch' in sys.modules, 'grpc' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_spec_is_the_one_source_of_pool_geometry():
+    assert SPEC.shape(3) == (4, 2, 3, 16, 2, 64)
+    assert SPEC.block_shape == (16, 2, 64)
+    assert SPEC.bytes_per_layer_block == 2 * 16 * 2 * 64 * 2  # K and V, bf16
+    assert SPEC.bytes_per_block == 4 * SPEC.bytes_per_layer_block
+    pool = SPEC.allocate(3, torch.device("cpu"))
+    assert pool.numel() * pool.element_size() == 3 * SPEC.bytes_per_block
+    assert KVCacheSpec.from_layout(make_layout("tiny-llama", SPEC)) == SPEC
+
+
+def test_spec_refuses_a_pool_of_another_geometry():
+    SPEC.check(SPEC.allocate(5, torch.device("cpu")))
+    for wrong in (torch.zeros(4, 2, 5, 16, 2, 32, dtype=torch.bfloat16), torch.zeros(4, 2, 5, 16, 2, 64)):
+        with pytest.raises(KVCacheMismatchError, match=r"does not match its spec \[4, 2, num_blocks, 16, 2, 64\]"):
+            SPEC.check(wrong)

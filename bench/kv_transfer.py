@@ -1,9 +1,9 @@
 """Bandwidth of the KV transports next to a plain torch copy of the same bytes.
 
-A decode replica runs in its own process (kvtransfer/loopback.py); this process sends a
+A decode replica runs in its own process (kvtransfer/testing/loopback.py); this process sends a
 prompt's worth of scattered blocks with each transport and times `send` end to end, commit or
 acknowledgement included. Not a test: on a shared machine absolute numbers are noise, the
-ratios measured side by side are the result. `python -m kvtransfer.bench --mib 64`.
+ratios measured side by side are the result. `python -m bench.kv_transfer --mib 64`.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.choice import transport_name
-from kvtransfer.loopback import LoopbackConfig, LoopbackDecode
-from kvtransfer.pool import copy_blocks
-from kvtransfer.senders import create_sender
+from kvtransfer.in_place import copy_blocks
+from kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
+from kvtransfer.transports import create_sender
 from pdserve.v1 import common_pb2
 
 

@@ -4,7 +4,7 @@ The child process owns a KV pool (shared CPU memory, or CUDA), serves `KVTransfe
 real `KVReceiver` on a loopback port, and keeps a plain reservation table. The parent drives
 it through a pipe, each call with a deadline:
 
-    reserve(request id, block ids, transport) -> KVTarget, as Decode.Reserve would return it
+    reserve(request id, block ids, transport) -> KVTarget, as a decode replica would return it
     release(request id)   the reservation ends (as when it expires)
     landed()              request id -> bytes, for the requests whose KV has landed
     pool()                a copy of the child's whole pool, read by the child itself
@@ -23,9 +23,10 @@ import torch
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import TransportUnavailableError
 from kvtransfer.layout import make_layout
-from kvtransfer.pool import create_kv_pool, pool_shape
 from kvtransfer.receiver import KVReceiver
-from pdserve.v1 import common_pb2, decode_pb2, kv_transfer_pb2_grpc
+from kvtransfer.target import KVTarget
+from kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.v1 import kv_transfer_pb2_grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,19 +48,18 @@ class LoopbackDecode:
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_serve, args=(child_conn, config), daemon=True)
         self.endpoint = ""
-        self.layout = common_pb2.KVLayout()
+        self.layout = make_layout(config.model_name, config.spec)
 
     def __enter__(self) -> LoopbackDecode:
         self._process.start()
-        self.endpoint, layout_bytes = self._receive(self.config.call_timeout_s * 2)
-        self.layout = common_pb2.KVLayout.FromString(layout_bytes)
+        self.endpoint = self._receive(self.config.call_timeout_s * 2)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def reserve(self, request_id: str, block_ids: list[int], transport: int, ttl_s: float = 60.0) -> decode_pb2.KVTarget:
-        return decode_pb2.KVTarget.FromString(self._call("reserve", request_id, block_ids, transport, ttl_s))
+    def reserve(self, request_id: str, block_ids: list[int], transport: int, ttl_s: float = 60.0) -> KVTarget:
+        return self._call("reserve", request_id, block_ids, transport, ttl_s)
 
     def release(self, request_id: str) -> None:
         self._call("release", request_id)
@@ -71,7 +71,7 @@ class LoopbackDecode:
         """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], a copy."""
         data = self._call("dump")
         tensor = torch.frombuffer(bytearray(data), dtype=self.config.spec.dtype)
-        return tensor.view(pool_shape(self.config.spec, self.config.num_blocks))
+        return tensor.view(self.config.spec.shape(self.config.num_blocks))
 
     def stop(self) -> None:
         if self._process.is_alive():
@@ -146,7 +146,7 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
     port = server.add_insecure_port(f"{config.host}:0")
     await server.start()
     endpoint = f"{config.host}:{port}"
-    conn.send(("ok", (endpoint, layout.SerializeToString())))
+    conn.send(("ok", endpoint))
     try:
         while True:
             try:
@@ -159,17 +159,16 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
             if command == "reserve":
                 request_id, block_ids, transport, ttl_s = args
                 try:
-                    fields = pool.target_fields(transport)
+                    fields = target_fields(pool, transport)
                 except TransportUnavailableError as error:
                     conn.send(("unavailable", str(error)))
                     continue
                 table.reserve(request_id, block_ids)
-                target = decode_pb2.KVTarget(
-                    request_id=request_id, decode_replica="loopback", kv_endpoint=endpoint,
-                    block_ids=block_ids, layout=layout, transport=transport,
-                    deadline_unix_s=time.time() + ttl_s, **fields,
+                target = KVTarget(
+                    request_id=request_id, block_ids=tuple(block_ids), layout=layout, transport=transport,
+                    decode_replica="loopback", kv_endpoint=endpoint, deadline_unix_s=time.time() + ttl_s, **fields,
                 )
-                conn.send(("ok", target.SerializeToString()))
+                conn.send(("ok", target))
             elif command == "release":
                 table.release(*args)
                 conn.send(("ok", None))

@@ -11,21 +11,23 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtransfer.base import TransferResult, num_block_bytes, validate_send
+from engine.kv_cache import KVCacheSpec
+from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.errors import TransferError
-from kvtransfer.layout import check_layout
+from kvtransfer.layout import KVLayout, check_layout
 from kvtransfer.receiver import ReservationView
-from pdserve.v1 import common_pb2, decode_pb2
+from kvtransfer.target import KVTarget
+from pdserve.v1 import common_pb2
 
 
 class FakeKVReceiver:
-    def __init__(self, local_layout: common_pb2.KVLayout, reservations: ReservationView):
+    def __init__(self, local_layout: KVLayout, reservations: ReservationView):
         self._layout = local_layout
         self._reservations = reservations
         # request id -> its KV, [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self.received: dict[str, torch.Tensor] = {}
 
-    def accept(self, request_id: str, layout: common_pb2.KVLayout, blocks: torch.Tensor) -> None:
+    def accept(self, request_id: str, layout: KVLayout, blocks: torch.Tensor) -> None:
         check_layout(self._layout, layout, "decode", "prefill")
         reserved = self._reservations.block_ids(request_id)
         if reserved is None:
@@ -37,15 +39,17 @@ class FakeKVReceiver:
 
 
 class FakeKVSender:
+    streams_layers = False
+
     def __init__(
         self,
         receiver: FakeKVReceiver,
-        local_layout: common_pb2.KVLayout,
+        local_layout: KVLayout,
         transport: int = common_pb2.TRANSPORT_GRPC,
     ):
         self._receiver = receiver
         self._layout = local_layout
-        self._transport = transport
+        self.transport = transport
         self.fail_with: Exception | None = None
 
     async def send(
@@ -53,7 +57,8 @@ class FakeKVSender:
         request_id: str,
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         block_ids: Sequence[int],
-        target: decode_pb2.KVTarget,
+        target: KVTarget,
+        layers_ready: None = None,
     ) -> TransferResult:
         start_s = time.perf_counter()
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
@@ -62,9 +67,9 @@ class FakeKVSender:
         index = torch.tensor(list(block_ids), dtype=torch.long, device=kv_cache.device)
         self._receiver.accept(request_id, self._layout, kv_cache.index_select(2, index).cpu())
         return TransferResult(
-            num_bytes=num_block_bytes(kv_cache, len(block_ids)),
+            num_bytes=len(block_ids) * KVCacheSpec.from_layout(self._layout).bytes_per_block,
             seconds=time.perf_counter() - start_s,
-            transport=self._transport,
+            transport=self.transport,
         )
 
     async def close(self) -> None:
