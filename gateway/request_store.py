@@ -20,7 +20,7 @@ import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from engine.errors import InvalidConfigError, InvalidRequestError, PdserveError
+from engine.errors import InvalidConfigError, InvalidRequestError, NotFoundError, PdserveError
 from gateway.request_state import IllegalTransitionError, RequestState, transition
 
 # Retries of one WATCH transaction when another writer changed the request in between; each
@@ -39,7 +39,7 @@ _FIELD_TYPES: dict[str, type] = {
 }
 
 
-class RequestNotFoundError(PdserveError, LookupError):
+class RequestNotFoundError(NotFoundError):
     """No record for this request id (never created, or expired after it ended)."""
 
 
