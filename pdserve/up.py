@@ -36,7 +36,7 @@ import grpc
 
 from engine.errors import PdserveError
 from pdserve.health_probe import probe_grpc, probe_http
-from pdserve.model_cache import cache_root, ensure_tiny_model
+from engine.tiny_model_cache import cache_root, ensure_tiny_model
 from pdserve.redis_process import RedisStartError, start_redis
 
 LOOPBACK = "127.0.0.1"
