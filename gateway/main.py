@@ -8,18 +8,18 @@ import logging
 
 from aiohttp import web
 
+from cluster.grpc_server import GrpcServer
+from cluster.redis_client import connect_redis
+from cluster.registry import LiveReplicas
+from cluster.service_args import configure_logging
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
 from gateway.frontend import FrontendConfig, GatewayFrontend
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
-from gateway.redis_client import connect_redis
-from gateway.registry import LiveReplicas
 from gateway.request_store import RequestStore
 from gateway.service import GatewayService
 from gateway.tokenization import PromptBuilder
-from pdserve.serving import GrpcServer
-from pdserve.service_args import configure_logging
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from engine.errors import PdserveError
 
 if TYPE_CHECKING:
-    from gateway.registry import ReplicaInfo
+    from cluster.registry import ReplicaInfo
 
 
 class NoReplicaError(PdserveError, LookupError):

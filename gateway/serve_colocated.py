@@ -8,13 +8,13 @@ import signal
 
 from aiohttp import web
 
+from cluster.service_args import add_engine_arguments, configure_logging, engine_config_from
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from gateway.colocated import ColocatedFrontend
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
 from gateway.tokenization import PromptBuilder
-from pdserve.service_args import add_engine_arguments, configure_logging, engine_config_from
 
 logger = logging.getLogger(__name__)
 

@@ -190,7 +190,7 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_healthcheck(args: argparse.Namespace) -> int:
-    from pdserve.health_probe import probe
+    from cluster.health_probe import probe
 
     result = probe(args.target, args.timeout_s)
     print(f"{args.target}: {result.detail}")

@@ -3,15 +3,15 @@ replica's status passes through; anything else is INTERNAL (no status of its own
 import grpc
 import pytest
 
+from cluster.grpc_errors import status_for
+from decode_svc.reservations import ReservationError
 from engine.async_engine import EngineDeadError, RequestAbortedError
 from engine.block_allocator import OutOfBlocksError
 from engine.errors import InvalidConfigError, InvalidRequestError, PdserveError, PreconditionError
-from decode_svc.reservations import ReservationError
 from gateway.frontend import BackendError
 from gateway.frontend_types import UnavailableError
 from gateway.request_store import RequestExistsError, RequestNotFoundError
 from kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
-from pdserve.grpc_errors import status_for
 
 Code = grpc.StatusCode
 
