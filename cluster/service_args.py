@@ -36,6 +36,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO")
 
 
+def add_served_model_name_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
+
+
+def served_model_name(args: argparse.Namespace) -> str:
+    """The model id clients name in requests: --served-model-name, else the --model folder's name."""
+    return args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
+
+
 def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConfig:
     from engine.engine_config import EngineConfig
 
