@@ -35,6 +35,7 @@ from typing import TextIO
 import grpc
 
 from cluster.health_probe import probe_grpc, probe_http
+from cluster.ports import free_port
 from engine.errors import PdserveError
 from engine.tiny_model_cache import cache_root, ensure_tiny_model
 from pdserve.redis_process import RedisStartError, start_redis
