@@ -260,7 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from(args: argparse.Namespace) -> CompareConfig:
     from bench.errors import BenchConfigError
-    from pdserve.model_cache import cache_root, ensure_tiny_model
+    from engine.tiny_model_cache import cache_root, ensure_tiny_model
 
     systems = tuple(name.strip() for name in args.systems.split(",") if name.strip())
     unknown = [name for name in systems if name not in SYSTEMS]

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from engine import LLM, SamplingParams
-from pdserve.tiny_model import write_tiny_model
+from engine.tiny_model import write_tiny_model
 
 
 @dataclass(frozen=True, slots=True)

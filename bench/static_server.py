@@ -41,6 +41,7 @@ import torch
 from aiohttp import web
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from cluster.service_args import add_served_model_name_argument, served_model_name
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
 from gateway.frontend_types import GenerateInput, StreamChunk
@@ -231,7 +232,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long a batch short of --max-batch-size waits for more requests "
                              f"(default {DEFAULT_BATCH_WAIT_MS:g})")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
+    add_served_model_name_argument(parser)
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -265,7 +266,7 @@ def create_static_app(model, tokenizer, model_dir: str, model_name: str, max_bat
 
 
 async def serve(args: argparse.Namespace) -> None:
-    model_name = args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
+    model_name = served_model_name(args)
     app = create_static_app(load_model(args.model, args.dtype), AutoTokenizer.from_pretrained(args.model),
                             args.model, model_name, args.max_batch_size, args.batch_wait_ms / 1000)
     runner = web.AppRunner(app, handle_signals=False)

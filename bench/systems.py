@@ -27,9 +27,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.health_probe import probe_http
+from cluster.ports import free_port
 from engine.errors import PdserveError
-from pdserve.health_probe import probe_http
-from pdserve.up import free_port
 
 LOOPBACK = "127.0.0.1"
 SYSTEMS = ("static", "colocated", "disaggregated", "vllm")

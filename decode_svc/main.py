@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from cluster.replica_server import serve_replica
+from cluster.service_args import add_replica_arguments, configure_logging, engine_config_from
 from decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from decode_svc.service import DecodeService
 from kvtransfer.receiver import KVReceiver
-from pdserve.replica_server import serve_replica
-from pdserve.service_args import add_replica_arguments, configure_logging, engine_config_from
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 SERVICE_NAMES = [

@@ -1,10 +1,10 @@
 """gRPC edge of a decode replica: protobuf in, domain calls, protobuf out."""
 from __future__ import annotations
 
+from cluster.grpc_errors import grpc_errors
+from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from decode_svc.replica import DecodeReplica
 from kvtransfer.wire import target_to_proto
-from pdserve.grpc_errors import grpc_errors
-from pdserve.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
 

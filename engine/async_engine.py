@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from engine.errors import AbortedError, UnavailableError
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 
@@ -25,11 +26,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(UnavailableError, RuntimeError):
     """The engine thread stopped after an unexpected error; the replica must be restarted."""
 
 
-class RequestAbortedError(RuntimeError):
+class RequestAbortedError(AbortedError, RuntimeError):
     """Put on a request's stream when it is aborted while someone reads it."""
 
 

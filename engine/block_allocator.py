@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.errors import PdserveError
+from engine.errors import ResourceExhaustedError
 
 
-class OutOfBlocksError(PdserveError):
+class OutOfBlocksError(ResourceExhaustedError):
     """The pool has fewer free blocks than the allocation needs."""
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import grpc
 
-from pdserve.serving import MAX_MESSAGE_BYTES
+from cluster.grpc_server import MAX_MESSAGE_BYTES
 
 
 class ChannelPool:

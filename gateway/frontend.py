@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from cluster.protocol import logprobs_from_proto, params_to_proto
+from cluster.registry import LiveReplicas
 from engine.errors import InvalidRequestError, PdserveError
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -29,14 +31,12 @@ from engine.request import Request
 from gateway.channels import ChannelPool
 from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
 from gateway.metrics import GatewayMetrics
-from gateway.registry import LiveReplicas
 from gateway.request_state import RequestState
 from gateway.request_store import RequestStore
 from gateway.router import NoReplicaError, Router
 from gateway.tokenization import PromptBuilder
 from kvtransfer.choice import choose_transport, transport_name
 from kvtransfer.errors import TransportUnavailableError
-from pdserve.protocol import logprobs_from_proto, params_to_proto
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 
 logger = logging.getLogger(__name__)

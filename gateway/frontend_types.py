@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.errors import PdserveError
+from engine import errors
 from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 
-class UnavailableError(PdserveError):
+class UnavailableError(errors.UnavailableError):
     """The request cannot be served now (no live replica, a backend is down): retry later.
 
     Fronts report it as HTTP 503 / gRPC UNAVAILABLE. More specific gateway errors (such as the

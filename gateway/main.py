@@ -8,20 +8,20 @@ import logging
 
 from aiohttp import web
 
+from cluster.grpc_server import GrpcServer
+from cluster.redis_client import connect_redis
+from cluster.registry import LiveReplicas
+from cluster.service_args import add_served_model_name_argument, configure_logging, served_model_name
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
 from gateway.frontend import FrontendConfig, GatewayFrontend
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
-from gateway.redis_client import connect_redis
-from gateway.registry import LiveReplicas
 from gateway.request_store import RequestStore
 from gateway.service import GatewayService
 from gateway.tokenization import PromptBuilder
 from kvtransfer.choice import transport_from_name
 from kvtransfer.names import TRANSPORT_NAMES
-from pdserve.serving import GrpcServer
-from pdserve.service_args import configure_logging
 from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ REDIS_TIMEOUT_S = 5.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (tokenizer, chat template, config)")
-    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
+    add_served_model_name_argument(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--grpc-port", type=int, default=50051)
     parser.add_argument("--http-port", type=int, default=8000)
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 async def serve(args: argparse.Namespace) -> None:
     model_config = ModelConfig.from_dir(args.model)
     tokenizer = load_tokenizer(args.model)
-    model_name = args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
+    model_name = served_model_name(args)
     redis = connect_redis(args.redis_url, timeout_s=REDIS_TIMEOUT_S)
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)

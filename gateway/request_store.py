@@ -8,7 +8,7 @@ A transition reads the stored state, checks the move with `transition()` and wri
 state, its history entry and any fields in one MULTI under WATCH, so of two writers racing from
 the same state only one wins and the other sees the winner's state. Entering a terminal state
 gives both keys a TTL of `ttl_s`; records of live requests have none. Each Redis call is bounded
-by the socket timeouts of the client (see gateway.redis_client).
+by the socket timeouts of the client (see cluster.redis_client).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from engine.errors import InvalidConfigError, InvalidRequestError, PdserveError
+from engine.errors import InvalidConfigError, InvalidRequestError, NotFoundError, PdserveError
 from gateway.request_state import IllegalTransitionError, RequestState, transition
 
 # Retries of one WATCH transaction when another writer changed the request in between; each
@@ -39,7 +39,7 @@ _FIELD_TYPES: dict[str, type] = {
 }
 
 
-class RequestNotFoundError(PdserveError, LookupError):
+class RequestNotFoundError(NotFoundError):
     """No record for this request id (never created, or expired after it ended)."""
 
 
@@ -69,7 +69,7 @@ class RequestRecord:
 
 class RequestStore:
     def __init__(self, client: redis.Redis, *, ttl_s: float = 3600.0):
-        """`client` must decode replies (gateway.redis_client.connect_redis makes one)."""
+        """`client` must decode replies (cluster.redis_client.connect_redis makes one)."""
         if ttl_s <= 0:
             raise InvalidConfigError(f"ttl_s must be positive, got {ttl_s}")
         self._redis = client

@@ -24,7 +24,7 @@ from engine.block_allocator import num_blocks_for
 from engine.errors import PdserveError
 
 if TYPE_CHECKING:
-    from gateway.registry import ReplicaInfo
+    from cluster.registry import ReplicaInfo
 
 
 class NoReplicaError(PdserveError, LookupError):

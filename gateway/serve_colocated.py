@@ -8,20 +8,26 @@ import signal
 
 from aiohttp import web
 
+from cluster.service_args import (
+    add_engine_arguments,
+    add_served_model_name_argument,
+    configure_logging,
+    engine_config_from,
+    served_model_name,
+)
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from gateway.colocated import ColocatedFrontend
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics
 from gateway.tokenization import PromptBuilder
-from pdserve.service_args import add_engine_arguments, configure_logging, engine_config_from
 
 logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
-    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
+    add_served_model_name_argument(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
 
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 async def serve(args: argparse.Namespace) -> None:
     engine = LLMEngine(engine_config_from(args, detokenize=True))
     async_engine = AsyncEngine(engine, asyncio.get_running_loop())
-    model_name = args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
+    model_name = served_model_name(args)
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(engine.tokenizer, args.model, engine.model_config.vocab_size, engine.max_model_len)
     frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)

@@ -1,12 +1,12 @@
 """gRPC edge of the gateway: the public `pdserve.v1.Gateway` service."""
 from __future__ import annotations
 
+from cluster.grpc_errors import grpc_errors
+from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from engine.errors import InvalidRequestError
 from gateway.frontend import GatewayFrontend
 from gateway.frontend_types import GenerateInput
 from gateway.request_store import RequestNotFoundError
-from pdserve.grpc_errors import grpc_errors
-from pdserve.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 

@@ -2,16 +2,16 @@
 
 Torch-free and grpc-free, so that pure policy (transport choice) can raise them too.
 """
-from engine.errors import PdserveError
+from engine.errors import PreconditionError, UnavailableError
 
 
-class LayoutMismatchError(PdserveError, ValueError):
+class LayoutMismatchError(PreconditionError, ValueError):
     """Two sides disagree on the KV layout; writing would silently corrupt the decode pool."""
 
 
-class TransferError(PdserveError, RuntimeError):
+class TransferError(UnavailableError, RuntimeError):
     """A KV transfer did not complete: the decode side refused it, was unreachable or timed out."""
 
 
-class TransportUnavailableError(PdserveError, RuntimeError):
+class TransportUnavailableError(PreconditionError, RuntimeError):
     """The requested transport cannot work between these two replicas; there is no fallback."""

@@ -40,7 +40,7 @@ class _LazyArgumentParser(argparse.ArgumentParser):
 
 
 def run_make_tiny_model(args: argparse.Namespace) -> int:
-    from pdserve.tiny_model import TinyModelSpec, write_tiny_model_spec
+    from engine.tiny_model import TinyModelSpec, write_tiny_model_spec
 
     given = {field.name: getattr(args, field.name)
              for field in dataclasses.fields(TinyModelSpec) if hasattr(args, field.name)}
@@ -58,7 +58,7 @@ def add_make_tiny_model(subparsers: argparse._SubParsersAction) -> None:
         help="write a small random Hugging Face model folder (config, weights, tokenizer)",
         description="Writes a randomly initialised causal LM with a byte-level BPE tokenizer "
                     "trained offline. The same flags give byte-identical weights. Flags left "
-                    "out take the defaults of pdserve.tiny_model.TinyModelSpec.",
+                    "out take the defaults of engine.tiny_model.TinyModelSpec.",
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("out_dir", type=Path, metavar="DIR",
@@ -191,7 +191,7 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_healthcheck(args: argparse.Namespace) -> int:
-    from pdserve.health_probe import probe
+    from cluster.health_probe import probe
 
     result = probe(args.target, args.timeout_s)
     print(f"{args.target}: {result.detail}")

@@ -34,9 +34,10 @@ from typing import TextIO
 
 import grpc
 
+from cluster.health_probe import probe_grpc, probe_http
+from cluster.ports import free_port
 from engine.errors import PdserveError
-from pdserve.health_probe import probe_grpc, probe_http
-from pdserve.model_cache import cache_root, ensure_tiny_model
+from engine.tiny_model_cache import cache_root, ensure_tiny_model
 from pdserve.redis_process import RedisStartError, start_redis
 
 LOOPBACK = "127.0.0.1"
@@ -287,13 +288,6 @@ def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis_url: 
         f"  pdserve generate \"hello\" --gateway {grpc_target}\n"
         f"  curl -s {http_base}/v1/completions -H 'Content-Type: application/json' -d '{body}'\n"
         f"Ctrl-C stops everything.\n")
-
-
-def free_port(host: str) -> int:
-    """A port nothing listens on right now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def _check_port_free(host: str, port: int, flag: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from pdserve.replica_server import serve_replica
-from pdserve.service_args import add_replica_arguments, configure_logging, engine_config_from
+from cluster.replica_server import serve_replica
+from cluster.service_args import add_replica_arguments, configure_logging, engine_config_from
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
 from prefill_svc.service import PrefillService

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from bench.datasets import make_dataset
+from cluster.health_probe import probe_http
 from pdserve.cli import main as pdserve_main
-from pdserve.health_probe import probe_http
 
 START_TIMEOUT_S = 120.0
 BENCH_TIMEOUT_S = 120.0

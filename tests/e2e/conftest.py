@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from pdserve.health_probe import probe
+from cluster.health_probe import probe
 from pdserve.redis_process import start_redis
 
 START_TIMEOUT_S = 180.0

@@ -12,9 +12,9 @@ import time
 import pytest
 import redis
 
+from cluster.redis_client import connect_redis
+from cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat, ReplicaInfo, default_host_id
 from engine.errors import InvalidConfigError
-from gateway.redis_client import connect_redis
-from gateway.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat, ReplicaInfo, default_host_id
 
 TTL_S = 1.0
 INTERVAL_S = 0.2
@@ -121,7 +121,7 @@ def test_a_beating_replica_outlives_its_ttl_and_a_cancelled_one_leaves_within_it
 
 REPLICA_PROCESS = """
 import asyncio, sys
-from gateway.registry import ReplicaHeartbeat
+from cluster.registry import ReplicaHeartbeat
 
 async def main():
     ttl_s, interval_s = float(sys.argv[2]), float(sys.argv[3])
@@ -217,7 +217,7 @@ def test_bad_heartbeat_settings_are_refused(kind, replica_id, ttl_s, interval_s)
 def test_default_host_id_names_this_machine_the_same_way_in_every_process():
     """Even under another hostname, as containers on one machine have: the kernel is what they share."""
     script = "import socket; socket.gethostname = lambda: 'other-container'; " \
-             "from gateway.registry import default_host_id; print(default_host_id())"
+             "from cluster.registry import default_host_id; print(default_host_id())"
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert child.stdout.strip() == default_host_id()
     assert default_host_id() != "other-container"

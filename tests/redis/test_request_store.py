@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from gateway.redis_client import connect_redis
+from cluster.redis_client import connect_redis
 from gateway.request_state import IllegalTransitionError, RequestState
 from gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
 

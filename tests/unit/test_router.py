@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
+from cluster.registry import ReplicaInfo
 from engine.errors import PdserveError
-from gateway.registry import ReplicaInfo
 from gateway.router import NoReplicaError, Router, pick_decode, pick_prefill
 
 

@@ -14,9 +14,9 @@ from typing import Protocol
 
 import grpc
 
-from gateway.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
-from pdserve.serving import GrpcServer
-from pdserve.service_args import replica_id_from
+from cluster.grpc_server import GrpcServer
+from cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
+from cluster.service_args import replica_id_from
 
 logger = logging.getLogger(__name__)
 LOAD_REPORT_INTERVAL_S = 0.5

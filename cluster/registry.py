@@ -31,8 +31,8 @@ from typing import Literal
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
+from cluster.redis_client import connect_redis
 from engine.errors import InvalidConfigError
-from gateway.redis_client import connect_redis
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class LiveReplicas:
     """The gateway's side: reads the replicas whose heartbeat keys have not expired."""
 
     def __init__(self, client: redis.Redis):
-        """`client` must decode replies (gateway.redis_client.connect_redis makes one)."""
+        """`client` must decode replies (cluster.redis_client.connect_redis makes one)."""
         self._redis = client
 
     async def list(self, kind: ReplicaKind) -> list[ReplicaInfo]:

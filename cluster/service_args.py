@@ -1,11 +1,17 @@
-"""Command-line flags shared by the engine-running commands (prefill, decode, serve)."""
+"""Command-line flags and set-up shared by the service commands (gateway, prefill, decode, serve).
+
+Importing this module loads no torch: the gateway uses it too, and only the engine-running
+commands pay for the engine's configuration, when they build it.
+"""
 from __future__ import annotations
 
 import argparse
 import logging
 import uuid
+from typing import TYPE_CHECKING
 
-from engine.engine_config import EngineConfig
+if TYPE_CHECKING:
+    from engine.engine_config import EngineConfig
 
 
 def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -30,7 +36,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO")
 
 
+def add_served_model_name_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
+
+
+def served_model_name(args: argparse.Namespace) -> str:
+    """The model id clients name in requests: --served-model-name, else the --model folder's name."""
+    return args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
+
+
 def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConfig:
+    from engine.engine_config import EngineConfig
+
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks, kv_cache_bytes=args.kv_cache_bytes,

@@ -16,7 +16,6 @@ FINISH_REASONS = {
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
 }
-FINISH_REASON_NAMES = {number: name for name, number in FINISH_REASONS.items()}
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:

@@ -1,7 +1,9 @@
 """Domain errors → gRPC status codes, applied only at the service edge.
 
 Domain code raises typed errors; a servicer method wrapped with `grpc_errors` aborts the call
-with the mapped code and the error's message. Anything unmapped is a bug: INTERNAL, logged.
+with the code of the error's category (engine.errors) and the error's message. An error that
+carries a downstream replica's status (`grpc_code`) and a failed downstream call keep that
+status. Anything else is a bug: INTERNAL, logged.
 """
 from __future__ import annotations
 
@@ -12,27 +14,25 @@ import logging
 
 import grpc
 
-from engine.async_engine import EngineDeadError, RequestAbortedError
-from engine.block_allocator import OutOfBlocksError
-from engine.errors import InvalidRequestError, PreconditionError
-from gateway.frontend_types import UnavailableError
-from gateway.request_store import RequestNotFoundError
-from kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
+from engine.errors import (
+    AbortedError,
+    InvalidRequestError,
+    NotFoundError,
+    PreconditionError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
-    (LayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
-    (TransportUnavailableError, grpc.StatusCode.FAILED_PRECONDITION),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
-    (OutOfBlocksError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (TransferError, grpc.StatusCode.UNAVAILABLE),
-    (RequestAbortedError, grpc.StatusCode.ABORTED),
-    (EngineDeadError, grpc.StatusCode.UNAVAILABLE),
-    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (RequestNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (AbortedError, grpc.StatusCode.ABORTED),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
 ]
 
 
