@@ -25,3 +25,7 @@ class InvalidConfigError(PdserveError, ValueError):
 class PreconditionError(PdserveError):
     """The request is well-formed but the system is not in the state it needs (e.g. its KV has
     not landed, or its reservation expired)."""
+
+
+class IllegalTransitionError(PdserveError, RuntimeError):
+    """A lifecycle was asked to move to a state its current state does not lead to (a bug)."""

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
+from engine.errors import IllegalTransitionError
 from gateway.redis_client import connect_redis
-from gateway.request_state import IllegalTransitionError, RequestState
+from gateway.request_state import RequestState
 from gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
 
 TTL_S = 60.0
