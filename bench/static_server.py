@@ -191,7 +191,7 @@ class StaticBatchFrontend:
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
         request_id = request.request_id or uuid.uuid4().hex
         prompt_ids = self.prompts.prompt_ids(request)
-        params = self.prompts.params(request, len(prompt_ids))
+        params = self.prompts.params(request, prompt_ids)
         if params.temperature != 0 or params.stop or params.logprobs is not None:
             raise InvalidRequestError(
                 "the static-batching baseline serves greedy requests only (temperature 0, no stop "
