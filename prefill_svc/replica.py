@@ -21,7 +21,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import model_id
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from kvtransfer.base import KVSender, TransferResult
 from kvtransfer.layout import make_layout
