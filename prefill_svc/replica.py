@@ -41,6 +41,8 @@ class PrefillReplicaConfig:
 class FirstToken:
     token_id: int
     logprobs: TokenLogprobs | None
+    finish_reason: str | None  # set when this token already ends the request
+    stop_reason: int | None  # the stop token id that ended it; None for EOS and length
 
 
 class PrefillReplica:
@@ -88,7 +90,10 @@ class PrefillReplica:
             self.queued_tokens -= len(prompt_ids)
             counted = False
             completion = output.outputs[0]
-            yield FirstToken(completion.token_ids[0], completion.logprobs[0] if completion.logprobs else None)
+            # Sampled under max_tokens=1, "length" ends the request only if it asked for one token.
+            ends = completion.finish_reason == "stop" or params.max_tokens == 1
+            yield FirstToken(completion.token_ids[0], completion.logprobs[0] if completion.logprobs else None,
+                             completion.finish_reason if ends else None, completion.stop_reason if ends else None)
             if feed is not None and feed.push is not None:
                 yield await feed.push  # started during the forward pass
             else:

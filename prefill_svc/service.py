@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kvtransfer.base import TransferResult
 from pdserve.grpc_errors import grpc_errors
-from pdserve.protocol import logprobs_to_proto, params_from_proto
+from pdserve.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from prefill_svc.replica import FirstToken, PrefillReplica
 
@@ -30,7 +30,8 @@ class PrefillService(prefill_pb2_grpc.PrefillServicer):
 
 def _event_to_proto(event: FirstToken | TransferResult) -> prefill_pb2.PrefillEvent:
     if isinstance(event, FirstToken):
-        first = prefill_pb2.FirstToken(token_id=event.token_id)
+        first = prefill_pb2.FirstToken(token_id=event.token_id, finish_reason=FINISH_REASONS[event.finish_reason],
+                                       stop_token_id=event.stop_reason)
         if event.logprobs is not None:
             first.logprob.CopyFrom(logprobs_to_proto(event.logprobs))
         return prefill_pb2.PrefillEvent(first_token=first)
