@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -46,6 +45,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
 from gateway.frontend_types import GenerateInput, StreamChunk
 from gateway.http_api import create_app
+from gateway.http_server import serving_http, wait_for_stop_signal
 from gateway.metrics import GatewayMetrics
 from gateway.tokenization import PromptBuilder
 
@@ -192,7 +192,7 @@ class StaticBatchFrontend:
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
         request_id = request.request_id or uuid.uuid4().hex
         prompt_ids = self.prompts.prompt_ids(request)
-        params = self.prompts.params(request, len(prompt_ids))
+        params = self.prompts.params(request, prompt_ids)
         if params.temperature != 0 or params.stop or params.logprobs is not None:
             raise InvalidRequestError(
                 "the static-batching baseline serves greedy requests only (temperature 0, no stop "
@@ -269,17 +269,11 @@ async def serve(args: argparse.Namespace) -> None:
     model_name = served_model_name(args)
     app = create_static_app(load_model(args.model, args.dtype), AutoTokenizer.from_pretrained(args.model),
                             args.model, model_name, args.max_batch_size, args.batch_wait_ms / 1000)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, args.host, args.port).start()
-    logger.info("static batching %s on http://%s:%d/v1 (batches of up to %d, gathered for up to %g ms, "
-                "%d torch threads)", model_name, args.host, args.port, args.max_batch_size, args.batch_wait_ms,
-                torch.get_num_threads())
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await runner.cleanup()
+    async with serving_http(app, args.host, args.port):
+        logger.info("static batching %s on http://%s:%d/v1 (batches of up to %d, gathered for up to %g ms, "
+                    "%d torch threads)", model_name, args.host, args.port, args.max_batch_size,
+                    args.batch_wait_ms, torch.get_num_threads())
+        await wait_for_stop_signal()
 
 
 def main() -> int:

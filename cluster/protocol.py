@@ -5,7 +5,7 @@ Unset optional proto fields take the engine's (vLLM's) defaults, so a client tha
 """
 from __future__ import annotations
 
-from engine.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from pdserve.v1 import common_pb2
 
@@ -16,6 +16,7 @@ FINISH_REASONS = {
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
 }
+FINISH_REASON_NAMES = {number: name for name, number in FINISH_REASONS.items()}
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:

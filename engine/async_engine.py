@@ -16,11 +16,13 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.errors import AbortedError, UnavailableError
-from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+
+if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gateway's gRPC edge)
+    from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

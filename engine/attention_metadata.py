@@ -21,7 +21,3 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor  # [num_prefills, max_blocks] int32
     prefill_query_start_loc: torch.Tensor  # [num_prefills + 1] int32
     prefill_context_lens: torch.Tensor  # [num_prefills] int32, cached prefix + chunk
-
-    @property
-    def num_prefill_seqs(self) -> int:
-        return self.prefill_context_lens.shape[0]

@@ -1,12 +1,11 @@
 """Paged KV block allocator: pure bookkeeping, no tensors.
 
 Each request owns a block table (list of block ids); token `pos` of the request lives in block
-`table[pos // block_size]` at offset `pos % block_size`. Blocks carry reference counts so that
-several requests can share a prefix block (`fork`); a block goes back to the free list when its
-last reference is dropped.
+`table[pos // block_size]` at offset `pos % block_size`. A block belongs to one table at a
+time and goes back to the free list when its request is freed.
 
-Invariant: `num_free_blocks + len({blocks referenced by any table}) == num_blocks`, and after
-every request is freed, `num_free_blocks == num_blocks`.
+Invariant: `num_free_blocks + sum(len(table) for every table) == num_blocks`, and after every
+request is freed, `num_free_blocks == num_blocks`.
 """
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))
-        self._ref_counts = [0] * num_blocks
         self._tables: dict[str, list[int]] = {}
 
     @property
@@ -54,30 +52,9 @@ class BlockAllocator:
         if num_new > len(self._free):
             raise OutOfBlocksError(f"request {request_id} needs {num_new} blocks, {len(self._free)} free")
         table = self._tables.setdefault(request_id, [])
-        for _ in range(num_new):
-            block_id = self._free.popleft()
-            self._ref_counts[block_id] = 1
-            table.append(block_id)
+        table.extend(self._free.popleft() for _ in range(num_new))
         return table
 
-    def append_slot(self, request_id: str, position: int) -> int:
-        """Makes room for the token at `position` and returns its flat slot index."""
-        table = self.allocate(request_id, position + 1)
-        return table[position // self.block_size] * self.block_size + position % self.block_size
-
-    def fork(self, parent_id: str, child_id: str, num_tokens: int) -> list[int]:
-        """Shares the parent's blocks that hold its first `num_tokens` tokens with a new request."""
-        if child_id in self._tables:
-            raise ValueError(f"request {child_id} already has blocks")
-        shared = self._tables[parent_id][:num_blocks_for(num_tokens, self.block_size)]
-        for block_id in shared:
-            self._ref_counts[block_id] += 1
-        self._tables[child_id] = list(shared)
-        return self._tables[child_id]
-
     def free(self, request_id: str) -> None:
-        """Drops the request's references; unknown ids are ignored so abort paths can call it twice."""
-        for block_id in reversed(self._tables.pop(request_id, [])):
-            self._ref_counts[block_id] -= 1
-            if self._ref_counts[block_id] == 0:
-                self._free.append(block_id)
+        """Returns the request's blocks; unknown ids are ignored so abort paths can call it twice."""
+        self._free.extend(reversed(self._tables.pop(request_id, [])))

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.errors import InvalidConfigError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
+    import torch
+
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,4 +36,5 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        import torch
+        return getattr(torch, self.dtype)

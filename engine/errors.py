@@ -53,3 +53,7 @@ class InvalidModelError(PdserveError, ValueError):
 
 class InvalidConfigError(PdserveError, ValueError):
     """An engine or service configuration value is out of range or inconsistent."""
+
+
+class IllegalTransitionError(PdserveError, RuntimeError):
+    """A lifecycle was asked to move to a state its current state does not lead to (a bug)."""

@@ -18,12 +18,12 @@ Not thread-safe: one thread drives it (see `AsyncEngine`).
 """
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from engine.admission import draw_seed, validate_prompt
 from engine.block_allocator import BlockAllocator, OutOfBlocksError
 from engine.config import ModelConfig
 from engine.engine_config import EngineConfig
@@ -189,10 +189,12 @@ class LLMEngine:
                      seed: int | None) -> Request:
         if request_id in self._requests or request_id in self._kv_owners:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
-        self._validate_prompt(prompt_ids, params)
-        if seed is None:
-            seed = params.seed if params.seed is not None else random.getrandbits(63)
-        request = Request(request_id, prompt_ids, params, seed)
+        validate_prompt(prompt_ids, params.max_tokens, self.model_config.vocab_size, self.max_model_len)
+        total = len(prompt_ids) + params.max_tokens
+        capacity = self.allocator.num_blocks * self.allocator.block_size
+        if total > capacity:
+            raise InvalidRequestError(f"request needs {total} KV slots, the whole pool holds {capacity}")
+        request = Request(request_id, prompt_ids, params, draw_seed(params.seed if seed is None else seed))
         self._requests[request_id] = request
         self.output_processor.add(request)
         return request
@@ -201,21 +203,6 @@ class LLMEngine:
         del self._requests[request_id]
         self._hold_kv.discard(request_id)
         self.output_processor.remove(request_id)
-
-    def _validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_ids:
-            raise InvalidRequestError("prompt is empty")
-        vocab_size = self.model_config.vocab_size
-        if any(not 0 <= token_id < vocab_size for token_id in prompt_ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab_size})")
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the model's context length {self.max_model_len}")
-        capacity = self.allocator.num_blocks * self.allocator.block_size
-        if total > capacity:
-            raise InvalidRequestError(f"request needs {total} KV slots, the whole pool holds {capacity}")
 
     def _num_kv_blocks(self) -> int:
         if self.config.num_gpu_blocks is not None:

@@ -14,7 +14,8 @@ import torch
 import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.model import CausalLM
-from engine.sampler import TokenLogprobs, sample
+from engine.outputs import TokenLogprobs
+from engine.sampler import sample
 from engine.scheduler import ScheduledChunk, SchedulerOutput
 
 

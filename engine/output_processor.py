@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from engine.request import Request
-from engine.sampler import TokenLogprobs
 from engine.stop import StopDecision, check_stop
 
 

@@ -1,9 +1,18 @@
-"""What the engine returns for a request, shaped like vLLM's `RequestOutput`."""
+"""What the engine returns for a request, shaped like vLLM's `RequestOutput`.
+
+Plain data only: the gateway, which never loads torch, reads these types too.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.sampler import TokenLogprobs
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    token_id: int  # the sampled token
+    logprob: float  # its log-probability under the raw model distribution
+    top_ids: tuple[int, ...]  # [params.logprobs], most likely first
+    top_logprobs: tuple[float, ...]  # [params.logprobs], descending
 
 
 @dataclass(slots=True)

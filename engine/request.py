@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.errors import IllegalTransitionError
 from engine.sampling_params import SamplingParams
 
 
@@ -26,10 +27,6 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
 
-    @property
-    def is_finished(self) -> bool:
-        return self in _FINISHED
-
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
 _ALLOWED = {
@@ -37,10 +34,6 @@ _ALLOWED = {
     RequestStatus.PREEMPTED: {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED},
     RequestStatus.RUNNING: {RequestStatus.PREEMPTED} | _FINISHED,
 }
-
-
-class IllegalTransitionError(RuntimeError):
-    pass
 
 
 @dataclass(eq=False, slots=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -33,14 +34,6 @@ _GOLDEN_GAMMA = 0x9E3779B97F4A7C15  # splitmix64's stream increment
 _MIX_MUL_1 = 0xBF58476D1CE4E5B9
 _MIX_MUL_2 = 0x94D049BB133111EB
 _UNIFORM_BITS = 23  # (k + 0.5) / 2**23 for k < 2**23 is exact in float32 and lies in (0, 1)
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    token_id: int  # the sampled token
-    logprob: float  # its log-probability under the raw model distribution
-    top_ids: tuple[int, ...]  # [params.logprobs], most likely first
-    top_logprobs: tuple[float, ...]  # [params.logprobs], descending
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,11 +37,6 @@ class ScheduledChunk:
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk]  # single-token chunks first, then multi-token chunks
-    preempted_ids: list[str]
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(chunk.num_new_tokens for chunk in self.chunks)
 
     @property
     def num_decode_chunks(self) -> int:
@@ -69,7 +64,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        preempted: list[str] = []
+        preempted = False
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -79,7 +74,7 @@ class Scheduler:
             while not self.allocator.can_allocate(request.request_id, end):
                 victim = self.running.pop()
                 self._preempt(victim)
-                preempted.append(victim.request_id)
+                preempted = True
                 if victim is request:
                     break
             else:
@@ -100,7 +95,7 @@ class Scheduler:
             budget -= num_new
 
         chunks.sort(key=lambda chunk: chunk.num_new_tokens != 1)
-        return SchedulerOutput(chunks=chunks, preempted_ids=preempted)
+        return SchedulerOutput(chunks=chunks)
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
         """Advances computed counts and appends the tokens sampled for chunks that reached the end."""

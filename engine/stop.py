@@ -49,24 +49,26 @@ def check_stop(
         return None
     last_token_id = output_token_ids[-1]
     if not params.ignore_eos and eos_token_id is not None and last_token_id == eos_token_id:
-        return StopDecision("stop", None, _without_new_text(params, text, new_text_len))
-    stop_string = _find_stop_string(params, text, new_text_len)
+        return StopDecision("stop", None, text_without_new(params, text, new_text_len))
+    stop_string = find_stop_string(params, text, new_text_len)
     if stop_string is not None:
         return stop_string
     if last_token_id in params.stop_token_ids:
-        return StopDecision("stop", last_token_id, _without_new_text(params, text, new_text_len))
+        return StopDecision("stop", last_token_id, text_without_new(params, text, new_text_len))
     if len(output_token_ids) >= params.max_tokens:
         return StopDecision("length", None, text)
     return None
 
 
-def _without_new_text(params: SamplingParams, text: str, new_text_len: int) -> str:
+def text_without_new(params: SamplingParams, text: str, new_text_len: int) -> str:
+    """The output text without the stopping token's, unless `include_stop_str_in_output`."""
     if params.include_stop_str_in_output or new_text_len == 0:
         return text
     return text[:-new_text_len]
 
 
-def _find_stop_string(params: SamplingParams, text: str, new_text_len: int) -> StopDecision | None:
+def find_stop_string(params: SamplingParams, text: str, new_text_len: int) -> StopDecision | None:
+    """Rule 2 alone, for a caller that has the text but trusts another's token-based decision."""
     if new_text_len == 0 or not params.stop:
         return None
     best_index, best_stop = len(text), None

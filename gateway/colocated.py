@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 
 from engine.async_engine import AsyncEngine
-from gateway.frontend import stream_chunk
+from engine.outputs import RequestOutput
 from gateway.frontend_types import GenerateInput, StreamChunk
 from gateway.metrics import GatewayMetrics
 from gateway.tokenization import PromptBuilder
@@ -63,3 +63,15 @@ class ColocatedFrontend:
             if not finished:
                 self.engine.submit(lambda engine: engine.abort_request(request_id))
             self.metrics.on_finish(reason, len(prompt_ids), num_output, time.monotonic() - started_s)
+
+
+def stream_chunk(output: RequestOutput) -> StreamChunk:
+    """The client-facing chunk for one engine output (its new tokens and text)."""
+    completion = output.outputs[0]
+    new_logprobs = completion.logprobs[-len(output.new_token_ids):] if completion.logprobs else []
+    return StreamChunk(
+        request_id=output.request_id, token_ids=output.new_token_ids, text=output.new_text,
+        logprobs=[lp for lp in new_logprobs if lp is not None],
+        finish_reason=completion.finish_reason if output.finished else None,
+        stop_reason=completion.stop_reason if output.finished else None,
+        prompt_tokens=len(output.prompt_token_ids), completion_tokens=len(completion.token_ids))

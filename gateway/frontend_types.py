@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine import errors
-from engine.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 

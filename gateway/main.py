@@ -6,16 +6,15 @@ import asyncio
 import contextlib
 import logging
 
-from aiohttp import web
-
 from cluster.grpc_server import GrpcServer
 from cluster.redis_client import connect_redis
 from cluster.registry import LiveReplicas
 from cluster.service_args import add_served_model_name_argument, configure_logging, served_model_name
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
-from gateway.frontend import FrontendConfig, GatewayFrontend
+from gateway.disaggregated import DisaggregatedConfig, DisaggregatedFrontend
 from gateway.http_api import create_app
+from gateway.http_server import serving_http
 from gateway.metrics import GatewayMetrics
 from gateway.request_store import RequestStore
 from gateway.service import GatewayService
@@ -55,31 +54,28 @@ async def serve(args: argparse.Namespace) -> None:
     redis = connect_redis(args.redis_url, timeout_s=REDIS_TIMEOUT_S)
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)
-    frontend = GatewayFrontend(
-        FrontendConfig(model_name=model_name, forced_transport=transport_from_name(args.transport)),
+    frontend = DisaggregatedFrontend(
+        DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport)),
         prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
 
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
     gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayService(frontend), server.server)
-    http = web.AppRunner(create_app(frontend, metrics), handle_signals=False)
-    await http.setup()
-    await web.TCPSite(http, args.host, args.http_port).start()
-    await server.start()
-    health = asyncio.create_task(refresh_replicas(frontend))
-    await server.mark_serving()
-    logger.info("gateway serving gRPC on %s:%d and HTTP on http://%s:%d (model %s)",
-                args.host, server.port, args.host, args.http_port, model_name)
+    async with serving_http(create_app(frontend, metrics), args.host, args.http_port):
+        await server.start()
+        health = asyncio.create_task(refresh_replicas(frontend))
+        await server.mark_serving()
+        logger.info("gateway serving gRPC on %s:%d and HTTP on http://%s:%d (model %s)",
+                    args.host, server.port, args.host, args.http_port, model_name)
 
-    async def shutdown() -> None:
-        health.cancel()
-        await http.cleanup()
-        await frontend.close()
-        await redis.aclose()
+        async def stop_refreshing() -> None:
+            health.cancel()
 
-    await server.serve_until_signal(on_stop=shutdown)
+        await server.serve_until_signal(on_stop=stop_refreshing)
+    await frontend.close()
+    await redis.aclose()
 
 
-async def refresh_replicas(frontend: GatewayFrontend) -> None:
+async def refresh_replicas(frontend: DisaggregatedFrontend) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
             try:

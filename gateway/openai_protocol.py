@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError, PdserveError
-from engine.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from gateway.frontend_types import GenerateInput, StreamChunk
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-from engine.errors import PdserveError
+from engine.errors import IllegalTransitionError
 
 
 class RequestState(enum.IntEnum):
@@ -39,10 +39,6 @@ _ALLOWED = {
     RequestState.TRANSFERRING: {RequestState.DECODING, RequestState.FINISHED} | _ENDINGS,
     RequestState.DECODING: {RequestState.FINISHED} | _ENDINGS,
 }
-
-
-class IllegalTransitionError(PdserveError, RuntimeError):
-    """A request was asked to move to a state its current state does not lead to."""
 
 
 def transition(current: RequestState, to: RequestState) -> RequestState:

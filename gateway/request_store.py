@@ -20,8 +20,9 @@ import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from engine.errors import InvalidConfigError, InvalidRequestError, NotFoundError, PdserveError
-from gateway.request_state import IllegalTransitionError, RequestState, transition
+from engine.errors import (IllegalTransitionError, InvalidConfigError, InvalidRequestError, NotFoundError,
+                           PdserveError)
+from gateway.request_state import RequestState, transition
 
 # Retries of one WATCH transaction when another writer changed the request in between; each
 # retry follows a winning writer, so this bounds how many writers can race on one request.

@@ -4,9 +4,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
-
-from aiohttp import web
 
 from cluster.service_args import (
     add_engine_arguments,
@@ -19,6 +16,7 @@ from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
 from gateway.colocated import ColocatedFrontend
 from gateway.http_api import create_app
+from gateway.http_server import serving_http, wait_for_stop_signal
 from gateway.metrics import GatewayMetrics
 from gateway.tokenization import PromptBuilder
 
@@ -45,14 +43,8 @@ async def serve(args: argparse.Namespace) -> None:
     prompts = PromptBuilder(engine.tokenizer, args.model, engine.model_config.vocab_size, engine.max_model_len)
     frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)
     async_engine.start()
-    runner = web.AppRunner(create_app(frontend, metrics), handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, args.host, args.port).start()
-    logger.info("serving %s on http://%s:%d/v1 (%d KV blocks)", model_name, args.host, args.port,
-                engine.allocator.num_blocks)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await runner.cleanup()
+    async with serving_http(create_app(frontend, metrics), args.host, args.port):
+        logger.info("serving %s on http://%s:%d/v1 (%d KV blocks)", model_name, args.host, args.port,
+                    engine.allocator.num_blocks)
+        await wait_for_stop_signal()
     await async_engine.stop()

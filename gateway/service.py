@@ -4,14 +4,14 @@ from __future__ import annotations
 from cluster.grpc_errors import grpc_errors
 from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from engine.errors import InvalidRequestError
-from gateway.frontend import GatewayFrontend
+from gateway.disaggregated import DisaggregatedFrontend
 from gateway.frontend_types import GenerateInput
 from gateway.request_store import RequestNotFoundError
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
 class GatewayService(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, frontend: GatewayFrontend):
+    def __init__(self, frontend: DisaggregatedFrontend):
         self.frontend = frontend
 
     @grpc_errors

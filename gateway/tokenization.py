@@ -10,6 +10,7 @@ import json
 import uuid
 from pathlib import Path
 
+from engine.admission import validate_prompt
 from engine.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
 from gateway.frontend_types import GenerateInput
@@ -30,36 +31,26 @@ class PromptBuilder:
         if request_id in running_ids:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
         prompt_ids = self.prompt_ids(request)
-        return request_id, prompt_ids, self.params(request, len(prompt_ids))
+        return request_id, prompt_ids, self.params(request, prompt_ids)
 
     def prompt_ids(self, request: GenerateInput) -> list[int]:
         given = [x is not None for x in (request.prompt, request.prompt_token_ids, request.messages)]
         if sum(given) != 1:
             raise InvalidRequestError("give exactly one of prompt, prompt_token_ids or messages")
         if request.prompt is not None:
-            ids = self.tokenizer.encode(request.prompt)
-        elif request.prompt_token_ids is not None:
-            ids = list(request.prompt_token_ids)
-            if any(not 0 <= token_id < self.vocab_size for token_id in ids):
-                raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
-        else:
-            ids = self._render_chat(request.messages)
-        if not ids:
-            raise InvalidRequestError("prompt is empty")
-        return ids
+            return self.tokenizer.encode(request.prompt)
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        return self._render_chat(request.messages)
 
-    def params(self, request: GenerateInput, num_prompt_tokens: int) -> SamplingParams:
+    def params(self, request: GenerateInput, prompt_ids: list[int]) -> SamplingParams:
+        """The request's parameters once its prompt is known; raises InvalidRequestError unless
+        prompt and max_tokens fit the model."""
         params = request.params
-        room = self.max_model_len - num_prompt_tokens
-        if room < 1:
-            raise InvalidRequestError(
-                f"prompt has {num_prompt_tokens} tokens; the model's context length is {self.max_model_len}")
-        if request.max_tokens_is_default and params.max_tokens > room:
+        room = self.max_model_len - len(prompt_ids)
+        if request.max_tokens_is_default and params.max_tokens > room > 0:
             params = dataclasses.replace(params, max_tokens=room)
-        if params.max_tokens > room:
-            raise InvalidRequestError(
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"model's context length {self.max_model_len}")
+        validate_prompt(prompt_ids, params.max_tokens, self.vocab_size, self.max_model_len)
         if self.extra_stop_token_ids and not params.ignore_eos:
             stop_ids = tuple(dict.fromkeys(params.stop_token_ids + self.extra_stop_token_ids))
             params = dataclasses.replace(params, stop_token_ids=stop_ids)

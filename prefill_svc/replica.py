@@ -22,7 +22,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import model_id
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from kvtransfer.base import KVSender, TransferResult
 from kvtransfer.layout import make_layout
@@ -42,6 +42,8 @@ class PrefillReplicaConfig:
 class FirstToken:
     token_id: int
     logprobs: TokenLogprobs | None
+    finish_reason: str | None  # set when this token already ends the request
+    stop_reason: int | None  # the stop token id that ended it; None for EOS and length
 
 
 class PrefillReplica:
@@ -90,7 +92,10 @@ class PrefillReplica:
             self.queued_tokens -= len(prompt_ids)
             counted = False
             completion = output.outputs[0]
-            yield FirstToken(completion.token_ids[0], completion.logprobs[0] if completion.logprobs else None)
+            # Sampled under max_tokens=1, "length" ends the request only if it asked for one token.
+            ends = completion.finish_reason == "stop" or params.max_tokens == 1
+            yield FirstToken(completion.token_ids[0], completion.logprobs[0] if completion.logprobs else None,
+                             completion.finish_reason if ends else None, completion.stop_reason if ends else None)
             if feed is not None and feed.push is not None:
                 yield await feed.push  # started during the forward pass
             else:

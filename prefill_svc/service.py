@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cluster.grpc_errors import grpc_errors
-from cluster.protocol import logprobs_to_proto, params_from_proto
+from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from kvtransfer.base import TransferResult
 from kvtransfer.wire import target_from_proto
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
@@ -31,7 +31,8 @@ class PrefillService(prefill_pb2_grpc.PrefillServicer):
 
 def _event_to_proto(event: FirstToken | TransferResult) -> prefill_pb2.PrefillEvent:
     if isinstance(event, FirstToken):
-        first = prefill_pb2.FirstToken(token_id=event.token_id)
+        first = prefill_pb2.FirstToken(token_id=event.token_id, finish_reason=FINISH_REASONS[event.finish_reason],
+                                       stop_token_id=event.stop_reason)
         if event.logprobs is not None:
             first.logprob.CopyFrom(logprobs_to_proto(event.logprobs))
         return prefill_pb2.PrefillEvent(first_token=first)

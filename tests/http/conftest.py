@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from engine.errors import InvalidRequestError
-from engine.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
 from gateway.http_api import create_app
 from gateway.metrics import GatewayMetrics

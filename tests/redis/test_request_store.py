@@ -6,7 +6,8 @@ import time
 import pytest
 
 from cluster.redis_client import connect_redis
-from gateway.request_state import IllegalTransitionError, RequestState
+from engine.errors import IllegalTransitionError
+from gateway.request_state import RequestState
 from gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
 
 TTL_S = 60.0

@@ -1,5 +1,5 @@
-"""The block allocator as a specification: tables grow by whole blocks, shared blocks are
-reference-counted, and no sequence of allocations, forks and frees leaks a block."""
+"""The block allocator as a specification: tables grow by whole blocks, a block belongs to one
+table at a time, and no sequence of allocations and frees leaks a block."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -16,13 +16,13 @@ def test_allocate_takes_whole_blocks_and_free_returns_them():
     assert allocator.num_free_blocks == 8
 
 
-def test_append_slot_maps_position_through_the_table():
+def test_a_table_maps_positions_to_blocks_of_its_own():
     allocator = BlockAllocator(num_blocks=4, block_size=4)
-    allocator.allocate("other", 4)  # so that "a" does not start at block 0
-    slots = [allocator.append_slot("a", pos) for pos in range(6)]
-    table = allocator.block_table("a")
-    assert slots == [table[pos // 4] * 4 + pos % 4 for pos in range(6)]
-    assert table[0] != 0
+    other = allocator.allocate("other", 4)  # so that "a" does not start at block 0
+    table = allocator.allocate("a", 6)
+    assert allocator.block_table("a") == table and len(table) == 2
+    assert not set(table) & set(other)
+    assert 0 not in table
 
 
 def test_out_of_blocks_raises_and_changes_nothing():
@@ -35,17 +35,6 @@ def test_out_of_blocks_raises_and_changes_nothing():
     assert allocator.can_allocate("b", 4)
 
 
-def test_forked_blocks_return_only_after_the_last_owner_frees():
-    allocator = BlockAllocator(num_blocks=4, block_size=4)
-    parent = allocator.allocate("parent", 8)
-    child = allocator.fork("parent", "child", 5)
-    assert child == parent
-    allocator.free("parent")
-    assert allocator.num_free_blocks == 2
-    allocator.free("child")
-    assert allocator.num_free_blocks == 4
-
-
 def test_free_of_unknown_request_is_a_no_op():
     allocator = BlockAllocator(num_blocks=2, block_size=4)
     allocator.free("never-seen")
@@ -53,7 +42,7 @@ def test_free_of_unknown_request_is_a_no_op():
 
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["alloc", "grow", "fork", "free"]), st.integers(0, 5), st.integers(1, 40)),
+    st.tuples(st.sampled_from(["alloc", "grow", "free"]), st.integers(0, 5), st.integers(1, 40)),
     max_size=60)
 
 
@@ -72,15 +61,13 @@ def test_no_sequence_of_operations_leaks_or_double_books_a_block(ops):
             else:
                 with pytest.raises(OutOfBlocksError):
                     allocator.allocate(name, target)
-        elif op == "fork" and sizes and name not in sizes:
-            parent = sorted(sizes)[0]
-            allocator.fork(parent, name, min(num_tokens, sizes[parent]))
-            sizes[name] = min(num_tokens, sizes[parent])
         elif op == "free":
             allocator.free(name)
             sizes.pop(name, None)
-        referenced = {b for r in sizes for b in allocator.block_table(r)}
-        assert allocator.num_free_blocks + len(referenced) == allocator.num_blocks
+        tables = [allocator.block_table(r) for r in sizes]
+        owned = [block_id for table in tables for block_id in table]
+        assert len(owned) == len(set(owned))  # no block in two tables
+        assert allocator.num_free_blocks + len(owned) == allocator.num_blocks
     for name in list(sizes):
         allocator.free(name)
     assert allocator.num_free_blocks == allocator.num_blocks

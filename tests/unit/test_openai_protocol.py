@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from engine.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from gateway.frontend_types import StreamChunk
 from gateway.openai_protocol import (

@@ -1,0 +1,259 @@
+"""The `Frontend` contract over a disaggregated deployment: one request through a decode and a
+prefill replica, found in the registry.
+
+    1. tokenize, fit parameters, record QUEUED                              (DisaggregatedFrontend)
+    2. route: decode = most free KV blocks, prefill = fewest queued prompt tokens; pick transport
+    3. Decode.Reserve → KVTarget (blocks reserved on D)                      state PREFILLING
+    4. Prefill.Run(prompt, KVTarget): first token streams back at once      state TRANSFERRING
+       and P pushes the KV into D's blocks; the call ends when D has it
+    5. Decode.Generate(first token) streams the rest                        state DECODING
+    6. detokenize incrementally here, check stop strings, stream chunks     state FINISHED
+Steps 2-6 are `DisaggregatedRequest`, which reads as that order; the replica clients own the
+wire. Prefill (first token) and decode (the rest) say when a token ends the request, so step 5
+is skipped when the first token already did. Whatever way a request ends early (client gone,
+Abort, a stop string, a failure), the reservation and any running work are aborted on both
+replicas, so every KV block comes back.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from cluster.registry import LiveReplicas
+from engine.admission import draw_seed
+from engine.errors import PdserveError
+from engine.sampling_params import SamplingParams
+from gateway.channels import ChannelPool
+from gateway.completion_text import CompletionText, SampledToken
+from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
+from gateway.metrics import GatewayMetrics
+from gateway.replica_clients import BackendError, DecodeClient, PrefillClient, Timeouts
+from gateway.request_state import RequestState
+from gateway.request_store import RequestStore
+from gateway.router import NoReplicaError, Router
+from gateway.tokenization import PromptBuilder
+from kvtransfer.choice import choose_transport, transport_name
+from kvtransfer.errors import TransportUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class AbortedError(PdserveError):
+    """The request was aborted through the API while the gateway drove it."""
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggregatedConfig:
+    model_name: str
+    forced_transport: int | None = None  # None: choose from the replicas' host and device
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    decode: DecodeClient
+    prefill: PrefillClient
+    transport: int  # common_pb2.Transport
+
+
+class DisaggregatedFrontend:
+    def __init__(self, config: DisaggregatedConfig, prompts: PromptBuilder, replicas: LiveReplicas,
+                 store: RequestStore, metrics: GatewayMetrics):
+        self.config = config
+        self.model_name = config.model_name
+        self.prompts = prompts
+        self.tokenizer = prompts.tokenizer
+        self.max_model_len = prompts.max_model_len
+        self.replicas = replicas
+        self.store = store
+        self.metrics = metrics
+        self.router = Router()
+        self.channels = ChannelPool()
+        self._live: dict[str, DisaggregatedRequest] = {}
+        self._has_replicas = False
+
+    def health(self) -> bool:
+        return self._has_replicas
+
+    async def refresh_replicas(self) -> None:
+        """Re-reads the registry: health, and the per-replica load gauges."""
+        try:
+            prefills, decodes = await self.replicas.list("prefill"), await self.replicas.list("decode")
+        except Exception:
+            self._has_replicas = False  # Redis unreachable: cannot route
+            raise
+        self._has_replicas = bool(prefills) and bool(decodes)
+        self.metrics.on_replica_loads(prefills + decodes)
+
+    async def abort(self, request_id: str) -> bool:
+        request = self._live.get(request_id)
+        if request is None:
+            return False
+        await request.abort()
+        return True
+
+    async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
+        request_id, prompt_ids, params = self.prompts.prepare(request, self._live)
+        text = CompletionText(self.tokenizer, request_id, prompt_ids, params)
+        driven = DisaggregatedRequest(request_id, prompt_ids, params, text, self.route, self.store, self.metrics)
+        await self.store.create(request_id, len(prompt_ids))
+        self.metrics.on_request_start()
+        self._live[request_id] = driven
+        try:
+            async with contextlib.aclosing(driven.stream()) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self._live.pop(request_id, None)
+
+    async def route(self, num_prompt_tokens: int) -> Route:
+        """Picks the replicas and the transport for a prompt and counts it against their load."""
+        decodes, prefills = await asyncio.gather(self.replicas.list("decode"), self.replicas.list("prefill"))
+        try:
+            decode = self.router.pick_decode(decodes, num_prompt_tokens)
+            prefill = self.router.pick_prefill(prefills)
+        except NoReplicaError as exc:
+            raise UnavailableError(str(exc)) from exc
+        try:
+            transport = choose_transport(prefill.host_id, prefill.device, decode.host_id, decode.device,
+                                         self.config.forced_transport)
+        except TransportUnavailableError as exc:
+            raise BackendError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
+        self.router.note_dispatched(decode, num_prompt_tokens)
+        self.router.note_dispatched(prefill, num_prompt_tokens)
+        timeouts = self.config.timeouts
+        return Route(DecodeClient(decode.replica_id, self.channels.get(decode.endpoint), timeouts),
+                     PrefillClient(prefill.replica_id, self.channels.get(prefill.endpoint), timeouts),
+                     transport)
+
+    async def close(self) -> None:
+        await self.channels.close()
+
+
+class DisaggregatedRequest:
+    """One request while the gateway drives it: the order of its states, and its abort flag."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, text: CompletionText,
+                 route: Callable[[int], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.seed = draw_seed(params.seed)
+        self.text = text
+        self.aborted = False
+        self._find_route = route
+        self._route: Route | None = None
+        self._store = store
+        self._metrics = metrics
+        self._ended = False
+        self._started_s = self._last_token_s = time.monotonic()
+        self._last_itl_s = 0.0
+
+    async def abort(self) -> None:
+        """Aborts the request on its replicas; the stream then ends with an "abort" chunk."""
+        self.aborted = True
+        await self._abort_on_replicas()
+
+    async def stream(self) -> AsyncIterator[StreamChunk]:
+        """The request's chunks, and its end recorded however it comes."""
+        try:
+            async with contextlib.aclosing(self._run()) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except (asyncio.CancelledError, GeneratorExit):
+            await self._end(RequestState.ABORTED, "abort", "client went away")
+            raise
+        except Exception as exc:
+            if not self.aborted:
+                await self._end(RequestState.FAILED, "error", str(exc) or repr(exc))
+                raise
+            await self._end(RequestState.ABORTED, "abort", "aborted")
+            yield self._abort_chunk()
+
+    async def _run(self) -> AsyncIterator[StreamChunk]:
+        request_id, prompt_ids = self.request_id, self.prompt_ids
+        route = self._route = await self._find_route(len(prompt_ids))
+        target = await route.decode.reserve(request_id, len(prompt_ids), route.transport)
+        await self._enter(RequestState.PREFILLING, prefill_replica=route.prefill.replica_id,
+                          decode_replica=route.decode.replica_id, transport=transport_name(route.transport))
+        prefill = route.prefill.run(request_id, prompt_ids, self.params, self.seed, target)
+        try:
+            first = await prefill.first_token()
+            chunk = self._accept(first)
+            self._metrics.on_first_token(self._last_token_s - self._started_s)
+            yield chunk
+            await self._enter(RequestState.TRANSFERRING)
+            done = await prefill.transfer_done()
+        except BaseException:
+            prefill.cancel()
+            raise
+        self._metrics.on_kv_transfer(done.transport, done.num_bytes, done.seconds)
+        await self._store.update(request_id, kv_bytes=done.num_bytes, kv_transfer_s=done.seconds)
+        if self.text.finished:
+            await self._abort_on_replicas()  # releases the reservation no token will use
+            await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+            return
+
+        await self._enter(RequestState.DECODING)
+        steps = route.decode.generate(request_id, prompt_ids, self.params, self.seed, first.token_id)
+        async with contextlib.aclosing(steps):  # after a stop string, closing aborts on decode
+            async for step in steps:
+                for token in step.tokens:
+                    chunk = self._accept(token)
+                    self._metrics.on_token(self._last_itl_s)
+                    yield chunk
+                    if self.text.finished:
+                        break
+                if self.text.finished:
+                    break
+        if not self.text.finished:
+            raise BackendError(grpc.StatusCode.INTERNAL,
+                               f"decode replica {route.decode.replica_id} ended the stream before the request finished")
+        self._metrics.on_preemptions(step.num_preemptions)
+        await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+
+    def _accept(self, token: SampledToken) -> StreamChunk:
+        now_s = time.monotonic()
+        self._last_itl_s, self._last_token_s = now_s - self._last_token_s, now_s
+        return self.text.push(token)
+
+    async def _enter(self, state: RequestState, **fields) -> None:
+        if self.aborted:
+            raise AbortedError(f"request {self.request_id} was aborted")
+        await self._store.transition(self.request_id, state, **fields)
+
+    async def _end(self, state: RequestState, reason: str, error: str) -> None:
+        """Records how the request ended, once; aborts leftovers on the replicas unless finished."""
+        if self._ended:
+            return
+        self._ended = True
+        if state is not RequestState.FINISHED:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._abort_on_replicas())
+        num_output = self.text.num_output_tokens
+        self._metrics.on_finish(reason, len(self.prompt_ids), num_output, time.monotonic() - self._started_s)
+        try:
+            await asyncio.shield(self._store.transition(
+                self.request_id, state, completion_tokens=num_output, error=error))
+        except Exception as exc:
+            logger.warning("request %s: could not record %s: %s", self.request_id, state.name, exc)
+
+    async def _abort_on_replicas(self) -> None:
+        if self._route is None:
+            return
+        results = await asyncio.gather(self._route.decode.abort(self.request_id),
+                                       self._route.prefill.abort(self.request_id), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                logger.warning("abort of %s on a replica failed: %s", self.request_id, result)
+
+    def _abort_chunk(self) -> StreamChunk:
+        return StreamChunk(
+            request_id=self.request_id, token_ids=[], text="", logprobs=[], finish_reason="abort",
+            stop_reason=None, prompt_tokens=len(self.prompt_ids), completion_tokens=self.text.num_output_tokens)

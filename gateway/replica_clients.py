@@ -1,0 +1,158 @@
+"""Clients of one decode and one prefill replica, in domain types.
+
+Each client owns its stub, builds its request messages and turns the replica's errors into
+domain errors: INVALID_ARGUMENT is the client's fault (InvalidRequestError); any other status
+becomes a BackendError that carries it, so the gateway's edge reports what the replica said.
+The code that drives a request never sees a protobuf message, except the `KVTarget` that it
+hands unopened from `DecodeClient.reserve` to `PrefillClient.run`.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from cluster.protocol import FINISH_REASON_NAMES, logprobs_from_proto, params_to_proto
+from engine.errors import InvalidRequestError
+from engine.sampling_params import SamplingParams
+from gateway.completion_text import SampledToken
+from gateway.frontend_types import UnavailableError
+from kvtransfer.choice import transport_name
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+
+
+class BackendError(UnavailableError):
+    """A replica refused or failed a call; `grpc_code` is the status the client should see."""
+
+    def __init__(self, grpc_code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.grpc_code = grpc_code
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    rpc_s: float = 30.0  # Reserve, Abort
+    request_s: float = 600.0  # a whole Prefill.Run or Decode.Generate stream
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    tokens: list[SampledToken]  # new this step; only the last may carry a finish reason
+    num_preemptions: int  # of the request so far
+
+
+@dataclass(frozen=True, slots=True)
+class KVTransferDone:
+    transport: str  # the name of the transport actually used
+    num_bytes: int
+    seconds: float
+
+
+class DecodeClient:
+    def __init__(self, replica_id: str, channel: grpc.aio.Channel, timeouts: Timeouts):
+        self.replica_id = replica_id
+        self._stub = decode_pb2_grpc.DecodeStub(channel)
+        self._timeouts = timeouts
+
+    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> decode_pb2.KVTarget:
+        """Reserves blocks for the prompt; returns where prefill writes its KV."""
+        request = decode_pb2.ReserveRequest(
+            request_id=request_id, num_prompt_tokens=num_prompt_tokens, transport=transport)
+        try:
+            return await self._stub.Reserve(request, timeout=self._timeouts.rpc_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _backend_error(self.replica_id, exc) from exc
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
+                       first_token_id: int) -> AsyncIterator[DecodeStep]:
+        """The tokens after the first, step by step; closing the iterator early cancels the call,
+        which aborts the request on the replica."""
+        call = self._stub.Generate(decode_pb2.DecodeRequest(
+            request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
+            first_token_id=first_token_id), timeout=self._timeouts.request_s)
+        try:
+            async for chunk in call:
+                yield _decode_step(chunk)
+        except grpc.aio.AioRpcError as exc:
+            raise _backend_error(self.replica_id, exc) from exc
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+
+    async def abort(self, request_id: str) -> None:
+        """Ends the request or releases its reservation; unknown ids are not an error."""
+        try:
+            await self._stub.Abort(decode_pb2.DecodeAbortRequest(request_id=request_id),
+                                   timeout=self._timeouts.rpc_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _backend_error(self.replica_id, exc) from exc
+
+
+class PrefillClient:
+    def __init__(self, replica_id: str, channel: grpc.aio.Channel, timeouts: Timeouts):
+        self.replica_id = replica_id
+        self._stub = prefill_pb2_grpc.PrefillStub(channel)
+        self._timeouts = timeouts
+
+    def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
+            target: decode_pb2.KVTarget) -> PrefillRun:
+        call = self._stub.Run(prefill_pb2.PrefillRequest(
+            request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
+            target=target), timeout=self._timeouts.request_s)
+        return PrefillRun(self.replica_id, call)
+
+    async def abort(self, request_id: str) -> None:
+        """Drops the request from the replica; unknown ids are not an error."""
+        try:
+            await self._stub.Abort(prefill_pb2.PrefillAbortRequest(request_id=request_id),
+                                   timeout=self._timeouts.rpc_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _backend_error(self.replica_id, exc) from exc
+
+
+class PrefillRun:
+    """One Prefill.Run call: read `first_token()`, then `transfer_done()`; `cancel()` at the end."""
+
+    def __init__(self, replica_id: str, call):
+        self._replica_id = replica_id
+        self._call = call
+
+    async def first_token(self) -> SampledToken:
+        first = await self._read("first_token")
+        return SampledToken(
+            token_id=first.token_id,
+            logprobs=logprobs_from_proto(first.logprob) if first.HasField("logprob") else None,
+            finish_reason=FINISH_REASON_NAMES[first.finish_reason],
+            stop_token_id=first.stop_token_id if first.HasField("stop_token_id") else None)
+
+    async def transfer_done(self) -> KVTransferDone:
+        done = await self._read("transfer_done")
+        return KVTransferDone(transport_name(done.transport), done.kv_bytes, done.kv_transfer_s)
+
+    def cancel(self) -> None:
+        self._call.cancel()  # a no-op once the stream has ended
+
+    async def _read(self, expected: str):
+        try:
+            event = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise _backend_error(self._replica_id, exc) from exc
+        if event is grpc.aio.EOF or event.WhichOneof("event") != expected:
+            raise BackendError(grpc.StatusCode.INTERNAL, f"prefill replica {self._replica_id}: expected {expected}")
+        return getattr(event, expected)
+
+
+def _decode_step(chunk: decode_pb2.DecodeChunk) -> DecodeStep:
+    last = len(chunk.token_ids) - 1
+    finish_reason = FINISH_REASON_NAMES[chunk.finish_reason]
+    stop_token_id = chunk.stop_token_id if chunk.HasField("stop_token_id") else None
+    tokens = [SampledToken(token_id, logprobs_from_proto(chunk.logprobs[i]) if chunk.logprobs else None,
+                           finish_reason if i == last else None, stop_token_id if i == last else None)
+              for i, token_id in enumerate(chunk.token_ids)]
+    return DecodeStep(tokens, chunk.num_preemptions)
+
+
+def _backend_error(replica_id: str, exc: grpc.aio.AioRpcError) -> Exception:
+    if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(exc.details())
+    return BackendError(exc.code(), f"{replica_id}: {exc.details()}")
