@@ -28,7 +28,7 @@ from engine.outputs import RequestOutput
 from engine.request import Request
 from gateway.channels import ChannelPool
 from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RequestTimeline
 from gateway.registry import LiveReplicas
 from gateway.request_state import RequestState
 from gateway.request_store import RequestStore
@@ -153,6 +153,7 @@ class _Journey:
         self.processor = OutputProcessor(frontend.tokenizer, frontend.prompts.eos_token_id)
         self.processor.add(self.request)
         self.started_s = started_s
+        self.timeline = RequestTimeline(arrival_s=started_s)
         self.last_token_s = started_s
         self.last_token_itl_s = 0.0
         self.finished = False
@@ -171,6 +172,7 @@ class _Journey:
         await self._transition(RequestState.PREFILLING, prefill_replica=prefill.replica_id,
                                decode_replica=decode.replica_id, transport=transport_name(transport))
         params_msg = params_to_proto(self.request.params)
+        self.timeline.scheduled_s = time.monotonic()
         events = prefill_stub.Run(prefill_pb2.PrefillRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params_msg, seed=self.request.seed,
             target=target), timeout=config.request_timeout_s)
@@ -222,7 +224,7 @@ class _Journey:
                 await asyncio.shield(frontend._abort_on_replicas(self.request_id))
         num_output = len(self.request.output_token_ids)
         frontend.metrics.on_finish(reason, self.request.num_prompt_tokens, num_output,
-                                   time.monotonic() - self.started_s)
+                                   time.monotonic() - self.started_s, self.timeline)
         try:
             await asyncio.shield(frontend.store.transition(
                 self.request_id, state, completion_tokens=num_output, error=error))
@@ -251,6 +253,7 @@ class _Journey:
         output, decision = self.processor.process(self.request_id, token_id, logprobs)
         now_s = time.monotonic()
         self.last_token_itl_s, self.last_token_s = now_s - self.last_token_s, now_s
+        self.timeline.on_token(now_s)
         return output, decision is not None
 
     def _chunk(self, output: RequestOutput) -> StreamChunk:

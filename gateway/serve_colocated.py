@@ -38,6 +38,7 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(engine.tokenizer, args.model, engine.model_config.vocab_size, engine.max_model_len)
     frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)
+    async_engine.on_step = lambda engine: metrics.set_num_requests_waiting(engine.load()["waiting_seqs"])
     async_engine.start()
     runner = web.AppRunner(create_app(frontend, metrics), handle_signals=False)
     await runner.setup()
