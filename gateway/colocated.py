@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from engine.async_engine import AsyncEngine
 from engine.outputs import RequestOutput
 from gateway.frontend_types import GenerateInput, StreamChunk
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RequestTimeline
 from gateway.tokenization import PromptBuilder
 
 
@@ -38,12 +38,14 @@ class ColocatedFrontend:
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
         request_id, prompt_ids, params = self.prompts.prepare(request, self._live)
         started_s = last_s = time.monotonic()
+        timeline = RequestTimeline(arrival_s=started_s)
         self.metrics.on_request_start()
         stream = self.engine.open_stream(request_id)
         self._live.add(request_id)
         finished, reason, num_output = False, "abort", 0
         try:
             await self.engine.call(lambda engine: engine.add_request(request_id, prompt_ids, params))
+            timeline.scheduled_s = time.monotonic()
             while not finished:
                 output = await asyncio.wait_for(stream.get(), self.token_timeout_s)
                 if isinstance(output, Exception):
@@ -54,6 +56,7 @@ class ColocatedFrontend:
                 else:
                     self.metrics.on_token(now_s - last_s)
                 last_s, finished = now_s, output.finished
+                timeline.on_token(now_s)
                 chunk = stream_chunk(output)
                 num_output, reason = chunk.completion_tokens, chunk.finish_reason or reason
                 yield chunk
@@ -62,7 +65,7 @@ class ColocatedFrontend:
             self.engine.close_stream(request_id)
             if not finished:
                 self.engine.submit(lambda engine: engine.abort_request(request_id))
-            self.metrics.on_finish(reason, len(prompt_ids), num_output, time.monotonic() - started_s)
+            self.metrics.on_finish(reason, len(prompt_ids), num_output, time.monotonic() - started_s, timeline)
 
 
 def stream_chunk(output: RequestOutput) -> StreamChunk:

@@ -32,7 +32,7 @@ from engine.sampling_params import SamplingParams
 from gateway.channels import ChannelPool
 from gateway.completion_text import CompletionText, SampledToken
 from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RequestTimeline
 from gateway.replica_clients import BackendError, DecodeClient, PrefillClient, Timeouts
 from gateway.request_state import RequestState
 from gateway.request_store import RequestStore
@@ -154,6 +154,7 @@ class DisaggregatedRequest:
         self._ended = False
         self._started_s = self._last_token_s = time.monotonic()
         self._last_itl_s = 0.0
+        self._timeline = RequestTimeline(arrival_s=self._started_s)
 
     async def abort(self) -> None:
         """Aborts the request on its replicas; the stream then ends with an "abort" chunk."""
@@ -182,6 +183,7 @@ class DisaggregatedRequest:
         target = await route.decode.reserve(request_id, len(prompt_ids), route.transport)
         await self._enter(RequestState.PREFILLING, prefill_replica=route.prefill.replica_id,
                           decode_replica=route.decode.replica_id, transport=transport_name(route.transport))
+        self._timeline.scheduled_s = time.monotonic()
         prefill = route.prefill.run(request_id, prompt_ids, self.params, self.seed, target)
         try:
             first = await prefill.first_token()
@@ -221,6 +223,7 @@ class DisaggregatedRequest:
     def _accept(self, token: SampledToken) -> StreamChunk:
         now_s = time.monotonic()
         self._last_itl_s, self._last_token_s = now_s - self._last_token_s, now_s
+        self._timeline.on_token(now_s)
         return self.text.push(token)
 
     async def _enter(self, state: RequestState, **fields) -> None:
@@ -237,7 +240,8 @@ class DisaggregatedRequest:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._abort_on_replicas())
         num_output = self.text.num_output_tokens
-        self._metrics.on_finish(reason, len(self.prompt_ids), num_output, time.monotonic() - self._started_s)
+        self._metrics.on_finish(reason, len(self.prompt_ids), num_output, time.monotonic() - self._started_s,
+                                self._timeline)
         try:
             await asyncio.shield(self._store.transition(
                 self.request_id, state, completion_tokens=num_output, error=error))

@@ -11,11 +11,14 @@ iterates it) aborts the request everywhere: that is how a front reports a client
 """
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine import errors
 from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from gateway.tokenization import PromptBuilder
 
 
 class UnavailableError(errors.UnavailableError):
@@ -56,6 +59,7 @@ class Frontend(Protocol):
     model_name: str
     max_model_len: int
     tokenizer: object  # a transformers PreTrainedTokenizerFast; fronts only call decode()
+    prompts: "PromptBuilder"  # how generate() turns input into prompt ids; fronts use it to /tokenize
 
     def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
         """An async generator of the request's chunks.

@@ -1,7 +1,13 @@
 """The gateway's OpenAI-compatible HTTP front (aiohttp).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streamed as server-sent events or
-answered whole), GET /v1/models, GET /health, GET /metrics.
+answered whole), GET /v1/models, POST /tokenize, POST /detokenize (vLLM's), GET /health,
+GET /metrics.
+
+A generation request asks for `n` choices of each of its prompts; each choice is its own engine
+request, driven through the `Frontend` protocol and merged back into one answer (`fan_out`).
+Every response carries an `X-Request-Id` header: the client's, when it sent one, else a fresh
+id. It names the answer ("cmpl-<id>", "chatcmpl-<id>") and its engine requests.
 
 Invariants:
 - every error is OpenAI's JSON error body: 400 for bad input (the field named), 404 for an
@@ -16,22 +22,26 @@ import asyncio
 import contextlib
 import json
 import logging
+import string
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
 
 from aiohttp import web
 
 from engine.errors import InvalidRequestError, PdserveError
+from gateway.fan_out import choice_inputs, merge
 from gateway.frontend_types import Frontend, StreamChunk, UnavailableError
 from gateway.metrics import GatewayMetrics
 from gateway.openai_protocol import (
     ApiError,
     ParsedRequest,
-    Shaper,
-    create_shaper,
     parse_chat_request,
     parse_completion_request,
+    parse_detokenize_request,
+    parse_tokenize_request,
 )
+from gateway.openai_shaping import Shaper, create_shaper
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +55,11 @@ DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 """Request bodies carry whole prompts (possibly as token id lists): far above aiohttp's 1 MiB."""
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the answer"
+
+REQUEST_ID_HEADER = "X-Request-Id"
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
+_REQUEST_ID = web.RequestKey("request_id", str)
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -65,6 +80,8 @@ def create_app(
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     app.router.add_get("/v1/models", api.models)
+    app.router.add_post("/tokenize", api.tokenize)
+    app.router.add_post("/detokenize", api.detokenize)
     app.router.add_get("/health", api.health)
     app.router.add_get("/metrics", api.metrics)
     return app
@@ -78,6 +95,7 @@ class _OpenAIApi:
     @web.middleware
     async def errors_and_metrics(self, request: web.Request, handler) -> web.StreamResponse:
         try:
+            request[_REQUEST_ID] = _request_id(request)
             response = await handler(request)
         except ApiError as exc:
             response = _error_response(exc)
@@ -86,6 +104,8 @@ class _OpenAIApi:
         except Exception:
             logger.exception("%s %s failed", request.method, request.path)
             response = _error_response(ApiError(500, "internal server error", error_type="internal_error"))
+        if _REQUEST_ID in request and not response.prepared:  # a stream sets it before it starts
+            response.headers[REQUEST_ID_HEADER] = request[_REQUEST_ID]
         resource = request.match_info.route.resource
         self._metrics.on_http_response(resource.canonical if resource else "unmatched", response.status)
         return response
@@ -112,6 +132,24 @@ class _OpenAIApi:
         }
         return web.json_response({"object": "list", "data": [card]})
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        generate_input = parse_tokenize_request(await _read_json(request), self._frontend.model_name)
+        with _frontend_errors():
+            token_ids = self._frontend.prompts.prompt_ids(generate_input)
+        return web.json_response({
+            "count": len(token_ids),
+            "max_model_len": self._frontend.max_model_len,
+            "tokens": token_ids,
+            "token_strs": None,
+        })
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        token_ids = parse_detokenize_request(await _read_json(request), self._frontend.model_name)
+        vocab_size = self._frontend.prompts.vocab_size
+        if any(token_id >= vocab_size for token_id in token_ids):
+            raise ApiError(400, f"tokens must be in [0, {vocab_size})", param="tokens")
+        return web.json_response({"prompt": self._frontend.tokenizer.decode(token_ids)})
+
     async def health(self, request: web.Request) -> web.Response:
         healthy = self._frontend.health()
         return web.json_response({"status": "ok" if healthy else "unavailable"}, status=200 if healthy else 503)
@@ -120,20 +158,33 @@ class _OpenAIApi:
         return web.Response(body=self._metrics.render(), headers={"Content-Type": self._metrics.content_type})
 
     async def _generate(self, request: web.Request, parsed: ParsedRequest) -> web.StreamResponse:
-        shaper = create_shaper(parsed, self._frontend.model_name, int(time.time()), self._token_text)
+        request_id = request[_REQUEST_ID]
+        shaper = create_shaper(
+            parsed, request_id, self._frontend.model_name, int(time.time()), self._frontend.tokenizer.decode)
+        inputs = choice_inputs(parsed.inputs, parsed.n, request_id)
         with _frontend_errors():
-            chunks = self._frontend.generate(parsed.generate_input)
+            chunks = merge([self._frontend.generate(generate_input) for generate_input in inputs])
         if parsed.stream:
-            answer = _stream(request, chunks, shaper, parsed.include_usage)
+            answer = _stream(request, chunks, len(inputs), shaper, parsed.include_usage)
         else:
-            answer = _collect(chunks, shaper)
+            answer = _collect(chunks, len(inputs), shaper)
         try:
             return await _while_connected(request, answer)
         except ClientGoneError:
             return web.Response(status=CLIENT_CLOSED_REQUEST)
 
-    def _token_text(self, token_id: int) -> str:
-        return self._frontend.tokenizer.decode([token_id])
+
+def _request_id(request: web.Request) -> str:
+    """The client's X-Request-Id when it sent one (it becomes engine and Redis keys, so it is
+    kept to a safe alphabet), else a fresh one."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is None:
+        return uuid.uuid4().hex
+    if not 0 < len(given) <= MAX_REQUEST_ID_CHARS or not set(given) <= _REQUEST_ID_CHARS:
+        raise ApiError(
+            400, f"{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID_CHARS} characters of [A-Za-z0-9-_.:]",
+            param=REQUEST_ID_HEADER)
+    return given
 
 
 async def _read_json(request: web.Request) -> object:
@@ -178,34 +229,40 @@ async def _while_connected(request: web.Request, work: Coroutine):
     return task.result()
 
 
-async def _collect(chunks: AsyncIterator[StreamChunk], shaper: Shaper) -> web.Response:
+async def _collect(
+    chunks: AsyncIterator[tuple[int, StreamChunk]], num_choices: int, shaper: Shaper
+) -> web.Response:
+    collected: list[list[StreamChunk]] = [[] for _ in range(num_choices)]
     async with contextlib.aclosing(chunks):
         with _frontend_errors():
-            collected = [chunk async for chunk in chunks]
-    if not collected or collected[-1].finish_reason is None:
-        raise IncompleteStreamError("the generation ended without a finish reason")
+            async for index, chunk in chunks:
+                collected[index].append(chunk)
+    if not all(choice and choice[-1].finish_reason is not None for choice in collected):
+        raise IncompleteStreamError("a generation ended without a finish reason")
     return web.json_response(shaper.response(collected))
 
 
 async def _stream(
-    request: web.Request, chunks: AsyncIterator[StreamChunk], shaper: Shaper, include_usage: bool
+    request: web.Request, chunks: AsyncIterator[tuple[int, StreamChunk]], num_choices: int, shaper: Shaper,
+    include_usage: bool,
 ) -> web.StreamResponse:
     """SSE: one event per shaped chunk, an optional usage event, then `data: [DONE]`.
 
-    The first chunk is awaited before the response starts, so a request the frontend rejects
-    still gets its HTTP error status. Leaving this function closes the generator: on a finished
-    stream that is a no-op, on an unfinished one it aborts the request.
+    The first chunk is awaited before the response starts (and `merge` yields it only once
+    every choice has started), so a request the frontend rejects still gets its HTTP error
+    status. Leaving this function closes the generator: on a finished stream that is a no-op,
+    on an unfinished one it aborts the request.
     """
     async with contextlib.aclosing(chunks):
         with _frontend_errors():
             first = await anext(chunks, None)
         if first is None:
             raise IncompleteStreamError("the generation ended before its first chunk")
-        response = web.StreamResponse(headers=_SSE_HEADERS)
+        response = web.StreamResponse(headers=_SSE_HEADERS | {REQUEST_ID_HEADER: request[_REQUEST_ID]})
         await _send(response.prepare(request))
         try:
-            last = await _relay(response, first, chunks, shaper)
-            tail = [shaper.usage_event(last)] if include_usage else []
+            await _relay(response, first, chunks, num_choices, shaper)
+            tail = [shaper.usage_event()] if include_usage else []
         except ApiError as exc:
             tail = [exc.body()]
         except ClientGoneError:
@@ -221,19 +278,24 @@ async def _stream(
 
 
 async def _relay(
-    response: web.StreamResponse, first: StreamChunk, chunks: AsyncIterator[StreamChunk], shaper: Shaper
-) -> StreamChunk:
-    """Writes `first` and every following chunk; returns the last one, which has finished."""
-    last = first
-    for event in shaper.chunk_events(first):
-        await _send(response.write(_sse(event)))
+    response: web.StreamResponse, first: tuple[int, StreamChunk], chunks: AsyncIterator[tuple[int, StreamChunk]],
+    num_choices: int, shaper: Shaper,
+) -> None:
+    """Writes `first` and every following chunk, checking that every choice finished."""
+    finished: set[int] = set()
+
+    async def write(index: int, chunk: StreamChunk) -> None:
+        if chunk.finish_reason is not None:
+            finished.add(index)
+        for event in shaper.chunk_events(index, chunk):
+            await _send(response.write(_sse(event)))
+
+    await write(*first)
     with _frontend_errors():
-        async for last in chunks:
-            for event in shaper.chunk_events(last):
-                await _send(response.write(_sse(event)))
-    if last.finish_reason is None:
-        raise IncompleteStreamError("the generation ended without a finish reason")
-    return last
+        async for index, chunk in chunks:
+            await write(index, chunk)
+    if len(finished) != num_choices:
+        raise IncompleteStreamError("a generation ended without a finish reason")
 
 
 async def _send(write: Coroutine) -> None:

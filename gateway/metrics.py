@@ -8,9 +8,23 @@ Who records what, so that nothing is counted twice:
 - the HTTP front records only `on_http_response`, one per HTTP response, which also counts the
   requests rejected before they reached the core.
 
-Names follow vLLM's (`vllm:time_to_first_token_seconds` becomes
+Names and units follow vLLM's (`vllm:time_to_first_token_seconds` becomes
 `pdserve:time_to_first_token_seconds`), so dashboards built for it need only the prefix changed.
+A request's phases are measured on the front's clock (`RequestTimeline`), as vLLM's are:
+
+    arrival ──queue──▶ scheduled ──prefill──▶ first token ──decode──▶ last token
+            ◀────────────────────────── e2e ───────────────────────────────▶
+                       ◀──────────────── inference ──────────────────▶
+
+"Scheduled" is when the front hands the prompt to the engine that prefills it: in the
+disaggregated gateway, the Prefill.Run call after routing and the decode reservation; in
+`pdserve serve`, the engine accepting the request. So queue time is what the front waited before
+any engine had the request; a wait inside a replica's own scheduler, which no replica reports
+per request, lands in prefill time, and shows as `num_requests_waiting` (the sum of the live
+replicas' waiting queues, or the engine's own in `pdserve serve`).
 """
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -27,6 +41,26 @@ INTER_TOKEN_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
 )
+TOKEN_COUNT_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
+"""vLLM's 1-2-5 series for per-request token counts, here up to five million."""
+
+
+@dataclass(slots=True)
+class RequestTimeline:
+    """One request's moments on the front's monotonic clock, in seconds; None until reached.
+
+    The driver of a request owns it and fills it in as the request advances.
+    """
+
+    arrival_s: float
+    scheduled_s: float | None = None  # handed to the engine that prefills it
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+
+    def on_token(self, now_s: float) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = now_s
+        self.last_token_s = now_s
 
 
 class GatewayMetrics:
@@ -58,7 +92,30 @@ class GatewayMetrics:
             "inter_token_latency_seconds", "Time between consecutive tokens.", INTER_TOKEN_BUCKETS_S
         )
         self._e2e_s = histogram(
-            "e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS_S
+            "e2e_request_latency_seconds", "Arrival to the end of the request.", LATENCY_BUCKETS_S
+        )
+        self._waiting = Gauge(
+            PREFIX + "num_requests_waiting", "Requests waiting in the engines' queues.", model,
+            registry=self.registry,
+        )
+        self._queue_s = histogram(
+            "request_queue_time_seconds", "Arrival to scheduled (handed to the prefilling engine).",
+            LATENCY_BUCKETS_S,
+        )
+        self._prefill_s = histogram(
+            "request_prefill_time_seconds", "Scheduled to first token.", LATENCY_BUCKETS_S
+        )
+        self._decode_s = histogram(
+            "request_decode_time_seconds", "First token to last token.", LATENCY_BUCKETS_S
+        )
+        self._inference_s = histogram(
+            "request_inference_time_seconds", "Scheduled to last token.", LATENCY_BUCKETS_S
+        )
+        self._request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens per finished request.", TOKEN_COUNT_BUCKETS
+        )
+        self._request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens per finished request.", TOKEN_COUNT_BUCKETS
         )
         transport = model + ("transport",)
         self._kv_bytes = counter("kv_transfer_bytes", "KV cache bytes moved prefill to decode.", transport)
@@ -92,14 +149,33 @@ class GatewayMetrics:
         """One generated token after the first, `itl_s` after the one before it."""
         self._itl_s.labels(self._model_name).observe(itl_s)
 
-    def on_finish(self, reason: str, prompt_tokens: int, completion_tokens: int, e2e_s: float) -> None:
+    def on_finish(
+        self, reason: str, prompt_tokens: int, completion_tokens: int, e2e_s: float,
+        timeline: RequestTimeline | None = None,
+    ) -> None:
+        """Once per admitted request; each phase of `timeline` it reached is observed."""
         if reason not in FINISH_REASONS:
             raise ValueError(f"finish reason {reason!r} is not one of {FINISH_REASONS}")
-        self._running.labels(self._model_name).dec()
-        self._finished.labels(self._model_name, reason).inc()
-        self._prompt_tokens.labels(self._model_name).inc(prompt_tokens)
-        self._generation_tokens.labels(self._model_name).inc(completion_tokens)
-        self._e2e_s.labels(self._model_name).observe(e2e_s)
+        model = self._model_name
+        self._running.labels(model).dec()
+        self._finished.labels(model, reason).inc()
+        self._prompt_tokens.labels(model).inc(prompt_tokens)
+        self._generation_tokens.labels(model).inc(completion_tokens)
+        self._request_prompt_tokens.labels(model).observe(prompt_tokens)
+        self._request_generation_tokens.labels(model).observe(completion_tokens)
+        self._e2e_s.labels(model).observe(e2e_s)
+        if timeline is None or timeline.scheduled_s is None:
+            return
+        self._queue_s.labels(model).observe(timeline.scheduled_s - timeline.arrival_s)
+        if timeline.first_token_s is None:
+            return
+        self._prefill_s.labels(model).observe(timeline.first_token_s - timeline.scheduled_s)
+        self._decode_s.labels(model).observe(timeline.last_token_s - timeline.first_token_s)
+        self._inference_s.labels(model).observe(timeline.last_token_s - timeline.scheduled_s)
+
+    def set_num_requests_waiting(self, num_waiting: int) -> None:
+        """For a front over one engine: its scheduler's waiting queue (any thread may call)."""
+        self._waiting.labels(self._model_name).set(num_waiting)
 
     def on_preemptions(self, num_preemptions: int) -> None:
         self._preemptions.labels(self._model_name).inc(num_preemptions)
@@ -109,9 +185,11 @@ class GatewayMetrics:
         self._kv_s.labels(self._model_name, transport).observe(seconds)
 
     def on_replica_loads(self, replicas) -> None:
-        """Publishes the live replicas' last reported load (`ReplicaInfo`s); drops the others."""
+        """Publishes the live replicas' last reported load (`ReplicaInfo`s); drops the others.
+        Requests waiting are those in any live replica's queue."""
         for gauge in self._replica_gauges.values():
             gauge.clear()
+        self.set_num_requests_waiting(sum(replica.waiting_seqs for replica in replicas))
         for replica in replicas:
             allocated_slots = (replica.total_blocks - replica.free_blocks) * replica.block_size
             values = {

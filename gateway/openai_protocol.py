@@ -1,29 +1,26 @@
-"""OpenAI's completions and chat completions wire format, without the web server.
+"""OpenAI's request bodies, parsed without the web server (the answers' shapes are in
+`openai_shaping`).
 
-Two halves, both pure:
-- parsing: a decoded JSON body becomes a `ParsedRequest` (a `GenerateInput` plus how to answer),
-  or an `ApiError` that names the offending field. Fields this server cannot honour are rejected,
-  never silently ignored, so a client cannot believe it got a behaviour it did not get.
-- shaping: a shaper turns the frontend's `StreamChunk`s into the JSON objects OpenAI sends,
-  one `chunk_events` call per chunk when streaming, one `response` call over all of them when not.
+A decoded JSON body becomes a `ParsedRequest` (one `GenerateInput` per prompt plus how to
+answer), or an `ApiError` that names the offending field. Fields this server cannot honour are
+rejected, never silently ignored, so a client cannot believe it got a behaviour it did not get.
 
-Both endpoints serve exactly one choice (n=1), so every choice has index 0. Logprobs follow
-vLLM: values are clamped to -9999.0 (JSON has no -inf), token strings are single-token decodes,
-and a completions `top_logprobs` entry also holds the sampled token.
+Refused combinations, where vLLM would need what this server does not compute: `echo` with
+`logprobs` (the prompt's own logprobs), `best_of` other than `n` (ranking extra samples), and
+`use_beam_search`.
 """
 import dataclasses
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError, PdserveError
-from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
-from gateway.frontend_types import GenerateInput, StreamChunk
-
-MIN_LOGPROB = -9999.0
+from gateway.frontend_types import GenerateInput
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+MAX_N = 128
+"""Most choices one prompt may ask for: each is an engine request of its own."""
 
 _SAMPLING_FIELDS = (  # OpenAI / vLLM request field -> SamplingParams field, same meaning
     ("temperature", "temperature"),
@@ -38,12 +35,14 @@ _SAMPLING_FIELDS = (  # OpenAI / vLLM request field -> SamplingParams field, sam
 )
 _ZERO_ONLY_FIELDS = ("presence_penalty", "frequency_penalty")  # accepted only when they change nothing
 _COMMON_FIELDS = frozenset(
-    {"model", "n", "stream", "stream_options", "max_tokens", "logit_bias", "user"}
+    {"model", "n", "stream", "stream_options", "max_tokens", "logit_bias", "user", "use_beam_search"}
     | {name for name, _ in _SAMPLING_FIELDS}
     | set(_ZERO_ONLY_FIELDS)
 )
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+_TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages"})
+_DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
 
 class ApiError(PdserveError):
@@ -84,19 +83,36 @@ class Endpoint(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     endpoint: Endpoint
-    generate_input: GenerateInput
+    inputs: tuple[GenerateInput, ...]  # one per prompt (chat: exactly one); request_id unset
+    n: int  # choices per prompt
+    echo: bool  # completions: each choice's text starts with its prompt
     stream: bool
     include_usage: bool  # stream only: finish with a usage event
+
+    @property
+    def generate_input(self) -> GenerateInput:
+        """The first prompt's input; every prompt shares its sampling parameters."""
+        return self.inputs[0]
 
 
 def parse_completion_request(body: object, model_name: str) -> ParsedRequest:
     body = _common_checks(body, _COMPLETION_FIELDS, model_name)
-    for name, allowed in (("best_of", 1), ("echo", False), ("suffix", None)):
-        if body.get(name) not in (None, allowed):
-            raise ApiError(400, f"{name}={body[name]!r} is not supported", param=name)
+    n = _parse_n(body)
+    best_of = _optional(body, "best_of", int, "an integer")
+    if best_of is not None and best_of < n:
+        raise ApiError(400, f"best_of={best_of} must be at least n={n}", param="best_of")
+    if best_of is not None and best_of > n:
+        raise ApiError(400, f"best_of={best_of} is not supported: only best_of=n (here {n})", param="best_of")
+    if body.get("suffix") is not None:
+        raise ApiError(400, f"suffix={body['suffix']!r} is not supported", param="suffix")
+    echo = bool(_optional(body, "echo", bool, "a bool"))
+    if echo and body.get("logprobs") is not None:
+        raise ApiError(
+            400, "echo with logprobs is not supported: it needs the prompt's logprobs, which are not computed",
+            param="echo")
     if "prompt" not in body:
         raise ApiError(400, "prompt is required", param="prompt")
-    prompt, prompt_token_ids = _parse_prompt(body["prompt"])
+    prompts = _parse_prompts(body["prompt"])
     max_tokens = body.get("max_tokens")
     params = _sampling_params(
         body,
@@ -105,23 +121,25 @@ def parse_completion_request(body: object, model_name: str) -> ParsedRequest:
         names={},
     )
     stream, include_usage = _parse_stream(body)
-    return ParsedRequest(
-        endpoint=Endpoint.COMPLETIONS,
-        generate_input=GenerateInput(
+    inputs = tuple(
+        GenerateInput(
             request_id=None,
             prompt=prompt,
             prompt_token_ids=prompt_token_ids,
             params=params,
             max_tokens_is_default=max_tokens is None,
-        ),
-        stream=stream,
-        include_usage=include_usage,
+        )
+        for prompt, prompt_token_ids in prompts
+    )
+    return ParsedRequest(
+        endpoint=Endpoint.COMPLETIONS, inputs=inputs, n=n, echo=echo, stream=stream, include_usage=include_usage
     )
 
 
 def parse_chat_request(body: object, model_name: str, max_model_len: int) -> ParsedRequest:
     """Without a max_tokens the answer may fill the context (`max_model_len`), as vLLM does."""
     body = _common_checks(body, _CHAT_FIELDS, model_name)
+    n = _parse_n(body)
     messages = _parse_messages(body.get("messages"))
     max_tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(max_tokens_name)
@@ -136,14 +154,33 @@ def parse_chat_request(body: object, model_name: str, max_model_len: int) -> Par
         names={"max_tokens": max_tokens_name, "logprobs": "top_logprobs"},
     )
     stream, include_usage = _parse_stream(body)
-    return ParsedRequest(
-        endpoint=Endpoint.CHAT,
-        generate_input=GenerateInput(
-            request_id=None, messages=messages, params=params, max_tokens_is_default=max_tokens is None
-        ),
-        stream=stream,
-        include_usage=include_usage,
+    generate_input = GenerateInput(
+        request_id=None, messages=messages, params=params, max_tokens_is_default=max_tokens is None
     )
+    return ParsedRequest(
+        endpoint=Endpoint.CHAT, inputs=(generate_input,), n=n, echo=False, stream=stream, include_usage=include_usage
+    )
+
+
+def parse_tokenize_request(body: object, model_name: str) -> GenerateInput:
+    """vLLM's /tokenize body: a text `prompt`, or chat `messages` rendered as generation would."""
+    body = _common_checks(body, _TOKENIZE_FIELDS, model_name)
+    if ("prompt" in body) == ("messages" in body):
+        raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
+    if "messages" in body:
+        return GenerateInput(request_id=None, messages=_parse_messages(body["messages"]))
+    if not isinstance(body["prompt"], str):
+        raise ApiError(400, "prompt must be a string", param="prompt")
+    return GenerateInput(request_id=None, prompt=body["prompt"])
+
+
+def parse_detokenize_request(body: object, model_name: str) -> list[int]:
+    """vLLM's /detokenize body: the `tokens` to turn back into text."""
+    body = _common_checks(body, _DETOKENIZE_FIELDS, model_name)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_token_id(token) for token in tokens):
+        raise ApiError(400, "tokens must be a list of token ids (integers >= 0)", param="tokens")
+    return tokens
 
 
 def _common_checks(body: object, known_fields: frozenset[str], model_name: str) -> dict:
@@ -160,9 +197,8 @@ def _common_checks(body: object, known_fields: frozenset[str], model_name: str) 
             param="model",
             code="model_not_found",
         )
-    n = _optional(body, "n", int, "an integer")
-    if n not in (None, 1):
-        raise ApiError(400, f"n={n!r}: only n=1 is supported", param="n")
+    if body.get("use_beam_search") not in (None, False):
+        raise ApiError(400, f"use_beam_search={body['use_beam_search']!r} is not supported", param="use_beam_search")
     for name in _ZERO_ONLY_FIELDS:
         if body.get(name) not in (None, 0):
             raise ApiError(400, f"{name}={body[name]!r} is not supported (only 0)", param=name)
@@ -170,6 +206,15 @@ def _common_checks(body: object, known_fields: frozenset[str], model_name: str) 
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
     _optional(body, "user", str, "a string")
     return body
+
+
+def _parse_n(body: dict) -> int:
+    n = _optional(body, "n", int, "an integer")
+    if n is None:
+        return 1
+    if not 1 <= n <= MAX_N:
+        raise ApiError(400, f"n={n}: must be in [1, {MAX_N}]", param="n")
+    return n
 
 
 def _optional(body: dict, name: str, kind: type, description: str):
@@ -199,23 +244,27 @@ def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _parse_prompt(prompt: object) -> tuple[str | None, list[int] | None]:
-    """One prompt: a string, a list of token ids, or a batch of exactly one of those."""
+def _parse_prompts(prompt: object) -> list[tuple[str | None, list[int] | None]]:
+    """(text, token ids) per prompt, one of them set: `prompt` is a string, a list of token ids,
+    or a non-empty batch of those."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return [_parse_one_prompt(p, f"prompt[{index}]") for index, p in enumerate(prompt)]
+    return [_parse_one_prompt(prompt, "prompt")]
+
+
+def _parse_one_prompt(prompt: object, where: str) -> tuple[str | None, list[int] | None]:
     if isinstance(prompt, str):
         return prompt, None
     if isinstance(prompt, list) and prompt and all(_is_token_id(token) for token in prompt):
         return None, list(prompt)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return _parse_prompt(prompt[0])
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise ApiError(400, "batched prompts are not supported: send one prompt per request", param="prompt")
     raise ApiError(
-        400, "prompt must be a string or a non-empty list of token ids (integers >= 0)", param="prompt"
+        400, f"{where} must be a string or a non-empty list of token ids (integers >= 0)", param="prompt"
     )
 
 
 def _parse_messages(messages: object) -> list[dict]:
-    """Normalises each message to {"role": str, "content": str}; text parts are joined by newlines."""
+    """Normalises each message to {"role": str, "content": str} (and its "name" when given, for
+    templates that show it); text parts are joined by newlines."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     normalised = []
@@ -223,13 +272,18 @@ def _parse_messages(messages: object) -> list[dict]:
         where = f"messages[{index}]"
         if not isinstance(message, dict):
             raise ApiError(400, f"{where} must be an object", param="messages")
-        unknown = sorted(set(message) - {"role", "content"})
+        unknown = sorted(set(message) - {"role", "content", "name"})
         if unknown:
             raise ApiError(400, f"{where}.{unknown[0]} is not supported", param="messages")
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ApiError(400, f"{where}.role must be a non-empty string", param="messages")
-        normalised.append({"role": role, "content": _message_text(message.get("content"), where)})
+        entry = {"role": role, "content": _message_text(message.get("content"), where)}
+        if message.get("name") is not None:
+            if not isinstance(message["name"], str):
+                raise ApiError(400, f"{where}.name must be a string", param="messages")
+            entry["name"] = message["name"]
+        normalised.append(entry)
     return normalised
 
 
@@ -268,162 +322,3 @@ def _sampling_params(
             raise ApiError(400, message) from exc
         param = names.get(field, field)
         raise ApiError(400, param + message[len(field):], param=param) from exc
-
-
-def usage(chunk: StreamChunk) -> dict:
-    return {
-        "prompt_tokens": chunk.prompt_tokens,
-        "completion_tokens": chunk.completion_tokens,
-        "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
-    }
-
-
-def _clamped(logprob: float) -> float:
-    return max(logprob, MIN_LOGPROB)
-
-
-def _has_news(chunk: StreamChunk) -> bool:
-    return bool(chunk.token_ids or chunk.text or chunk.finish_reason)
-
-
-class _Shaper:
-    """State shared by both shapers: identity of the response and how to name tokens."""
-
-    object_name: str
-    chunk_object_name: str
-    id_prefix: str
-
-    def __init__(self, parsed: ParsedRequest, model_name: str, created_s: int, token_text: Callable[[int], str]):
-        self._with_logprobs = parsed.generate_input.params.logprobs is not None
-        self._include_usage = parsed.include_usage
-        self._model_name = model_name
-        self._created_s = created_s
-        self._token_text = token_text
-
-    def _envelope(self, chunk: StreamChunk, choices: list[dict], *, streaming: bool) -> dict:
-        envelope = {
-            "id": self.id_prefix + chunk.request_id,
-            "object": self.chunk_object_name if streaming else self.object_name,
-            "created": self._created_s,
-            "model": self._model_name,
-            "choices": choices,
-        }
-        if not streaming:
-            envelope["usage"] = usage(chunk)
-        elif self._include_usage:
-            envelope["usage"] = None
-        return envelope
-
-    def usage_event(self, last_chunk: StreamChunk) -> dict:
-        """The event after the last chunk when the client asked for stream_options.include_usage."""
-        return self._envelope(last_chunk, [], streaming=True) | {"usage": usage(last_chunk)}
-
-
-class CompletionShaper(_Shaper):
-    object_name = "text_completion"
-    chunk_object_name = "text_completion"
-    id_prefix = "cmpl-"
-
-    def __init__(self, parsed: ParsedRequest, model_name: str, created_s: int, token_text: Callable[[int], str]):
-        super().__init__(parsed, model_name, created_s, token_text)
-        self._text_offset = 0  # characters of token text already reported
-
-    def chunk_events(self, chunk: StreamChunk) -> list[dict]:
-        if not _has_news(chunk):
-            return []
-        choice = self._choice(chunk.text, chunk.logprobs, chunk)
-        return [self._envelope(chunk, [choice], streaming=True)]
-
-    def response(self, chunks: list[StreamChunk]) -> dict:
-        text = "".join(chunk.text for chunk in chunks)
-        logprobs = [lp for chunk in chunks for lp in chunk.logprobs]
-        return self._envelope(chunks[-1], [self._choice(text, logprobs, chunks[-1])], streaming=False)
-
-    def _choice(self, text: str, logprobs: list[TokenLogprobs], last: StreamChunk) -> dict:
-        return {
-            "index": 0,
-            "text": text,
-            "logprobs": self._logprobs(logprobs) if self._with_logprobs else None,
-            "finish_reason": last.finish_reason,
-            "stop_reason": last.stop_reason,
-        }
-
-    def _logprobs(self, logprobs: list[TokenLogprobs]) -> dict:
-        shaped = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for entry in logprobs:
-            token = self._token_text(entry.token_id)
-            top = {}
-            for top_id, top_logprob in zip(entry.top_ids, entry.top_logprobs):
-                top.setdefault(self._token_text(top_id), _clamped(top_logprob))
-            top.setdefault(token, _clamped(entry.logprob))
-            shaped["tokens"].append(token)
-            shaped["token_logprobs"].append(_clamped(entry.logprob))
-            shaped["top_logprobs"].append(top)
-            shaped["text_offset"].append(self._text_offset)
-            self._text_offset += len(token)
-        return shaped
-
-
-class ChatShaper(_Shaper):
-    object_name = "chat.completion"
-    chunk_object_name = "chat.completion.chunk"
-    id_prefix = "chatcmpl-"
-
-    def __init__(self, parsed: ParsedRequest, model_name: str, created_s: int, token_text: Callable[[int], str]):
-        super().__init__(parsed, model_name, created_s, token_text)
-        self._sent_role = False
-
-    def chunk_events(self, chunk: StreamChunk) -> list[dict]:
-        events = []
-        if not self._sent_role:
-            role = {"role": "assistant", "content": ""}
-            opening = {"index": 0, "delta": role, "logprobs": None, "finish_reason": None}
-            events.append(self._envelope(chunk, [opening], streaming=True))
-            self._sent_role = True
-        if _has_news(chunk):
-            choice = {
-                "index": 0,
-                "delta": {"content": chunk.text} if chunk.text else {},
-                "logprobs": self._logprobs(chunk.logprobs),
-                "finish_reason": chunk.finish_reason,
-                "stop_reason": chunk.stop_reason,
-            }
-            events.append(self._envelope(chunk, [choice], streaming=True))
-        return events
-
-    def response(self, chunks: list[StreamChunk]) -> dict:
-        last = chunks[-1]
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": "".join(chunk.text for chunk in chunks)},
-            "logprobs": self._logprobs([lp for chunk in chunks for lp in chunk.logprobs]),
-            "finish_reason": last.finish_reason,
-            "stop_reason": last.stop_reason,
-        }
-        return self._envelope(last, [choice], streaming=False)
-
-    def _logprobs(self, logprobs: list[TokenLogprobs]) -> dict | None:
-        if not self._with_logprobs:
-            return None
-        return {
-            "content": [
-                self._token_entry(entry.token_id, entry.logprob)
-                | {"top_logprobs": [self._token_entry(i, lp) for i, lp in zip(entry.top_ids, entry.top_logprobs)]}
-                for entry in logprobs
-            ]
-        }
-
-    def _token_entry(self, token_id: int, logprob: float) -> dict:
-        token = self._token_text(token_id)
-        return {"token": token, "logprob": _clamped(logprob), "bytes": list(token.encode("utf-8"))}
-
-
-Shaper = CompletionShaper | ChatShaper
-
-
-def create_shaper(
-    parsed: ParsedRequest, model_name: str, created_s: int, token_text: Callable[[int], str]
-) -> Shaper:
-    """`token_text(token_id)` names one token in logprobs (a single-token decode)."""
-    shaper_class = ChatShaper if parsed.endpoint is Endpoint.CHAT else CompletionShaper
-    return shaper_class(parsed, model_name, created_s, token_text)

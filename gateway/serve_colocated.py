@@ -42,6 +42,7 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(engine.tokenizer, args.model, engine.model_config.vocab_size, engine.max_model_len)
     frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)
+    async_engine.on_step = lambda engine: metrics.set_num_requests_waiting(engine.load()["waiting_seqs"])
     async_engine.start()
     async with serving_http(create_app(frontend, metrics), args.host, args.port):
         logger.info("serving %s on http://%s:%d/v1 (%d KV blocks)", model_name, args.host, args.port,

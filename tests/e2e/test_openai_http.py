@@ -101,3 +101,42 @@ def test_metrics_export_each_live_replicas_load(cluster):
     text = scrape()
     assert 'pdserve:replica_queued_prompt_tokens{kind="prefill",replica="p0"}' in text
     assert 'pdserve:kv_transfer_bytes_total{model_name="model0",transport="TRANSPORT_SHM"}' in text
+
+
+def test_n_choices_sample_like_separate_requests_with_seed_plus_index(client, cluster):
+    def sample(seed: int, n: int = 1) -> list[str]:
+        response = client.completions.create(model="model0", prompt="Pick a word", max_tokens=8, temperature=1.0,
+                                             seed=seed, n=n, extra_body={"ignore_eos": True})
+        return [choice.text for choice in response.choices]
+
+    assert sample(seed=40, n=3) == sample(40) + sample(41) + sample(42)
+    cluster.assert_all_kv_free()
+
+
+def test_a_prompt_list_answers_each_prompt_as_alone(client, cluster):
+    prompts = ["The quick brown fox", "Once upon a time"]
+    response = client.completions.create(model="model0", prompt=prompts, max_tokens=6, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert [choice.text for choice in response.choices] == [grpc_greedy_text(cluster, p, 6) for p in prompts]
+    cluster.assert_all_kv_free()
+
+
+def test_tokenize_counts_what_a_completion_reports(client, cluster):
+    root = openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.gateway.http_port}", api_key="unused", max_retries=0)
+    tokenized = root.post("/tokenize", body={"model": "model0", "prompt": "Once upon a time"}, cast_to=object)
+    usage = client.completions.create(model="model0", prompt="Once upon a time", max_tokens=1).usage
+    assert tokenized["count"] == usage.prompt_tokens == len(tokenized["tokens"])
+    detokenized = root.post("/detokenize", body={"model": "model0", "tokens": tokenized["tokens"]}, cast_to=object)
+    assert "Once upon a time" in detokenized["prompt"]
+
+
+def test_metrics_export_request_phases_and_waiting_requests(client, cluster):
+    import urllib.request
+
+    client.completions.create(model="model0", prompt="phases", max_tokens=3)
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.gateway.http_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens", "e2e_request_latency_seconds"):
+        assert f'pdserve:{name}_count{{model_name="model0"}}' in text, name
+    assert 'pdserve:num_requests_waiting{model_name="model0"}' in text

@@ -36,3 +36,23 @@ def test_streamed_completion_equals_the_offline_engine(server, e2e_model):
     expected = LLM(e2e_model).generate(["colocated"], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
                                        use_tqdm=False)[0].outputs[0].text
     assert text == expected
+
+
+def test_metrics_export_the_engines_phases_and_waiting_queue(server):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server}/metrics", timeout=10) as response:
+            families = text_string_to_metric_families(response.read().decode())
+            return {sample.name: sample.value for family in families for sample in family.samples}
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="unused", max_retries=0, timeout=60)
+    before = scrape()
+    assert len(client.completions.create(model="model0", prompt="phases", max_tokens=3, n=2).choices) == 2
+    after = scrape()
+    for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"):
+        count = f"pdserve:{name}_count"
+        assert after[count] - before.get(count, 0.0) == 2, name  # one engine request per choice
+    assert after["pdserve:num_requests_waiting"] == 0

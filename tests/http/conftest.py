@@ -1,14 +1,16 @@
 """A real aiohttp server on a loopback port, in a thread with its own event loop, in front of a
 fake frontend whose token stream is fully known.
 
-The fake generates the words of FAKE_TEXT in order, one token each, honouring max_tokens,
-stop strings, include_stop_str_in_output and logprobs. A few prompts change its behaviour:
+The fake generates the words of VOCAB in order, one token each, honouring max_tokens,
+stop strings, include_stop_str_in_output, logprobs and seed (a choice's first token is shifted
+by its seed, so choices with different seeds differ). A few prompts change its behaviour:
 SLOW streams forever (until closed), UNAVAILABLE and INVALID fail before the first token,
 FAIL_MIDWAY fails after two tokens. It records every GenerateInput it received, and every
 generation that was closed before it finished (what the real frontend turns into an abort).
 """
 import asyncio
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -41,9 +43,36 @@ def fake_text(num_tokens: int) -> str:
     return "".join(VOCAB[fake_token_id(i)] for i in range(num_tokens))
 
 
+FAKE_VOCAB_SIZE = 200
+BOS = 1  # opens each chat message in FakePrompts
+
+
 class FakeTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return "".join(VOCAB.get(token_id, f"<{token_id}>") for token_id in token_ids)
+
+
+class FakePrompts:
+    """Tokenizes text made of VOCAB's pieces; a chat message is BOS then its content."""
+
+    vocab_size = FAKE_VOCAB_SIZE
+    _ids = {text: token_id for token_id, text in VOCAB.items()}
+    _pieces = re.compile("|".join(re.escape(text) for text in VOCAB.values()))
+
+    def __init__(self) -> None:
+        self.inputs: list[GenerateInput] = []
+
+    def prompt_ids(self, request: GenerateInput) -> list[int]:
+        self.inputs.append(request)
+        if request.messages is not None:
+            return [token_id for message in request.messages for token_id in [BOS, *self._encode(message["content"])]]
+        ids = self._encode(request.prompt)
+        if not ids:
+            raise InvalidRequestError("prompt is empty")
+        return ids
+
+    def _encode(self, text: str) -> list[int]:
+        return [self._ids[piece] for piece in self._pieces.findall(text)]
 
 
 class FakeFrontend:
@@ -52,6 +81,7 @@ class FakeFrontend:
 
     def __init__(self) -> None:
         self.tokenizer = FakeTokenizer()
+        self.prompts = FakePrompts()
         self.healthy = True
         self.inputs: list[GenerateInput] = []
         self.closed_early: list[str] = []
@@ -85,7 +115,7 @@ class FakeFrontend:
                 await asyncio.sleep(SLOW_TOKEN_INTERVAL_S if prompt == SLOW else TOKEN_INTERVAL_S)
                 if prompt == FAIL_MIDWAY and position == 2:
                     raise UnavailableError("the decode replica went away")
-                token_id = fake_token_id(position)
+                token_id = fake_token_id(position + (params.seed or 0))
                 position += 1
                 text += VOCAB[token_id]
                 finish_reason, stop_reason, visible = None, None, text
@@ -98,7 +128,7 @@ class FakeFrontend:
                     finish_reason = "length"
                 logprobs = []
                 if params.logprobs is not None:
-                    top = ((token_id, SAMPLED_LOGPROB), (fake_token_id(position), RUNNER_UP_LOGPROB))
+                    top = ((token_id, SAMPLED_LOGPROB), (fake_token_id(position + (params.seed or 0)), RUNNER_UP_LOGPROB))
                     top = top[: params.logprobs]
                     top_ids, top_logprobs = tuple(i for i, _ in top), tuple(lp for _, lp in top)
                     logprobs = [TokenLogprobs(token_id, SAMPLED_LOGPROB, top_ids, top_logprobs)]

@@ -7,19 +7,22 @@ from urllib.parse import urlsplit
 import pytest
 
 ABORT_DEADLINE_S = 3.0
+REQUEST_ID = "leaving-1"
 BOTH_HANDLER_CANCELLATION_MODES = pytest.mark.parametrize(
     "server", [False, True], indirect=True, ids=["poll", "cancel"]
 )
 
 
 def open_generation(server, body: dict) -> socket.socket:
-    """Sends one POST /v1/completions on a raw socket, so the test decides when it closes."""
+    """Sends one POST /v1/completions (X-Request-Id: REQUEST_ID) on a raw socket, so the test
+    decides when it closes."""
     address = urlsplit(server.base_url)
     sock = socket.create_connection((address.hostname, address.port), timeout=5)
     payload = json.dumps(body).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {address.netloc}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        f"Content-Type: application/json\r\nX-Request-Id: {REQUEST_ID}\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
     )
     sock.sendall(head.encode() + payload)
     return sock
@@ -35,7 +38,7 @@ def test_closing_a_stream_closes_the_generation(server):
     sock.close()
 
     assert server.frontend.closed_early_seen.wait(ABORT_DEADLINE_S)
-    assert server.frontend.closed_early == ["fake-1"]
+    assert server.frontend.closed_early == [REQUEST_ID]
 
 
 @BOTH_HANDLER_CANCELLATION_MODES
@@ -45,7 +48,7 @@ def test_leaving_before_a_whole_answer_closes_the_generation(server):
     sock.close()
 
     assert server.frontend.closed_early_seen.wait(ABORT_DEADLINE_S)
-    assert server.frontend.closed_early == ["fake-1"]
+    assert server.frontend.closed_early == [REQUEST_ID]
 
 
 def test_a_finished_generation_is_not_closed_early(server):

@@ -1,9 +1,11 @@
 """GatewayMetrics keeps its own registry and /metrics serves it in Prometheus text format;
 the HTTP front counts its responses by route and status."""
+from types import SimpleNamespace
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RequestTimeline
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -39,6 +41,59 @@ def test_request_figures_land_in_the_exposition():
     transport = (("model_name", "m"), ("transport", "shm"))
     assert values[("pdserve:kv_transfer_bytes_total", transport)] == 4096
     assert values[("pdserve:kv_transfer_seconds_count", transport)] == 1
+
+
+def test_a_finished_request_observes_its_phases_with_vllm_meanings():
+    metrics = GatewayMetrics("m")
+    timeline = RequestTimeline(arrival_s=10.0, scheduled_s=10.5)
+    for now_s in (11.0, 11.25, 12.0):
+        timeline.on_token(now_s)
+    metrics.on_request_start()
+    metrics.on_finish("length", prompt_tokens=7, completion_tokens=3, e2e_s=2.5, timeline=timeline)
+
+    values = samples(metrics.render().decode())
+    model = (("model_name", "m"),)
+    assert values[("pdserve:request_queue_time_seconds_sum", model)] == 0.5  # arrival -> scheduled
+    assert values[("pdserve:request_prefill_time_seconds_sum", model)] == 0.5  # -> first token
+    assert values[("pdserve:request_decode_time_seconds_sum", model)] == 1.0  # first -> last token
+    assert values[("pdserve:request_inference_time_seconds_sum", model)] == 1.5  # scheduled -> last
+    assert values[("pdserve:e2e_request_latency_seconds_sum", model)] == 2.5
+    assert values[("pdserve:request_prompt_tokens_sum", model)] == 7
+    assert values[("pdserve:request_prompt_tokens_bucket", (("le", "5.0"),) + model)] == 0
+    assert values[("pdserve:request_prompt_tokens_bucket", (("le", "10.0"),) + model)] == 1
+    assert values[("pdserve:request_generation_tokens_sum", model)] == 3
+    assert values[("pdserve:request_generation_tokens_count", model)] == 1
+
+
+def test_phases_a_request_never_reached_are_not_observed():
+    metrics = GatewayMetrics("m")
+    for timeline in (RequestTimeline(arrival_s=0.0), RequestTimeline(arrival_s=0.0, scheduled_s=0.25), None):
+        metrics.on_request_start()
+        metrics.on_finish("abort", prompt_tokens=4, completion_tokens=0, e2e_s=1.0, timeline=timeline)
+
+    values = samples(metrics.render().decode())
+    model = (("model_name", "m"),)
+    assert values[("pdserve:request_queue_time_seconds_count", model)] == 1
+    assert ("pdserve:request_prefill_time_seconds_count", model) not in values
+    assert ("pdserve:request_decode_time_seconds_count", model) not in values
+    assert values[("pdserve:request_generation_tokens_count", model)] == 3
+
+
+def test_requests_waiting_are_those_in_the_live_replicas_queues():
+    metrics = GatewayMetrics("m")
+    replica = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0,
+                   queued_tokens=0, num_preemptions=0)
+    metrics.on_replica_loads([
+        SimpleNamespace(kind="prefill", replica_id="p0", waiting_seqs=3, **replica),
+        SimpleNamespace(kind="decode", replica_id="d0", waiting_seqs=2, **replica),
+    ])
+    waiting = ("pdserve:num_requests_waiting", (("model_name", "m"),))
+    assert samples(metrics.render().decode())[waiting] == 5
+
+    metrics.on_replica_loads([])
+    assert samples(metrics.render().decode())[waiting] == 0
+    metrics.set_num_requests_waiting(4)
+    assert samples(metrics.render().decode())[waiting] == 4
 
 
 def test_each_instance_has_its_own_registry():

@@ -7,15 +7,16 @@ from gateway.openai_protocol import COMPLETION_DEFAULT_MAX_TOKENS
 
 MODEL = "fake-model"
 MAX_MODEL_LEN = 4096
+REQUEST_ID = {"X-Request-Id": "req-1"}
 TEXT_4 = " Hello, wörld!"  # what the fake frontend generates first, one token per piece
 TOKENS_4 = [" Hello", ",", " wörld", "!"]
 
 
 def test_completion_returns_the_generated_text_and_usage(server, client):
-    completion = client.completions.create(model=MODEL, prompt="say hello", max_tokens=3)
+    completion = client.completions.create(model=MODEL, prompt="say hello", max_tokens=3, extra_headers=REQUEST_ID)
 
     assert completion.object == "text_completion"
-    assert completion.id == "cmpl-fake-1"
+    assert completion.id == "cmpl-req-1"
     assert completion.model == MODEL
     assert completion.created > 0
     [choice] = completion.choices
@@ -71,14 +72,15 @@ def test_completion_can_keep_the_stop_string(client):
 
 def test_streamed_completion_yields_the_same_text_then_usage(server, client):
     stream = client.completions.create(
-        model=MODEL, prompt="say hello", max_tokens=4, stream=True, stream_options={"include_usage": True}
+        model=MODEL, prompt="say hello", max_tokens=4, stream=True, stream_options={"include_usage": True},
+        extra_headers=REQUEST_ID,
     )
     chunks = list(stream)
 
     *content, usage_chunk = chunks
     assert [c.choices[0].text for c in content] == TOKENS_4
     assert [c.choices[0].finish_reason for c in content] == [None, None, None, "length"]
-    assert all(c.id == "cmpl-fake-1" and c.object == "text_completion" and c.usage is None for c in content)
+    assert all(c.id == "cmpl-req-1" and c.object == "text_completion" and c.usage is None for c in content)
     assert usage_chunk.choices == []
     assert (usage_chunk.usage.prompt_tokens, usage_chunk.usage.completion_tokens) == (2, 4)
     assert server.frontend.closed_early == []
@@ -119,10 +121,11 @@ def test_chat_completion_answers_as_the_assistant(server, client):
         model=MODEL,
         messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}],
         max_completion_tokens=4,
+        extra_headers=REQUEST_ID,
     )
 
     assert chat.object == "chat.completion"
-    assert chat.id == "chatcmpl-fake-1"
+    assert chat.id == "chatcmpl-req-1"
     [choice] = chat.choices
     assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", TEXT_4, "length")
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (2, 4)
@@ -156,6 +159,7 @@ def test_streamed_chat_opens_with_the_role_and_ends_with_usage(server, client):
         max_tokens=4,
         stream=True,
         stream_options={"include_usage": True},
+        extra_headers=REQUEST_ID,
     )
     chunks = list(stream)
 
@@ -164,7 +168,7 @@ def test_streamed_chat_opens_with_the_role_and_ends_with_usage(server, client):
     assert role_chunk.choices[0].delta.content == ""
     assert [c.choices[0].delta.content for c in content] == TOKENS_4
     assert [c.choices[0].finish_reason for c in content] == [None, None, None, "length"]
-    assert all(c.object == "chat.completion.chunk" and c.id == "chatcmpl-fake-1" for c in chunks)
+    assert all(c.object == "chat.completion.chunk" and c.id == "chatcmpl-req-1" for c in chunks)
     assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 4
     assert server.frontend.closed_early == []
 
@@ -206,8 +210,8 @@ def test_streamed_chat_carries_logprobs_per_chunk(client):
 def test_errors_reach_the_client_as_typed_openai_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other-model", prompt="hi")
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        client.completions.create(model=MODEL, prompt="hi", n=2)
+    with pytest.raises(openai.BadRequestError, match="n=0"):
+        client.completions.create(model=MODEL, prompt="hi", n=0)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=-1)
 

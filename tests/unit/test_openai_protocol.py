@@ -1,19 +1,16 @@
-"""OpenAI request parsing and response shaping, without a server: what is accepted and how it
-maps onto GenerateInput, what is refused with which status and param, and the JSON shapes."""
-import math
-
+"""OpenAI request parsing without a server: what is accepted and how it maps onto
+GenerateInputs, and what is refused with which status and param."""
 import pytest
 
-from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
-from gateway.frontend_types import StreamChunk
 from gateway.openai_protocol import (
-    MIN_LOGPROB,
+    MAX_N,
     ApiError,
     Endpoint,
-    create_shaper,
     parse_chat_request,
     parse_completion_request,
+    parse_detokenize_request,
+    parse_tokenize_request,
 )
 
 MODEL = "m"
@@ -30,8 +27,9 @@ def chat(**body):
 
 
 def refusal(parse, **body) -> ApiError:
+    """The error `parse` (a helper above, or a parse_* function) raises for `body`."""
     with pytest.raises(ApiError) as caught:
-        parse(**body)
+        parse(**body) if parse in (completion, chat) else parse(body, MODEL)
     return caught.value
 
 
@@ -53,7 +51,15 @@ def test_a_single_prompt_is_accepted_as_text_or_token_ids(prompt, text, token_id
     assert generate_input.request_id is None
 
 
-@pytest.mark.parametrize("prompt", [[], [1, -2], [1, True], [1.5], {"text": "hi"}, None, 7, [[1], [2]], ["a", "b"], [[]]])
+def test_a_list_of_prompts_becomes_one_input_per_prompt_with_the_same_parameters():
+    parsed = completion(prompt=["a", [1, 2], "b"], max_tokens=3, n=2)
+
+    assert [(i.prompt, i.prompt_token_ids) for i in parsed.inputs] == [("a", None), (None, [1, 2]), ("b", None)]
+    assert {i.params for i in parsed.inputs} == {SamplingParams(max_tokens=3)}
+    assert parsed.n == 2
+
+
+@pytest.mark.parametrize("prompt", [[], [1, -2], [1, True], [1.5], {"text": "hi"}, None, 7, ["a", 2], [[]], ["a", []]])
 def test_anything_else_as_a_prompt_is_a_400_on_prompt(prompt):
     error = refusal(completion, prompt=prompt)
 
@@ -66,7 +72,7 @@ def test_completion_defaults_match_openai():
     assert parsed.endpoint is Endpoint.COMPLETIONS
     assert parsed.generate_input.params == SamplingParams(max_tokens=16)
     assert parsed.generate_input.max_tokens_is_default
-    assert (parsed.stream, parsed.include_usage) == (False, False)
+    assert (parsed.stream, parsed.include_usage, parsed.n, parsed.echo) == (False, False, 1, False)
 
 
 def test_nulls_mean_defaults():
@@ -111,10 +117,15 @@ def test_another_model_is_a_404_model_not_found():
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [
-        ({"n": 3}, "n", "only n=1"),
+        ({"n": 0}, "n", f"[1, {MAX_N}]"),
+        ({"n": MAX_N + 1}, "n", f"n={MAX_N + 1}"),
         ({"n": True}, "n", "integer"),
-        ({"best_of": 2}, "best_of", "not supported"),
-        ({"echo": True}, "echo", "not supported"),
+        ({"best_of": 2}, "best_of", "only best_of=n"),
+        ({"n": 3, "best_of": 2}, "best_of", "at least n=3"),
+        ({"best_of": "2"}, "best_of", "integer"),
+        ({"use_beam_search": True}, "use_beam_search", "not supported"),
+        ({"echo": True, "logprobs": 0}, "echo", "prompt's logprobs"),
+        ({"echo": 1}, "echo", "bool"),
         ({"suffix": "x"}, "suffix", "not supported"),
         ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
         ({"logit_bias": {"1": 5}}, "logit_bias", "not supported"),
@@ -138,6 +149,12 @@ def test_bad_completion_fields_are_400s_naming_the_field(body, param, fragment):
     assert fragment in error.message
 
 
+def test_n_echo_and_a_matching_best_of_are_accepted():
+    parsed = completion(prompt="hi", n=3, best_of=3, echo=True, use_beam_search=False)
+
+    assert (parsed.n, parsed.echo) == (3, True)
+
+
 def test_include_usage_needs_and_follows_stream():
     assert completion(prompt="hi", stream=True, stream_options={"include_usage": True}).include_usage
     assert not completion(prompt="hi", stream=True, stream_options={}).include_usage
@@ -157,6 +174,13 @@ def test_chat_without_max_tokens_may_fill_the_context():
     assert parsed.generate_input.messages == USER
     assert parsed.generate_input.params.max_tokens == MAX_MODEL_LEN
     assert parsed.generate_input.max_tokens_is_default
+
+
+def test_chat_accepts_n_and_message_names():
+    parsed = chat(messages=[{"role": "user", "content": "hi", "name": "ada"}], n=4)
+
+    assert parsed.n == 4
+    assert parsed.generate_input.messages == [{"role": "user", "content": "hi", "name": "ada"}]
 
 
 def test_chat_prefers_max_completion_tokens_over_the_deprecated_max_tokens():
@@ -192,6 +216,7 @@ def test_chat_errors_use_the_request_field_names():
         ([{"role": "user", "content": 3}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "only text parts"),
         ([USER[0], {"role": "tool", "content": "b", "tool_call_id": "1"}], "messages[1].tool_call_id"),
+        ([{"role": "user", "content": "hi", "name": 7}], "messages[0].name"),
     ],
 )
 def test_bad_messages_are_400s_saying_which_message(messages, fragment):
@@ -201,85 +226,23 @@ def test_bad_messages_are_400s_saying_which_message(messages, fragment):
     assert fragment in error.message
 
 
-def chunk(text: str, token_ids: list[int], finish_reason=None, logprobs=(), completion_tokens=1) -> StreamChunk:
-    return StreamChunk(
-        request_id="r1", token_ids=token_ids, text=text, logprobs=list(logprobs), finish_reason=finish_reason,
-        stop_reason=None, prompt_tokens=3, completion_tokens=completion_tokens,
-    )
+def test_tokenize_takes_a_text_prompt_or_chat_messages():
+    assert parse_tokenize_request({"model": MODEL, "prompt": "hi"}, MODEL).prompt == "hi"
+    assert parse_tokenize_request({"messages": USER}, MODEL).messages == USER
 
 
-def token_text(token_id: int) -> str:
-    return {1: "a", 2: "bc", 3: "é"}[token_id]
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({}, "prompt"), ({"prompt": "a", "messages": USER}, "prompt"), ({"prompt": [1]}, "prompt"),
+     ({"prompt": "a", "add_special_tokens": False}, "add_special_tokens"), ({"messages": []}, "messages")],
+)
+def test_bad_tokenize_bodies_are_400s(body, param):
+    error = refusal(parse_tokenize_request, **body)
+
+    assert (error.status, error.param) == (400, param)
 
 
-def test_completion_shaper_builds_the_whole_response():
-    shaper = create_shaper(completion(prompt="hi", logprobs=1), MODEL, 1700000000, token_text)
-    chunks = [
-        chunk("a", [1], logprobs=[TokenLogprobs(1, -0.5, (2,), (-0.1,))]),
-        chunk("bc", [2], "length", logprobs=[TokenLogprobs(2, -math.inf, (2,), (-0.1,))], completion_tokens=2),
-    ]
-
-    assert shaper.response(chunks) == {
-        "id": "cmpl-r1",
-        "object": "text_completion",
-        "created": 1700000000,
-        "model": MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "text": "abc",
-                "logprobs": {
-                    "tokens": ["a", "bc"],
-                    "token_logprobs": [-0.5, MIN_LOGPROB],
-                    "top_logprobs": [{"bc": -0.1, "a": -0.5}, {"bc": -0.1}],
-                    "text_offset": [0, 1],
-                },
-                "finish_reason": "length",
-                "stop_reason": None,
-            }
-        ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-    }
-
-
-def test_a_chunk_with_nothing_new_is_not_streamed():
-    shaper = create_shaper(completion(prompt="hi", stream=True), MODEL, 0, token_text)
-
-    assert shaper.chunk_events(chunk("", [])) == []
-    assert len(shaper.chunk_events(chunk("", [3]))) == 1  # a token whose text is held back still counts
-
-
-def test_chat_stream_opens_with_the_role_once_and_closes_with_finish_and_usage():
-    parsed = chat(messages=USER, stream=True, stream_options={"include_usage": True})
-    shaper = create_shaper(parsed, MODEL, 5, token_text)
-
-    first = shaper.chunk_events(chunk("a", [1]))
-    last = shaper.chunk_events(chunk("", [], "stop", completion_tokens=1))
-    tail = shaper.usage_event(chunk("", [], "stop", completion_tokens=1))
-
-    deltas = [event["choices"][0]["delta"] for event in first]
-    assert deltas == [{"role": "assistant", "content": ""}, {"content": "a"}]
-    assert all(event["object"] == "chat.completion.chunk" and event["usage"] is None for event in first + last)
-    [finish] = last
-    assert (finish["choices"][0]["delta"], finish["choices"][0]["finish_reason"]) == ({}, "stop")
-    assert tail["choices"] == []
-    assert tail["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-
-
-def test_chat_logprobs_carry_utf8_bytes_and_exactly_the_top_entries():
-    shaper = create_shaper(chat(messages=USER, logprobs=True, top_logprobs=1), MODEL, 0, token_text)
-
-    response = shaper.response([chunk("é", [3], "stop", logprobs=[TokenLogprobs(3, -1.0, (1,), (-0.5,))])])
-
-    assert response["object"] == "chat.completion"
-    assert response["choices"][0]["message"] == {"role": "assistant", "content": "é"}
-    assert response["choices"][0]["logprobs"] == {
-        "content": [
-            {
-                "token": "é",
-                "logprob": -1.0,
-                "bytes": [0xC3, 0xA9],
-                "top_logprobs": [{"token": "a", "logprob": -0.5, "bytes": [0x61]}],
-            }
-        ]
-    }
+def test_detokenize_takes_token_ids():
+    assert parse_detokenize_request({"tokens": [1, 2]}, MODEL) == [1, 2]
+    assert refusal(parse_detokenize_request, tokens=[1, -1]).param == "tokens"
+    assert refusal(parse_detokenize_request, tokens=[1], model="other").status == 404
