@@ -55,8 +55,8 @@ def make_venv(venv: Path, wheel: Path) -> Path:
                     "--no-index", str(wheel)], check=True)
     site_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                    capture_output=True, text=True, check=True).stdout.strip()
-    borrowed = [entry for entry in sys.path
-                if entry and Path(entry).is_dir() and not Path(entry).resolve().is_relative_to(REPO_ROOT)]
+    # All but the tree itself (on sys.path when PYTHONPATH names it); .venv inside it is kept.
+    borrowed = [entry for entry in sys.path if entry and Path(entry).is_dir() and Path(entry).resolve() != REPO_ROOT]
     (Path(site_packages) / "test_environment.pth").write_text("\n".join(borrowed) + "\n")
     return venv / "bin"
 
@@ -118,8 +118,9 @@ def test_a_wheel_in_a_fresh_venv_serves_with_pdserve_up(tmp_path, tiny_model):
 
     imported = subprocess.run(
         [str(bin_dir / "python"), "-c", "import pdserve, pdserve.v1.gateway_pb2; print(pdserve.__file__)"],
-        cwd=run_dir, env=environ, capture_output=True, text=True, check=True).stdout.strip()
-    assert Path(imported).is_relative_to(tmp_path / "venv"), imported
+        cwd=run_dir, env=environ, capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
+    assert Path(imported.stdout.strip()).is_relative_to(tmp_path / "venv"), imported.stdout
     if hide_redis_server:
         assert shutil.which(REDIS_SERVER, path=environ["PATH"]) is None
 
