@@ -1,10 +1,8 @@
 # Set-up and everyday commands. `make up` runs the system, `make test` runs the tests; both
-# create the virtualenv and generate the gRPC code first when needed.
+# create the virtualenv first when needed.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PROTOS := $(wildcard protos/pdserve/v1/*.proto)
-GENERATED := pdserve/v1/__init__.py
 
 .PHONY: install protos up test clean
 
@@ -14,15 +12,12 @@ $(BIN)/pdserve: pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-install: $(BIN)/pdserve $(GENERATED)
+install: $(BIN)/pdserve
 
-# Generated code lands in pdserve/v1/ (package pdserve.v1, matching the proto package).
-$(GENERATED): $(PROTOS) $(BIN)/pdserve
-	rm -rf pdserve/v1
-	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
-	touch $@
-
-protos: $(GENERATED)
+# The wire code pdserve/v1/ is committed, so that every kind of install has it. After editing
+# protos/, regenerate it and commit the result; tests/packaging fails while it is stale.
+protos: install
+	$(BIN)/python scripts/generate_protos.py
 
 up: install
 	$(BIN)/pdserve up
@@ -31,7 +26,7 @@ test: install
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
 clean:
-	rm -rf pdserve/v1 .pytest_cache build *.egg-info
+	rm -rf .pytest_cache build *.egg-info
 
 # Regenerates the figures in BENCHMARKS.md (bench/results/): every system side by side on one
 # machine, at saturation (equal, then varied lengths) and on the mixed workload.

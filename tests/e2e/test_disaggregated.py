@@ -2,6 +2,7 @@
 processes, a real Redis, KV moving between processes, greedy output checked against
 transformers token for token."""
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -11,6 +12,7 @@ from engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 NUM_REQUESTS = 16
+ENDED_STATES = (gateway_pb2.REQUEST_STATE_FINISHED, gateway_pb2.REQUEST_STATE_ABORTED, gateway_pb2.REQUEST_STATE_FAILED)
 
 
 def prompts_and_lengths(vocab_size: int) -> list[tuple[list[int], int]]:
@@ -121,6 +123,18 @@ def test_redis_records_each_request_state_history(shm_cluster):
     assert info.completion_tokens == 5 and info.kv_bytes > 0
 
 
+async def ended_infos(stub, request_ids: list[str], timeout_s: float = 15.0) -> list:
+    """Each request's RequestInfo once all have ended (or at the deadline): the gateway records
+    an end after the client has already gone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = [await stub.GetRequest(gateway_pb2.GetRequestRequest(request_id=request_id), timeout=10)
+                 for request_id in request_ids]
+        if all(info.state in ENDED_STATES for info in infos) or time.monotonic() > deadline:
+            return infos
+        await asyncio.sleep(0.1)
+
+
 def test_client_that_disconnects_mid_stream_frees_its_blocks(shm_cluster):
     async def go():
         async with grpc.aio.insecure_channel(shm_cluster.gateway.endpoint) as channel:
@@ -135,9 +149,7 @@ def test_client_that_disconnects_mid_stream_frees_its_blocks(shm_cluster):
                 for _ in range(3):
                     await call.read()
                 call.cancel()
-            await asyncio.sleep(0.5)
-            return [await stub.GetRequest(gateway_pb2.GetRequestRequest(request_id=f"gone-{i}"), timeout=10)
-                    for i in range(4)]
+            return await ended_infos(stub, [f"gone-{i}" for i in range(4)])
 
     infos = asyncio.run(go())
     shm_cluster.assert_all_kv_free()

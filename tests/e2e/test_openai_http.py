@@ -96,11 +96,16 @@ def test_metrics_export_each_live_replicas_load(cluster):
         with urllib.request.urlopen(f"http://127.0.0.1:{cluster.gateway.http_port}/metrics", timeout=10) as response:
             return response.read().decode()
 
-    cluster.wait_until(lambda: 'pdserve:kv_cache_usage_perc{kind="decode",replica="d0"}' in scrape(),
-                       "per-replica gauges in /metrics")
-    text = scrape()
-    assert 'pdserve:replica_queued_prompt_tokens{kind="prefill",replica="p0"}' in text
-    assert 'pdserve:kv_transfer_bytes_total{model_name="model0",transport="TRANSPORT_SHM"}' in text
+    grpc_greedy_text(cluster, "hello", 2)  # moves KV once, whichever tests ran before
+    expected = ('pdserve:kv_cache_usage_perc{kind="decode",replica="d0"}',
+                'pdserve:replica_queued_prompt_tokens{kind="prefill",replica="p0"}',
+                'pdserve:kv_transfer_bytes_total{model_name="model0",transport="TRANSPORT_SHM"}')
+
+    def shows_all() -> bool:  # in one scrape: each replica's gauges follow its own heartbeats
+        text = scrape()
+        return all(series in text for series in expected)
+
+    cluster.wait_until(shows_all, f"{', '.join(expected)} in /metrics")
 
 
 def test_n_choices_sample_like_separate_requests_with_seed_plus_index(client, cluster):
@@ -133,10 +138,13 @@ def test_tokenize_counts_what_a_completion_reports(client, cluster):
 def test_metrics_export_request_phases_and_waiting_requests(client, cluster):
     import urllib.request
 
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.gateway.http_port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
     client.completions.create(model="model0", prompt="phases", max_tokens=3)
-    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.gateway.http_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
-                 "request_prompt_tokens", "request_generation_tokens", "e2e_request_latency_seconds"):
-        assert f'pdserve:{name}_count{{model_name="model0"}}' in text, name
-    assert 'pdserve:num_requests_waiting{model_name="model0"}' in text
+    expected = [f'pdserve:{name}_count{{model_name="model0"}}' for name in (
+        "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+        "request_prompt_tokens", "request_generation_tokens", "e2e_request_latency_seconds")]
+    expected.append('pdserve:num_requests_waiting{model_name="model0"}')
+    cluster.wait_until(lambda: all(series in scrape() for series in expected), f"{expected} in /metrics")

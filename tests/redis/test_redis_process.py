@@ -1,4 +1,5 @@
-"""The private redis-server: answers once started, keeps nothing on disk, stops for good."""
+"""The private Redis, with each server installed: answers once started, keeps nothing on disk,
+stops for good."""
 import socket
 
 import pytest
@@ -7,8 +8,8 @@ import redis
 from pdserve.redis_process import RedisStartError, start_redis
 
 
-def test_a_started_server_answers_on_loopback_and_keeps_nothing_on_disk(tmp_path):
-    with start_redis(data_dir=tmp_path, timeout_s=10.0) as server:
+def test_a_started_server_answers_on_loopback_and_keeps_nothing_on_disk(tmp_path, redis_executable):
+    with start_redis(data_dir=tmp_path, timeout_s=10.0, executable=redis_executable) as server:
         assert server.url == f"redis://127.0.0.1:{server.port}/0"
         with redis.Redis.from_url(server.url, socket_timeout=5.0) as client:
             assert client.info("server")["process_id"] == server.pid
@@ -20,14 +21,15 @@ def test_a_started_server_answers_on_loopback_and_keeps_nothing_on_disk(tmp_path
     assert [path.name for path in tmp_path.iterdir()] == ["redis.log"]
 
 
-def test_two_servers_get_different_free_ports(tmp_path):
-    with start_redis(data_dir=tmp_path / "a", timeout_s=10.0) as a, start_redis(data_dir=tmp_path / "b", timeout_s=10.0) as b:
+def test_two_servers_get_different_free_ports(tmp_path, redis_executable):
+    with start_redis(data_dir=tmp_path / "a", timeout_s=10.0, executable=redis_executable) as a, \
+            start_redis(data_dir=tmp_path / "b", timeout_s=10.0, executable=redis_executable) as b:
         assert a.port != b.port
 
 
-def test_a_taken_port_is_a_start_error_that_says_why(tmp_path):
+def test_a_taken_port_is_a_start_error_that_says_why(tmp_path, redis_executable):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         with pytest.raises(RedisStartError, match="Address already in use"):
-            start_redis(holder.getsockname()[1], data_dir=tmp_path, timeout_s=10.0)
+            start_redis(holder.getsockname()[1], data_dir=tmp_path, timeout_s=10.0, executable=redis_executable)

@@ -1,0 +1,1 @@
+"""Generated from protos/pdserve/v1/*.proto by scripts/generate_protos.py; do not edit."""

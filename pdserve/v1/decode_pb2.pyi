@@ -1,0 +1,86 @@
+from pdserve.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReserveRequest(_message.Message):
+    __slots__ = ("request_id", "num_prompt_tokens", "transport", "prefill_layout")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_prompt_tokens: int
+    transport: _common_pb2.Transport
+    prefill_layout: _common_pb2.KVLayout
+    def __init__(self, request_id: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., prefill_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
+
+class KVTarget(_message.Message):
+    __slots__ = ("request_id", "decode_replica", "kv_endpoint", "block_ids", "layout", "transport", "shm_name", "cuda_ipc_handle", "cuda_device", "pool_num_blocks", "deadline_unix_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    POOL_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    decode_replica: str
+    kv_endpoint: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    layout: _common_pb2.KVLayout
+    transport: _common_pb2.Transport
+    shm_name: str
+    cuda_ipc_handle: bytes
+    cuda_device: int
+    pool_num_blocks: int
+    deadline_unix_s: float
+    def __init__(self, request_id: _Optional[str] = ..., decode_replica: _Optional[str] = ..., kv_endpoint: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pool_num_blocks: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+
+class DecodeRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "params", "seed", "first_token_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    params: _common_pb2.SamplingParams
+    seed: int
+    first_token_id: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., first_token_id: _Optional[int] = ...) -> None: ...
+
+class DecodeChunk(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "stop_token_id", "num_preemptions")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    finish_reason: _common_pb2.FinishReason
+    stop_token_id: int
+    num_preemptions: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
+
+class DecodeAbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class DecodeAbortResponse(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: bool
+    def __init__(self, aborted: _Optional[bool] = ...) -> None: ...

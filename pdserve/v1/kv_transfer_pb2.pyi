@@ -1,0 +1,44 @@
+from pdserve.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class KVChunk(_message.Message):
+    __slots__ = ("request_id", "layout", "layer", "block_ids", "key", "value", "last")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    layout: _common_pb2.KVLayout
+    layer: int
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    key: bytes
+    value: bytes
+    last: bool
+    def __init__(self, request_id: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layer: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class KVCommit(_message.Message):
+    __slots__ = ("request_id", "layout", "num_bytes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    layout: _common_pb2.KVLayout
+    num_bytes: int
+    def __init__(self, request_id: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., num_bytes: _Optional[int] = ...) -> None: ...
+
+class KVAck(_message.Message):
+    __slots__ = ("request_id", "num_bytes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_bytes: int
+    def __init__(self, request_id: _Optional[str] = ..., num_bytes: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,22 @@
+"""The committed wire code pdserve/v1/ is exactly what the protos generate today.
+
+It regenerates into a temporary folder with the pinned grpc_tools and compares file by file, so a
+.proto edit without `make protos` fails here rather than on the wire.
+"""
+import runpy
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GENERATOR = REPO_ROOT / "scripts" / "generate_protos.py"
+
+
+def _files(package_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in package_dir.iterdir() if path.is_file()}
+
+
+def test_committed_wire_code_matches_the_protos(tmp_path):
+    generate = runpy.run_path(str(GENERATOR))["generate"]
+    expected = _files(generate(tmp_path))
+    committed = _files(REPO_ROOT / "pdserve" / "v1")
+    stale = sorted(name for name in expected.keys() | committed.keys() if expected.get(name) != committed.get(name))
+    assert not stale, f"pdserve/v1 does not match protos/ ({', '.join(stale)}): run `make protos` and commit"
