@@ -62,8 +62,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
-        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, self.eos_token_id)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
         self.kv_layer_listener = kv_layer_listener
         self._requests: dict[str, Request] = {}
@@ -208,6 +208,8 @@ class LLMEngine:
         vocab_size = self.model_config.vocab_size
         if any(not 0 <= token_id < vocab_size for token_id in prompt_ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab_size})")
+        if any(token_id >= vocab_size for token_id, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias: token ids must be in [0, {vocab_size})")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise InvalidRequestError(
