@@ -1,18 +1,19 @@
-"""Token sampling as a pure function of (request seed, token position, logits row).
+"""Token sampling as a pure function of (request seed, token position, logits row, tokens so far).
 
 Invariant: the token drawn for a row depends only on that row's logits, its `SamplingParams`,
-its effective seed and the absolute position of the token being sampled. No generator state is
+its effective seed, the absolute position of the token being sampled and its prompt and output
+tokens so far (which only penalties and min_tokens read). No generator state is
 carried between steps or shared between rows, so a request yields the same tokens whatever else
 is in the batch, whether prefill sampled its first token and decode the rest, and after it was
 preempted and recomputed or moved to another replica.
 
 The logits are first processed per request as vLLM does (min_tokens, logit_bias, repetition,
-frequency and presence penalties; `engine/logits_processors.py`), which reads the row's tokens
-so far: the invariant holds with those added to the inputs. Greedy rows then take the argmax
+frequency and presence penalties; `engine/logits_processors.py`). Greedy rows then take the argmax
 (ties go to the lowest id). Random rows go on as in vLLM: temperature, then top-k, top-p and
-min-p masking, then one draw by the exponential race: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is i with probability p_i.
-It is computed in log space, argmax_i (z_i - log E_i) over the processed logits z (the softmax
-normaliser is a per-row constant and drops out), so masked tokens (z = -inf) are never drawn.
+min-p masking, then one draw by the exponential race: with E_i ~ Exp(1) independent,
+argmax_i p_i / E_i is i with probability p_i. It is computed in log space, argmax_i (z_i - log E_i)
+over the processed logits z (the softmax normaliser is a per-row constant and drops out), so
+masked tokens (z = -inf) are never drawn.
 
 The noise E_i comes from a counter-based hash, not a stateful generator: splitmix64's stream
 keyed by (seed, position) and indexed by token id, evaluated with int64 tensor ops on the logits'

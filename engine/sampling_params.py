@@ -29,6 +29,9 @@ MAX_ABS_PENALTY = 2.0
 MAX_ABS_LOGIT_BIAS = 100.0
 """logit_bias values lie in [-MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS], as in OpenAI's API."""
 
+MAX_LOGIT_BIAS_TOKEN_ID = 2**31 - 1
+"""logit_bias ids travel as int32 on the wire; every vocabulary is far smaller."""
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -153,8 +156,8 @@ def _as_bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
     except (TypeError, ValueError):
         _bad("logit_bias", value, "must map token ids to biases")
     for token_id, bias in pairs:
-        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-            _bad("logit_bias", value, f"token id {token_id!r} must be an integer >= 0")
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id <= MAX_LOGIT_BIAS_TOKEN_ID:
+            _bad("logit_bias", value, f"token id {token_id!r} must be an integer in [0, {MAX_LOGIT_BIAS_TOKEN_ID}]")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             _bad("logit_bias", value, f"bias of token {token_id} must be a number")
         if not -MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS:

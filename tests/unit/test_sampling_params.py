@@ -54,6 +54,7 @@ BAD_FIELDS = [
     ("logit_bias", {5: -101}),
     ("logit_bias", {5: math.nan}),
     ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {2**31: 1.0}),
     ("logit_bias", {"5": 1.0}),
     ("logit_bias", {5: "1"}),
     ("logit_bias", [(5, 1.0), (5, 2.0)]),
