@@ -97,8 +97,8 @@ def _apply_penalties(
     device = z.device
     counts = _token_counts(outputs, vocab_size, device)  # [num_rows, vocab_size] float32
     seen_in_output = counts > 0  # [num_rows, vocab_size]
-    repetition = torch.tensor([p.repetition_penalty for p in params], device=device)  # [num_rows]
     if any(p.repetition_penalty != 1 for p in params):
+        repetition = torch.tensor([p.repetition_penalty for p in params], device=device)  # [num_rows]
         seen = seen_in_output | (_token_counts(prompts, vocab_size, device) > 0)  # [num_rows, vocab_size]
         penalty = torch.where(seen, repetition[:, None], 1.0)  # [num_rows, vocab_size]
         z = torch.where(z > 0, z / penalty, z * penalty)
