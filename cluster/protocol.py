@@ -36,6 +36,11 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         include_stop_str_in_output=msg.include_stop_str_in_output,
+        presence_penalty=get("presence_penalty"),
+        frequency_penalty=get("frequency_penalty"),
+        repetition_penalty=get("repetition_penalty"),
+        min_tokens=get("min_tokens"),
+        logit_bias=dict(msg.logit_bias),
     )
 
 
@@ -43,7 +48,10 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(
         max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
         min_p=params.min_p, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos, include_stop_str_in_output=params.include_stop_str_in_output)
+        ignore_eos=params.ignore_eos, include_stop_str_in_output=params.include_stop_str_in_output,
+        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty, min_tokens=params.min_tokens,
+        logit_bias=dict(params.logit_bias))
     if params.top_k is not None:
         msg.top_k = params.top_k
     if params.seed is not None:

@@ -62,8 +62,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
-        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, self.eos_token_id)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
         self.kv_layer_listener = kv_layer_listener
         self._requests: dict[str, Request] = {}
@@ -189,7 +189,7 @@ class LLMEngine:
                      seed: int | None) -> Request:
         if request_id in self._requests or request_id in self._kv_owners:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
-        validate_prompt(prompt_ids, params.max_tokens, self.model_config.vocab_size, self.max_model_len)
+        validate_prompt(prompt_ids, params, self.model_config.vocab_size, self.max_model_len)
         total = len(prompt_ids) + params.max_tokens
         capacity = self.allocator.num_blocks * self.allocator.block_size
         if total > capacity:

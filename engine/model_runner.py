@@ -26,11 +26,13 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int, device: torch.device):
+    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int, device: torch.device,
+                 eos_token_id: int | None = None):
         self.model = model
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self.block_size = block_size
         self.device = device
+        self.eos_token_id = eos_token_id  # masked by min_tokens
         kernels.prepare(device, kv_cache.dtype)
 
     @torch.inference_mode()
@@ -50,6 +52,9 @@ class ModelRunner:
             params=[chunk.request.params for chunk in sampling],
             seeds=[chunk.request.seed for chunk in sampling],
             positions=[chunk.request.num_tokens for chunk in sampling],
+            prompt_token_ids=[chunk.request.prompt_token_ids for chunk in sampling],
+            output_token_ids=[chunk.request.output_token_ids for chunk in sampling],
+            eos_token_id=self.eos_token_id,
         )
         ids = [chunk.request.request_id for chunk in sampling]
         return ModelRunnerOutput(dict(zip(ids, result.token_ids)), dict(zip(ids, result.logprobs)))

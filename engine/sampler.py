@@ -1,16 +1,19 @@
-"""Token sampling as a pure function of (request seed, token position, logits row).
+"""Token sampling as a pure function of (request seed, token position, logits row, tokens so far).
 
 Invariant: the token drawn for a row depends only on that row's logits, its `SamplingParams`,
-its effective seed and the absolute position of the token being sampled. No generator state is
+its effective seed, the absolute position of the token being sampled and its prompt and output
+tokens so far (which only penalties and min_tokens read). No generator state is
 carried between steps or shared between rows, so a request yields the same tokens whatever else
 is in the batch, whether prefill sampled its first token and decode the rest, and after it was
 preempted and recomputed or moved to another replica.
 
-Greedy rows take the argmax of the raw logits (ties go to the lowest id). Random rows are
-processed as in vLLM: temperature, then top-k, top-p and min-p masking, then one draw by the
-exponential race: with E_i ~ Exp(1) independent, argmax_i p_i / E_i is i with probability p_i.
-It is computed in log space, argmax_i (z_i - log E_i) over the processed logits z (the softmax
-normaliser is a per-row constant and drops out), so masked tokens (z = -inf) are never drawn.
+The logits are first processed per request as vLLM does (min_tokens, logit_bias, repetition,
+frequency and presence penalties; `engine/logits_processors.py`). Greedy rows then take the argmax
+(ties go to the lowest id). Random rows go on as in vLLM: temperature, then top-k, top-p and
+min-p masking, then one draw by the exponential race: with E_i ~ Exp(1) independent,
+argmax_i p_i / E_i is i with probability p_i. It is computed in log space, argmax_i (z_i - log E_i)
+over the processed logits z (the softmax normaliser is a per-row constant and drops out), so
+masked tokens (z = -inf) are never drawn.
 
 The noise E_i comes from a counter-based hash, not a stateful generator: splitmix64's stream
 keyed by (seed, position) and indexed by token id, evaluated with int64 tensor ops on the logits'
@@ -19,13 +22,15 @@ only the final float32 `log` may differ by an ulp across devices, which matters 
 near-exact ties between candidate scores.
 
 Logprobs, when asked for, are of the raw model distribution (log_softmax of the unprocessed
-logits, as vLLM reports by default), not of the temperature-scaled or masked one.
+logits, as vLLM reports by default), not of the penalised, biased, temperature-scaled or masked
+one: a penalty changes which token is drawn, not the logprobs reported for the candidates.
 """
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from engine.logits_processors import apply_logits_processors
 from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
@@ -47,11 +52,17 @@ def sample(
     params: Sequence[SamplingParams],
     seeds: Sequence[int],
     positions: Sequence[int],
+    *,
+    prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    output_token_ids: Sequence[Sequence[int]] | None = None,
+    eos_token_id: int | None = None,
 ) -> SamplerOutput:
     """Sample one token per row of `logits` ([num_seqs, vocab_size], any float dtype).
 
     seeds[i] is row i's effective seed; positions[i] is the absolute index, in the row's full
-    sequence (prompt then output), of the token being sampled.
+    sequence (prompt then output), of the token being sampled. prompt_token_ids[i] and
+    output_token_ids[i] are row i's tokens so far; they are required when some row's params
+    adjust its logits (penalties, min_tokens, logit_bias), as is the EOS that min_tokens masks.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [num_seqs, vocab_size], got shape {tuple(logits.shape)}")
@@ -61,13 +72,18 @@ def sample(
             f"got {num_seqs} logits rows but {len(params)} params, {len(seeds)} seeds, "
             f"{len(positions)} positions"
         )
-    logits = logits.float()  # [num_seqs, vocab_size]
-    token_ids = logits.argmax(dim=-1)  # [num_seqs]
+    logits = logits.float()  # [num_seqs, vocab_size], raw
+    processed = logits
+    if any(p.adjusts_logits for p in params):
+        if prompt_token_ids is None or output_token_ids is None:
+            raise ValueError("penalties, min_tokens and logit_bias need prompt_token_ids and output_token_ids")
+        processed = apply_logits_processors(logits, params, prompt_token_ids, output_token_ids, eos_token_id)
+    token_ids = processed.argmax(dim=-1)  # [num_seqs]
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)  # [num_random]
         token_ids[rows] = _sample_random(
-            logits[rows],
+            processed[rows],
             [params[i] for i in random_rows],
             [seeds[i] for i in random_rows],
             [positions[i] for i in random_rows],

@@ -3,10 +3,15 @@
 Invariant: a `SamplingParams` that exists is valid. Every check lives in `__post_init__`, so the
 sampler, the stop checker and the services never re-validate, and a bad field reaches the client
 as an `InvalidRequestError` naming the field and the value. `stop` and `stop_token_ids` are
-always tuples (a str or list is accepted and normalised), which keeps the value hashable.
+always tuples (a str or list is accepted and normalised), and `logit_bias` is a tuple of
+(token id, bias) pairs sorted by id (a dict is accepted), which keeps the value hashable.
+
+The penalties, `min_tokens` and `logit_bias` mean what they mean in vLLM (see
+`engine/logits_processors.py`); their defaults change nothing. A `logit_bias` token id is checked
+against the vocabulary where the model is known, when the engine admits the request.
 """
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NoReturn
 from dataclasses import dataclass
 
@@ -17,6 +22,15 @@ MAX_LOGPROBS = 20
 
 GREEDY_TEMPERATURE_EPS = 1e-5
 """Temperatures below this are greedy: dividing logits by them would overflow float32."""
+
+MAX_ABS_PENALTY = 2.0
+"""presence_penalty and frequency_penalty lie in [-MAX_ABS_PENALTY, MAX_ABS_PENALTY], as in OpenAI's API."""
+
+MAX_ABS_LOGIT_BIAS = 100.0
+"""logit_bias values lie in [-MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS], as in OpenAI's API."""
+
+MAX_LOGIT_BIAS_TOKEN_ID = 2**31 - 1
+"""logit_bias ids travel as int32 on the wire; every vocabulary is far smaller."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +46,16 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token; 0 = only the sampled one
     include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0  # subtracted once from each token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides seen tokens' positive logits, multiplies the others
+    min_tokens: int = 0  # EOS and stop_token_ids cannot end the output before this many tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids, int))
+        object.__setattr__(self, "logit_bias", _as_bias_pairs(self.logit_bias))
 
         _require_int("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
@@ -67,10 +87,30 @@ class SamplingParams:
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
                 _bad("logprobs", self.logprobs, f"must be in [0, {MAX_LOGPROBS}]")
         _require_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        for field in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, field)
+            _require_real(field, value)
+            if not -MAX_ABS_PENALTY <= value <= MAX_ABS_PENALTY:
+                _bad(field, value, f"must be in [{-MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}]")
+        _require_real("repetition_penalty", self.repetition_penalty)
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            _bad("repetition_penalty", self.repetition_penalty, "must be a finite number > 0")
+        _require_int("min_tokens", self.min_tokens)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            _bad("min_tokens", self.min_tokens, f"must be in [0, max_tokens={self.max_tokens}]")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE_EPS
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the sampler changes this request's logits before temperature and the draw."""
+        return self.uses_penalties or self.min_tokens > 0 or bool(self.logit_bias)
 
 
 def _bad(field: str, value: object, rule: str) -> NoReturn:
@@ -104,3 +144,26 @@ def _as_tuple(field: str, value: object, item_type: type) -> tuple:
         if isinstance(item, bool) or not isinstance(item, item_type):
             _bad(field, value, f"must contain only {item_type.__name__} values")
     return items
+
+
+def _as_bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    """A {token id: bias} mapping or (token id, bias) pairs -> checked pairs sorted by token id."""
+    if value is None:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = [(token_id, bias) for token_id, bias in items]
+    except (TypeError, ValueError):
+        _bad("logit_bias", value, "must map token ids to biases")
+    for token_id, bias in pairs:
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id <= MAX_LOGIT_BIAS_TOKEN_ID:
+            _bad("logit_bias", value, f"token id {token_id!r} must be an integer in [0, {MAX_LOGIT_BIAS_TOKEN_ID}]")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            _bad("logit_bias", value, f"bias of token {token_id} must be a number")
+        if not -MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS:
+            _bad("logit_bias", value,
+                 f"bias {bias!r} of token {token_id} must be in [{-MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}]")
+    token_ids = [token_id for token_id, _ in pairs]
+    if len(set(token_ids)) != len(token_ids):
+        _bad("logit_bias", value, "lists a token id twice")
+    return tuple(sorted((token_id, float(bias)) for token_id, bias in pairs))

@@ -7,7 +7,10 @@ Checked after every generated token, in vLLM's order; the first rule that fires 
 3. a token in `stop_token_ids`                  -> "stop", stop_reason the token id
 4. `max_tokens` output tokens                   -> "length", stop_reason None
 
-so a stop on the same token as the length limit wins. The returned text is the output text as
+so a stop on the same token as the length limit wins. Before `min_tokens` output tokens exist
+only rule 4 applies (the sampler keeps EOS and the stop tokens from being drawn then), and, as
+in vLLM, stop strings are searched only once the output is longer than `min_tokens`. The
+returned text is the output text as
 the client should see it: for 1 and 3 without the stopping token's text, for 2 cut just before
 the stop string; `include_stop_str_in_output` keeps either.
 
@@ -47,12 +50,15 @@ def check_stop(
     """
     if not output_token_ids:
         return None
+    if len(output_token_ids) < params.min_tokens:
+        return None  # and min_tokens <= max_tokens, so the length limit is not reached either
     last_token_id = output_token_ids[-1]
     if not params.ignore_eos and eos_token_id is not None and last_token_id == eos_token_id:
         return StopDecision("stop", None, text_without_new(params, text, new_text_len))
-    stop_string = find_stop_string(params, text, new_text_len)
-    if stop_string is not None:
-        return stop_string
+    if len(output_token_ids) > params.min_tokens:
+        stop_string = find_stop_string(params, text, new_text_len)
+        if stop_string is not None:
+            return stop_string
     if last_token_id in params.stop_token_ids:
         return StopDecision("stop", last_token_id, text_without_new(params, text, new_text_len))
     if len(output_token_ids) >= params.max_tokens:

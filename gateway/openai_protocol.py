@@ -32,12 +32,15 @@ _SAMPLING_FIELDS = (  # OpenAI / vLLM request field -> SamplingParams field, sam
     ("stop_token_ids", "stop_token_ids"),
     ("ignore_eos", "ignore_eos"),
     ("include_stop_str_in_output", "include_stop_str_in_output"),
+    ("presence_penalty", "presence_penalty"),
+    ("frequency_penalty", "frequency_penalty"),
+    ("repetition_penalty", "repetition_penalty"),
+    ("min_tokens", "min_tokens"),
+    ("logit_bias", "logit_bias"),
 )
-_ZERO_ONLY_FIELDS = ("presence_penalty", "frequency_penalty")  # accepted only when they change nothing
 _COMMON_FIELDS = frozenset(
-    {"model", "n", "stream", "stream_options", "max_tokens", "logit_bias", "user", "use_beam_search"}
+    {"model", "n", "stream", "stream_options", "max_tokens", "user", "use_beam_search"}
     | {name for name, _ in _SAMPLING_FIELDS}
-    | set(_ZERO_ONLY_FIELDS)
 )
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
@@ -199,11 +202,6 @@ def _common_checks(body: object, known_fields: frozenset[str], model_name: str) 
         )
     if body.get("use_beam_search") not in (None, False):
         raise ApiError(400, f"use_beam_search={body['use_beam_search']!r} is not supported", param="use_beam_search")
-    for name in _ZERO_ONLY_FIELDS:
-        if body.get(name) not in (None, 0):
-            raise ApiError(400, f"{name}={body[name]!r} is not supported (only 0)", param=name)
-    if body.get("logit_bias") not in (None, {}):
-        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
     _optional(body, "user", str, "a string")
     return body
 
@@ -310,6 +308,8 @@ def _sampling_params(
     kwargs = {field: body[name] for name, field in _SAMPLING_FIELDS if body.get(name) is not None}
     if kwargs.get("top_k") in (0, -1):  # vLLM's spellings of "top-k off"
         del kwargs["top_k"]
+    if "logit_bias" in kwargs:
+        kwargs["logit_bias"] = _parse_logit_bias(kwargs["logit_bias"])
     kwargs["max_tokens"] = max_tokens
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
@@ -322,3 +322,15 @@ def _sampling_params(
             raise ApiError(400, message) from exc
         param = names.get(field, field)
         raise ApiError(400, param + message[len(field):], param=param) from exc
+
+
+def _parse_logit_bias(logit_bias: object) -> dict[int, object]:
+    """OpenAI's {"token id as a string": bias}; the biases are checked by SamplingParams."""
+    if not isinstance(logit_bias, dict):
+        raise ApiError(400, f"logit_bias={logit_bias!r}: must be an object", param="logit_bias")
+    parsed = {}
+    for key, bias in logit_bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise ApiError(400, f"logit_bias: key {key!r} is not a token id", param="logit_bias")
+        parsed[int(key)] = bias
+    return parsed

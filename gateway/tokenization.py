@@ -50,7 +50,7 @@ class PromptBuilder:
         room = self.max_model_len - len(prompt_ids)
         if request.max_tokens_is_default and params.max_tokens > room > 0:
             params = dataclasses.replace(params, max_tokens=room)
-        validate_prompt(prompt_ids, params.max_tokens, self.vocab_size, self.max_model_len)
+        validate_prompt(prompt_ids, params, self.vocab_size, self.max_model_len)
         if self.extra_stop_token_ids and not params.ignore_eos:
             stop_ids = tuple(dict.fromkeys(params.stop_token_ids + self.extra_stop_token_ids))
             params = dataclasses.replace(params, stop_token_ids=stop_ids)

@@ -75,7 +75,8 @@ class PrefillReplica:
                   target: KVTarget) -> AsyncIterator[FirstToken | TransferResult]:
         """Yields the first token, then the transfer result. Closing early aborts the request."""
         sender = self._sender(target.transport)
-        one_token = dataclasses.replace(params, max_tokens=1, stop=(), include_stop_str_in_output=False)
+        one_token = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=(),
+                                        include_stop_str_in_output=False)
         stream = self.engine.open_stream(request_id)
         feed = None
         if sender.streams_layers:

@@ -23,27 +23,26 @@ _sym_db = _symbol_database.Default()
 
 
 from pdserve.v1 import common_pb2 as pdserve_dot_v1_dot_common__pb2
+from pdserve.v1 import kv_transfer_pb2 as pdserve_dot_v1_dot_kv__transfer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\x97\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12(\n\ttransport\x18\x03 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12,\n\x0eprefill_layout\x18\x04 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\"\xa0\x02\n\x08KVTarget\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_replica\x18\x02 \x01(\t\x12\x13\n\x0bkv_endpoint\x18\x03 \x01(\t\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12(\n\ttransport\x18\x06 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x10\n\x08shm_name\x18\x07 \x01(\t\x12\x17\n\x0f\x63uda_ipc_handle\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63uda_device\x18\t \x01(\r\x12\x17\n\x0fpool_num_blocks\x18\n \x01(\x04\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x0b \x01(\x01\"\x8f\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\r\"\xad\x01\n\x0b\x44\x65\x63odeChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12*\n\x08logprobs\x18\x02 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x15\n\rstop_token_id\x18\x04 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\r\"(\n\x12\x44\x65\x63odeAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"&\n\x13\x44\x65\x63odeAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xd1\x01\n\x06\x44\x65\x63ode\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KVTarget\x12@\n\x08Generate\x12\x19.pdserve.v1.DecodeRequest\x1a\x17.pdserve.v1.DecodeChunk0\x01\x12H\n\x05\x41\x62ort\x12\x1e.pdserve.v1.DecodeAbortRequest\x1a\x1f.pdserve.v1.DecodeAbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x1cpdserve/v1/kv_transfer.proto\"\x7f\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12(\n\ttransport\x18\x03 \x01(\x0e\x32\x15.pdserve.v1.TransportJ\x04\x08\x04\x10\x05R\x0eprefill_layout\"\x8f\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\r\"\xc4\x01\n\x0b\x44\x65\x63odeChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12*\n\x08logprobs\x18\x02 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\rB\x10\n\x0e_stop_token_id\"(\n\x12\x44\x65\x63odeAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"&\n\x13\x44\x65\x63odeAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xd1\x01\n\x06\x44\x65\x63ode\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KVTarget\x12@\n\x08Generate\x12\x19.pdserve.v1.DecodeRequest\x1a\x17.pdserve.v1.DecodeChunk0\x01\x12H\n\x05\x41\x62ort\x12\x1e.pdserve.v1.DecodeAbortRequest\x1a\x1f.pdserve.v1.DecodeAbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.decode_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESERVEREQUEST']._serialized_start=65
-  _globals['_RESERVEREQUEST']._serialized_end=216
-  _globals['_KVTARGET']._serialized_start=219
-  _globals['_KVTARGET']._serialized_end=507
-  _globals['_DECODEREQUEST']._serialized_start=510
-  _globals['_DECODEREQUEST']._serialized_end=653
-  _globals['_DECODECHUNK']._serialized_start=656
-  _globals['_DECODECHUNK']._serialized_end=829
-  _globals['_DECODEABORTREQUEST']._serialized_start=831
-  _globals['_DECODEABORTREQUEST']._serialized_end=871
-  _globals['_DECODEABORTRESPONSE']._serialized_start=873
-  _globals['_DECODEABORTRESPONSE']._serialized_end=911
-  _globals['_DECODE']._serialized_start=914
-  _globals['_DECODE']._serialized_end=1123
+  _globals['_RESERVEREQUEST']._serialized_start=94
+  _globals['_RESERVEREQUEST']._serialized_end=221
+  _globals['_DECODEREQUEST']._serialized_start=224
+  _globals['_DECODEREQUEST']._serialized_end=367
+  _globals['_DECODECHUNK']._serialized_start=370
+  _globals['_DECODECHUNK']._serialized_end=566
+  _globals['_DECODEABORTREQUEST']._serialized_start=568
+  _globals['_DECODEABORTREQUEST']._serialized_end=608
+  _globals['_DECODEABORTRESPONSE']._serialized_start=610
+  _globals['_DECODEABORTRESPONSE']._serialized_end=648
+  _globals['_DECODE']._serialized_start=651
+  _globals['_DECODE']._serialized_end=860
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from pdserve.v1 import common_pb2 as _common_pb2
+from pdserve.v1 import kv_transfer_pb2 as _kv_transfer_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -8,42 +9,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "num_prompt_tokens", "transport", "prefill_layout")
+    __slots__ = ("request_id", "num_prompt_tokens", "transport")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
-    PREFILL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_prompt_tokens: int
     transport: _common_pb2.Transport
-    prefill_layout: _common_pb2.KVLayout
-    def __init__(self, request_id: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., prefill_layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
-
-class KVTarget(_message.Message):
-    __slots__ = ("request_id", "decode_replica", "kv_endpoint", "block_ids", "layout", "transport", "shm_name", "cuda_ipc_handle", "cuda_device", "pool_num_blocks", "deadline_unix_s")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    DECODE_REPLICA_FIELD_NUMBER: _ClassVar[int]
-    KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
-    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
-    LAYOUT_FIELD_NUMBER: _ClassVar[int]
-    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
-    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
-    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
-    CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
-    POOL_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
-    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
-    decode_replica: str
-    kv_endpoint: str
-    block_ids: _containers.RepeatedScalarFieldContainer[int]
-    layout: _common_pb2.KVLayout
-    transport: _common_pb2.Transport
-    shm_name: str
-    cuda_ipc_handle: bytes
-    cuda_device: int
-    pool_num_blocks: int
-    deadline_unix_s: float
-    def __init__(self, request_id: _Optional[str] = ..., decode_replica: _Optional[str] = ..., kv_endpoint: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pool_num_blocks: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., num_prompt_tokens: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "params", "seed", "first_token_id")

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from pdserve.v1 import decode_pb2 as pdserve_dot_v1_dot_decode__pb2
+from pdserve.v1 import kv_transfer_pb2 as pdserve_dot_v1_dot_kv__transfer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -37,7 +38,7 @@ class DecodeStub:
         self.Reserve = channel.unary_unary(
                 '/pdserve.v1.Decode/Reserve',
                 request_serializer=pdserve_dot_v1_dot_decode__pb2.ReserveRequest.SerializeToString,
-                response_deserializer=pdserve_dot_v1_dot_decode__pb2.KVTarget.FromString,
+                response_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.KVTarget.FromString,
                 _registered_method=True)
         self.Generate = channel.unary_stream(
                 '/pdserve.v1.Decode/Generate',
@@ -82,7 +83,7 @@ def add_DecodeServicer_to_server(servicer, server):
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
                     request_deserializer=pdserve_dot_v1_dot_decode__pb2.ReserveRequest.FromString,
-                    response_serializer=pdserve_dot_v1_dot_decode__pb2.KVTarget.SerializeToString,
+                    response_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.KVTarget.SerializeToString,
             ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
@@ -121,7 +122,7 @@ class Decode:
             target,
             '/pdserve.v1.Decode/Reserve',
             pdserve_dot_v1_dot_decode__pb2.ReserveRequest.SerializeToString,
-            pdserve_dot_v1_dot_decode__pb2.KVTarget.FromString,
+            pdserve_dot_v1_dot_kv__transfer__pb2.KVTarget.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class KVTarget(_message.Message):
+    __slots__ = ("request_id", "decode_replica", "kv_endpoint", "block_ids", "layout", "transport", "shm_name", "cuda_ipc_handle", "cuda_device", "pool_num_blocks", "deadline_unix_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    POOL_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    decode_replica: str
+    kv_endpoint: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    layout: _common_pb2.KVLayout
+    transport: _common_pb2.Transport
+    shm_name: str
+    cuda_ipc_handle: bytes
+    cuda_device: int
+    pool_num_blocks: int
+    deadline_unix_s: float
+    def __init__(self, request_id: _Optional[str] = ..., decode_replica: _Optional[str] = ..., kv_endpoint: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pool_num_blocks: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+
 class KVChunk(_message.Message):
     __slots__ = ("request_id", "layout", "layer", "block_ids", "key", "value", "last")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

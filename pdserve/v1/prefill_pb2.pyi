@@ -1,5 +1,5 @@
 from pdserve.v1 import common_pb2 as _common_pb2
-from pdserve.v1 import decode_pb2 as _decode_pb2
+from pdserve.v1 import kv_transfer_pb2 as _kv_transfer_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -19,16 +19,20 @@ class PrefillRequest(_message.Message):
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     seed: int
-    target: _decode_pb2.KVTarget
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., target: _Optional[_Union[_decode_pb2.KVTarget, _Mapping]] = ...) -> None: ...
+    target: _kv_transfer_pb2.KVTarget
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., target: _Optional[_Union[_kv_transfer_pb2.KVTarget, _Mapping]] = ...) -> None: ...
 
 class FirstToken(_message.Message):
-    __slots__ = ("token_id", "logprob")
+    __slots__ = ("token_id", "logprob", "finish_reason", "stop_token_id")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     logprob: _common_pb2.TokenLogprob
-    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
+    finish_reason: _common_pb2.FinishReason
+    stop_token_id: int
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
 
 class TransferDone(_message.Message):
     __slots__ = ("transport", "kv_bytes", "kv_transfer_s")

@@ -194,6 +194,29 @@ def test_bad_input_is_a_clear_error_not_a_hang(shm_cluster):
     assert bad_temperature.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in bad_temperature.details()
     out_of_vocab = asyncio.run(go(gateway_pb2.GenerateRequest(prompt_token_ids=gateway_pb2.TokenIds(ids=[10**6]))))
     assert out_of_vocab.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for field, params in [("presence_penalty", common_pb2.SamplingParams(presence_penalty=2.5)),
+                          ("repetition_penalty", common_pb2.SamplingParams(repetition_penalty=0)),
+                          ("min_tokens", common_pb2.SamplingParams(max_tokens=4, min_tokens=5)),
+                          ("logit_bias", common_pb2.SamplingParams(logit_bias={3: 101})),
+                          ("logit_bias", common_pb2.SamplingParams(logit_bias={10**6: 1}))]:
+        refused = asyncio.run(go(gateway_pb2.GenerateRequest(prompt="x", params=params)))
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and field in refused.details()
+    shm_cluster.assert_all_kv_free()
+
+
+def test_min_tokens_holds_off_a_forced_stop_token_across_prefill_and_decode(shm_cluster):
+    async def go():
+        async with grpc.aio.insecure_channel(shm_cluster.gateway.endpoint) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            request = gateway_pb2.GenerateRequest(prompt="x", params=common_pb2.SamplingParams(
+                max_tokens=12, temperature=1.0, min_tokens=5, stop_token_ids=[9], logit_bias={9: 100},
+                repetition_penalty=1.5, presence_penalty=1, frequency_penalty=-1))
+            return [chunk async for chunk in stub.Generate(request, timeout=60)]
+
+    chunks = asyncio.run(go())
+    token_ids = [token_id for chunk in chunks for token_id in chunk.token_ids]
+    assert 9 not in token_ids[:5] and token_ids[5:] == [9]
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_STOP
     shm_cluster.assert_all_kv_free()
 
 

@@ -7,6 +7,7 @@ import grpc
 import openai
 import pytest
 
+from engine import LLM, SamplingParams
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
@@ -70,6 +71,23 @@ def test_whole_completion_with_logprobs_and_a_stop_string(client, cluster):
     cluster.assert_all_kv_free()
 
 
+def test_penalised_seeded_completion_equals_the_offline_engine(client, cluster, e2e_model):
+    # What `vllm bench serve` sends, plus every adjustment; values exact in float32, the wire's type.
+    adjustments = dict(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.25, min_tokens=4)
+    llm = LLM(e2e_model)
+    banned = llm.generate(["penalties"], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0]
+    bias = {banned.outputs[0].token_ids[0]: -100.0, 7: 2.5}
+    response = client.completions.create(
+        model="model0", prompt="penalties", max_tokens=12, temperature=0.8, seed=99, logit_bias=bias,
+        presence_penalty=0.5, frequency_penalty=0.25,
+        extra_body={"repetition_penalty": 1.25, "min_tokens": 4, "ignore_eos": True})
+    expected = llm.generate(["penalties"], SamplingParams(max_tokens=12, temperature=0.8, seed=99, logit_bias=bias,
+                                                          ignore_eos=True, **adjustments), use_tqdm=False)[0]
+    assert response.choices[0].text == expected.outputs[0].text
+    assert response.usage.completion_tokens == 12
+    cluster.assert_all_kv_free()
+
+
 def test_http_client_that_disconnects_mid_stream_frees_its_blocks(cluster):
     body = ('{"model": "model0", "prompt": "tell me everything", "max_tokens": 1500, "stream": true, '
             '"ignore_eos": true}')
@@ -87,6 +105,9 @@ def test_invalid_request_is_a_400_with_a_json_error(client):
     with pytest.raises(openai.BadRequestError) as failure:
         client.completions.create(model="model0", prompt="x", temperature=-1)
     assert "temperature" in failure.value.message
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.completions.create(model="model0", prompt="x", logit_bias={"100000000": 1})
+    assert "logit_bias" in failure.value.message  # the vocabulary is checked by the replicas
 
 
 def test_metrics_export_each_live_replicas_load(cluster):

@@ -56,3 +56,15 @@ def test_metrics_export_the_engines_phases_and_waiting_queue(server):
         count = f"pdserve:{name}_count"
         assert after[count] - before.get(count, 0.0) == 2, name  # one engine request per choice
     assert after["pdserve:num_requests_waiting"] == 0
+
+
+def test_penalised_seeded_completion_equals_the_offline_engine(server, e2e_model):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="unused", max_retries=0, timeout=60)
+    response = client.completions.create(
+        model="model0", prompt="colocated", max_tokens=12, temperature=0.8, seed=5, logit_bias={"7": 2.5},
+        presence_penalty=0.5, frequency_penalty=0.25,
+        extra_body={"repetition_penalty": 1.25, "min_tokens": 4, "ignore_eos": True})
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=5, logit_bias={7: 2.5}, presence_penalty=0.5,
+                            frequency_penalty=0.25, repetition_penalty=1.25, min_tokens=4, ignore_eos=True)
+    expected = LLM(e2e_model).generate(["colocated"], params, use_tqdm=False)[0].outputs[0].text
+    assert response.choices[0].text == expected

@@ -19,13 +19,21 @@ def prompts(n: int, seed: int = 3) -> list[list[int]]:
             for length in torch.randint(1, 120, (n,), generator=generator)]
 
 
-def test_seeded_sampling_is_independent_of_batch_and_schedule(model_dir):
-    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, top_k=200, seed=1234, ignore_eos=True)
+PENALISED = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3, min_tokens=6,
+                 logit_bias={7: 5.0, 100: -100.0})
+
+
+@pytest.mark.parametrize("adjustments", [{}, PENALISED], ids=["plain", "penalised"])
+def test_seeded_sampling_is_independent_of_batch_and_schedule(model_dir, adjustments):
+    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, top_k=200, seed=1234, ignore_eos=True,
+                            **adjustments)
     target = prompts(1, seed=99)[0]
     alone = LLM(model_dir, num_gpu_blocks=256).generate([target], params, use_tqdm=False)[0]
 
     crowded = LLM(model_dir, num_gpu_blocks=30, block_size=16, max_num_batched_tokens=48)
-    others = [SamplingParams(max_tokens=24, temperature=1.0, seed=i, ignore_eos=True) for i in range(12)]
+    others = [SamplingParams(max_tokens=24, temperature=1.0, seed=i, ignore_eos=True,
+                             **(dict(frequency_penalty=-0.5 * (i % 3), min_tokens=i) if i % 2 else {}))
+              for i in range(12)]  # half of them with adjustments of their own
     outputs = crowded.generate(prompts(12) + [target], others + [params], use_tqdm=False)
 
     assert crowded.engine.scheduler.num_preemptions > 0
@@ -64,6 +72,22 @@ def test_stop_token_and_max_tokens_finish_reasons(model_dir):
     assert llm.generate(["abc"], greedy, use_tqdm=False)[0].outputs[0].finish_reason == "length"
 
 
+def test_penalties_change_the_greedy_output_and_min_tokens_holds_off_a_forced_eos(model_dir):
+    llm = LLM(model_dir)
+    greedy = dict(max_tokens=16, temperature=0, ignore_eos=True)
+    plain = llm.generate(["repeat"], SamplingParams(**greedy), use_tqdm=False)[0].outputs[0].token_ids
+    penalised = llm.generate(["repeat"], SamplingParams(**greedy, frequency_penalty=2.0, presence_penalty=2.0),
+                             use_tqdm=False)[0].outputs[0].token_ids
+    assert penalised != plain
+    assert len(set(penalised)) >= len(set(plain))
+
+    eos = llm.engine.eos_token_id
+    forced = SamplingParams(max_tokens=10, temperature=0.8, min_tokens=3, logit_bias={eos: 100.0})
+    out = llm.generate(["forced"], forced, use_tqdm=False)[0].outputs[0]
+    assert eos not in out.token_ids[:3]
+    assert (len(out.token_ids), out.token_ids[-1], out.finish_reason) == (4, eos, "stop")
+
+
 def test_logprobs_are_the_models_log_softmax(model_dir):
     llm = LLM(model_dir)
     out = llm.generate(["logprobs"], SamplingParams(max_tokens=4, temperature=0, logprobs=3),
@@ -88,6 +112,8 @@ def test_bad_requests_raise_typed_errors_and_leave_no_blocks(model_dir):
         engine.add_request("empty", [], SamplingParams())
     with pytest.raises(InvalidRequestError, match="top_p"):
         SamplingParams(top_p=0)
+    with pytest.raises(InvalidRequestError, match=r"logit_bias.*\[0, 4096\)"):
+        engine.add_request("bias", [5], SamplingParams(logit_bias={4096: 1.0}))
     assert not engine.has_unfinished_requests()
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
 

@@ -32,7 +32,10 @@ def run_to_end(engine: LLMEngine, request_id: str) -> list[int]:
 @pytest.mark.parametrize("params", [
     SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
     SamplingParams(max_tokens=20, temperature=0.8, top_k=50, ignore_eos=True),
-], ids=["greedy", "sampled"])
+    SamplingParams(max_tokens=20, temperature=0.8, top_k=50, ignore_eos=True, presence_penalty=1.0,
+                   frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={120: 3.0}),
+    SamplingParams(max_tokens=20, temperature=0.8, min_tokens=5, stop_token_ids=[2], logit_bias={2: 100.0}),
+], ids=["greedy", "sampled", "penalised", "min_tokens"])
 def test_handoff_equals_an_uninterrupted_run(engines, params):
     prefill, decode, reference = engines
     prompt = list(range(100, 137))
@@ -41,7 +44,8 @@ def test_handoff_equals_an_uninterrupted_run(engines, params):
     reference.add_request("r", prompt, params, seed=seed)
     expected = run_to_end(reference, "r")
 
-    prefill.add_request("r", prompt, dataclasses.replace(params, max_tokens=1), seed=seed, hold_kv=True)
+    first_only = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
+    prefill.add_request("r", prompt, first_only, seed=seed, hold_kv=True)
     output = prefill.step()[0]
     assert output.finished and output.held_block_ids
     first_token = output.outputs[0].token_ids[0]
@@ -53,6 +57,8 @@ def test_handoff_equals_an_uninterrupted_run(engines, params):
     continued = run_to_end(decode, "r")
 
     assert continued == expected
+    if params.min_tokens:
+        assert expected[params.min_tokens:] == [2]  # the forced stop token, held off until then
     for engine in (prefill, decode, reference):
         assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from cluster.redis_client import connect_redis
-from cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat, ReplicaInfo, default_host_id
+from cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat, default_host_id
 from engine.errors import InvalidConfigError
 
 TTL_S = 1.0

@@ -105,6 +105,16 @@ def test_matching_model_and_zero_penalties_are_accepted():
     parsed = completion(prompt="hi", model=MODEL, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, n=1)
 
     assert parsed.generate_input.prompt == "hi"
+    assert not parsed.generate_input.params.adjusts_logits
+
+
+def test_penalties_min_tokens_and_logit_bias_reach_the_sampling_params():
+    parsed = completion(prompt="hi", presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.2,
+                        min_tokens=3, logit_bias={"50": 2.5, "7": -100})
+
+    params = parsed.generate_input.params
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1, 1.2)
+    assert (params.min_tokens, params.logit_bias) == (3, ((7, -100.0), (50, 2.5)))
 
 
 def test_another_model_is_a_404_model_not_found():
@@ -127,8 +137,14 @@ def test_another_model_is_a_404_model_not_found():
         ({"echo": True, "logprobs": 0}, "echo", "prompt's logprobs"),
         ({"echo": 1}, "echo", "bool"),
         ({"suffix": "x"}, "suffix", "not supported"),
-        ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
-        ({"logit_bias": {"1": 5}}, "logit_bias", "not supported"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty=2.5"),
+        ({"frequency_penalty": "1"}, "frequency_penalty", "must be a number"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty=0"),
+        ({"min_tokens": 17}, "min_tokens", "max_tokens=16"),
+        ({"logit_bias": {"1": 500}}, "logit_bias", "[-100.0, 100.0]"),
+        ({"logit_bias": {"x1": 5}}, "logit_bias", "not a token id"),
+        ({"logit_bias": {"-1": 5}}, "logit_bias", "not a token id"),
+        ({"logit_bias": [1, 5]}, "logit_bias", "must be an object"),
         ({"stop": {"a": 1}}, "stop", "string or a list"),
         ({"stop": ["a", 2]}, "stop", "only str"),
         ({"seed": "7"}, "seed", "integer"),

@@ -37,6 +37,28 @@ BAD_FIELDS = [
     ("logprobs", MAX_LOGPROBS + 1),
     ("logprobs", 1.0),
     ("include_stop_str_in_output", "yes"),
+    ("presence_penalty", 2.01),
+    ("presence_penalty", -2.5),
+    ("presence_penalty", math.nan),
+    ("presence_penalty", "1"),
+    ("frequency_penalty", 3.0),
+    ("frequency_penalty", -math.inf),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
+    ("repetition_penalty", math.inf),
+    ("repetition_penalty", math.nan),
+    ("min_tokens", -1),
+    ("min_tokens", 17),  # above the default max_tokens of 16
+    ("min_tokens", 2.0),
+    ("logit_bias", {5: 100.5}),
+    ("logit_bias", {5: -101}),
+    ("logit_bias", {5: math.nan}),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {2**31: 1.0}),
+    ("logit_bias", {"5": 1.0}),
+    ("logit_bias", {5: "1"}),
+    ("logit_bias", [(5, 1.0), (5, 2.0)]),
+    ("logit_bias", 7),
 ]
 
 
@@ -46,7 +68,7 @@ def test_bad_field_is_rejected_with_its_name_and_value(field, value):
         SamplingParams(**{field: value})
     message = str(raised.value)
     assert field in message
-    assert repr(value) in message or repr(tuple(value)) in message
+    assert repr(value) in message or repr(tuple(value)) in message or repr(dict(value)) in message
 
 
 def test_invalid_request_error_is_a_domain_error_and_a_value_error():
@@ -81,3 +103,20 @@ def test_zero_temperature_is_greedy():
     assert SamplingParams(temperature=0).is_greedy
     assert not SamplingParams(temperature=0.7).is_greedy
     assert not SamplingParams().is_greedy
+
+
+def test_penalty_boundaries_are_accepted_and_defaults_adjust_nothing():
+    assert not SamplingParams().adjusts_logits
+    params = SamplingParams(max_tokens=4, presence_penalty=-2.0, frequency_penalty=2.0,
+                            repetition_penalty=1e-3, min_tokens=4, logit_bias={3: -100, 1: 100.0})
+    assert params.uses_penalties and params.adjusts_logits
+    assert SamplingParams(min_tokens=1).adjusts_logits and not SamplingParams(min_tokens=1).uses_penalties
+    assert SamplingParams(logit_bias={0: 0.5}).adjusts_logits
+
+
+def test_logit_bias_becomes_sorted_pairs_of_int_and_float():
+    params = SamplingParams(logit_bias={9: 1, 2: -0.5})
+    assert params.logit_bias == ((2, -0.5), (9, 1.0))
+    assert params == SamplingParams(logit_bias=[(9, 1.0), (2, -0.5)])
+    assert hash(params) == hash(SamplingParams(logit_bias={2: -0.5, 9: 1.0}))
+    assert SamplingParams(logit_bias=None).logit_bias == ()

@@ -85,3 +85,23 @@ def test_stop_beats_length_on_the_same_token():
     assert check_stop(params, [4, 5], "ab", EOS, 1) == StopDecision("stop", "b", "a")
     params = SamplingParams(max_tokens=2, stop_token_ids=[5])
     assert check_stop(params, [4, 5], "ab", EOS, 1) == StopDecision("stop", 5, "a")
+
+
+def test_before_min_tokens_neither_eos_nor_stop_tokens_stop():
+    params = SamplingParams(max_tokens=5, min_tokens=3, stop_token_ids=[9])
+    assert check_stop(params, [5, EOS], "a", EOS, 1) is None
+    assert check_stop(params, [5, 9], "a", EOS, 1) is None
+    assert check_stop(params, [5, 6, EOS], "ab", EOS, 0) == StopDecision("stop", None, "ab")
+    assert check_stop(params, [5, 6, 9], "abc", EOS, 1) == StopDecision("stop", 9, "ab")
+
+
+def test_stop_strings_are_searched_only_past_min_tokens():
+    params = SamplingParams(max_tokens=6, min_tokens=2, stop=["x"])
+    assert check_stop(params, [5, 6], "ax", EOS, 1) is None
+    assert check_stop(params, [5, 6, 7], "axb", EOS, 1) is None  # "x" came before, not in the new text
+    assert check_stop(params, [5, 6, 7], "abx", EOS, 1) == StopDecision("stop", "x", "ab")
+
+
+def test_min_tokens_equal_to_max_tokens_still_ends_on_length():
+    params = SamplingParams(max_tokens=2, min_tokens=2)
+    assert check_stop(params, [5, 6], "ab", EOS, 1) == StopDecision("length", None, "ab")
