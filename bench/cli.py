@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import math
-import sys
 from pathlib import Path
 
 from bench.backends import BACKENDS, BackendError

@@ -8,6 +8,9 @@ rejected, never silently ignored, so a client cannot believe it got a behaviour 
 Refused combinations, where vLLM would need what this server does not compute: `echo` with
 `logprobs` (the prompt's own logprobs), `best_of` other than `n` (ranking extra samples), and
 `use_beam_search`.
+
+Both endpoints' grammars stay in this one file (a little over 300 lines): they share most field
+rules, and a reader checking what a field means should find every use of it in one place.
 """
 import dataclasses
 import enum
