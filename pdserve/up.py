@@ -199,15 +199,15 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         _check_port_free(config.host, config.grpc_port, "--grpc-port")
         _check_port_free(config.host, config.http_port, "--http-port")
         model_dir = config.model_dir or ensure_tiny_model(cache_root(os.environ))
-        redis_url = config.redis_url
+        redis_url, redis_shown = config.redis_url, config.redis_url
         if redis_url is None:
             redis = start_redis(data_dir=run_dir / "redis", timeout_s=_REDIS_START_TIMEOUT_S)
-            redis_url = redis.url
+            redis_url, redis_shown = redis.url, f"{redis.url}  ({redis.server})"
         for spec in child_specs(config, model_dir, redis_url):
             group.start(spec)
         group.wait_ready(time.monotonic() + config.startup_timeout_s, stop)
         model_id = served_model_id(gateway_target(config), _PROBE_TIMEOUT_S)
-        out.write(endpoints_text(config, model_dir, model_id, redis_url))
+        out.write(endpoints_text(config, model_dir, model_id, redis_shown))
         out.flush()
         while not stop.wait(_POLL_INTERVAL_S):
             if (exited := group.first_exited()) is not None:
@@ -272,7 +272,7 @@ def child_specs(config: UpConfig, model_dir: Path, redis_url: str) -> list[Child
     return specs
 
 
-def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis_url: str) -> str:
+def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis: str) -> str:
     grpc_target = gateway_target(config)
     http_base = f"http://{_reachable(config.host)}:{config.http_port}"
     body = json.dumps({"model": model_id, "prompt": "hello", "max_tokens": 16})
@@ -280,7 +280,7 @@ def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis_url: 
         f"pdserve is up: gRPC {grpc_target}, HTTP {http_base}/v1\n"
         f"  gateway gRPC     {grpc_target}  (pdserve.v1.Gateway)\n"
         f"  OpenAI HTTP      {http_base}/v1\n"
-        f"  Redis            {redis_url}\n"
+        f"  Redis            {redis}\n"
         f"  model            {model_dir}\n"
         f"  replicas         {config.num_prefill} prefill, {config.num_decode} decode "
         f"on {config.device}, transport {config.transport}\n"

@@ -139,6 +139,7 @@ def test_a_wheel_in_a_fresh_venv_serves_with_pdserve_up(tmp_path, tiny_model):
         redis_pid = server_info["process_id"]
         if hide_redis_server:
             assert "valkey_version" in server_info
+            assert f"{redis_url}  ({VALKEY_SERVER})" in endpoints  # up says which server it started
 
         generated = subprocess.run(
             [str(bin_dir / "pdserve"), "generate", "hello", "--max-tokens", "4",
