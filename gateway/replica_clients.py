@@ -19,7 +19,7 @@ from engine.sampling_params import SamplingParams
 from gateway.completion_text import SampledToken
 from gateway.frontend_types import UnavailableError
 from kvtransfer.choice import transport_name
-from pdserve.v1 import decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, prefill_pb2_grpc
 
 
 class BackendError(UnavailableError):
@@ -55,7 +55,7 @@ class DecodeClient:
         self._stub = decode_pb2_grpc.DecodeStub(channel)
         self._timeouts = timeouts
 
-    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> decode_pb2.KVTarget:
+    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> kv_transfer_pb2.KVTarget:
         """Reserves blocks for the prompt; returns where prefill writes its KV."""
         request = decode_pb2.ReserveRequest(
             request_id=request_id, num_prompt_tokens=num_prompt_tokens, transport=transport)
@@ -95,7 +95,7 @@ class PrefillClient:
         self._timeouts = timeouts
 
     def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
-            target: decode_pb2.KVTarget) -> PrefillRun:
+            target: kv_transfer_pb2.KVTarget) -> PrefillRun:
         call = self._stub.Run(prefill_pb2.PrefillRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
             target=target), timeout=self._timeouts.request_s)
