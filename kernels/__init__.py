@@ -1,6 +1,6 @@
 """Paged-KV attention kernels: Triton when the tensors are on CUDA; on CPU a compiled C kernel
-for float32 decode attention when a C compiler is at hand (`cpu_decode_attention`), pure torch
-otherwise.
+for float32 and bfloat16 decode attention when a C compiler is at hand (`cpu_decode_attention`),
+pure torch otherwise.
 
 KV cache layout, per layer: `k_cache` and `v_cache` are each
 `[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous, with one shared layout. The token
@@ -23,8 +23,8 @@ from kernels.reference import (
 def prepare(device: torch.device, dtype: torch.dtype) -> None:
     """Builds or loads ahead of time what attention on (device, dtype) will use, so that the
     first request does not wait for a compiler."""
-    if device.type == "cpu" and dtype == torch.float32:
-        cpu_decode_attention.load()
+    if device.type == "cpu":
+        cpu_decode_attention.load(dtype)
 
 
 def store_kv(
@@ -58,8 +58,8 @@ def decode_attention(
         return triton_decode_attention.decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale
         )
-    if (query.dtype == k_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and (library := cpu_decode_attention.load())):
+    if (query.dtype == k_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and (library := cpu_decode_attention.load(k_cache.dtype))):
         return cpu_decode_attention.decode_attention(
             library, query, k_cache, v_cache, block_tables, context_lens, scale)
     return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale)

@@ -1,9 +1,11 @@
-/* Paged decode attention for CPU, float32: one new query row per sequence over its whole context,
- * K and V read in place from the block pool (no gathered copy, no padding).
+/* Paged decode attention for CPU: one new query row per sequence over its whole context, K and V
+ * read in place from the block pool (no gathered copy, no padding). The pool holds float32, or
+ * bfloat16 when built with -DKV_BFLOAT16 (widened to float32 as it is read); query, output and
+ * all arithmetic are float32.
  *
  * Layouts (all contiguous, row-major):
- *   out, query       [num_seqs, num_heads, head_dim]
- *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+ *   out, query       [num_seqs, num_heads, head_dim] float32
+ *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] kv_t
  *   block_tables     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's last block are
  *                    never read, so they may hold anything (-1 padding)
  *   context_lens     [num_seqs] int32, cached tokens including the new one
@@ -23,6 +25,18 @@
 #include <string.h>
 
 #include <math.h>
+
+#ifdef KV_BFLOAT16
+typedef uint16_t kv_t;
+/* A bfloat16 is the top half of a float32. */
+static inline float kv_load(kv_t x) {
+    const union { uint32_t bits; float value; } widened = {.bits = (uint32_t)x << 16};
+    return widened.value;
+}
+#else
+typedef float kv_t;
+static inline float kv_load(kv_t x) { return x; }
+#endif
 
 typedef struct {
     int64_t num_heads, num_kv_heads, head_dim, block_size;
@@ -47,20 +61,20 @@ static inline float exp_nonpositive(float x) {
     return p * two_to_n.value;
 }
 
-static float dot(const float *restrict a, const float *restrict b, int64_t n) {
+static float dot(const float *restrict a, const kv_t *restrict b, int64_t n) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++) sum += a[i] * kv_load(b[i]);
     return sum;
 }
 
 /* scores[j * context_len + t] = scale * q_j . k_t for every query head j and context token t. */
-static void score_context(float *restrict scores, const float *restrict query, const float *restrict k_cache,
+static void score_context(float *restrict scores, const float *restrict query, const kv_t *restrict k_cache,
                           const int32_t *restrict block_table, int64_t context_len, Shape shape, float scale) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
     for (int64_t start = 0; start < context_len; start += shape.block_size) {
-        const float *key = k_cache + block_table[start / shape.block_size] * block_stride;
+        const kv_t *key = k_cache + block_table[start / shape.block_size] * block_stride;
         const int64_t end = start + shape.block_size < context_len ? start + shape.block_size : context_len;
         for (int64_t t = start; t < end; t++, key += token_stride)
             for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
@@ -88,22 +102,22 @@ static void softmax_rows(float *restrict scores, int64_t num_rows, int64_t row_l
 }
 
 /* out[j] = sum_t probs[j * context_len + t] * v_t for every query head j. */
-static void weigh_values(float *restrict out, const float *restrict probs, const float *restrict v_cache,
+static void weigh_values(float *restrict out, const float *restrict probs, const kv_t *restrict v_cache,
                          const int32_t *restrict block_table, int64_t context_len, Shape shape) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
     memset(out, 0, shape.num_heads * head_dim * sizeof(float));
     for (int64_t start = 0; start < context_len; start += shape.block_size) {
-        const float *value = v_cache + block_table[start / shape.block_size] * block_stride;
+        const kv_t *value = v_cache + block_table[start / shape.block_size] * block_stride;
         const int64_t end = start + shape.block_size < context_len ? start + shape.block_size : context_len;
         for (int64_t t = start; t < end; t++, value += token_stride)
             for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
                 for (int64_t g = 0; g < group_size; g++, j++) {
                     const float p = probs[j * context_len + t];
-                    const float *restrict head_value = value + h * head_dim;
+                    const kv_t *restrict head_value = value + h * head_dim;
                     float *restrict out_row = out + j * head_dim;
 #pragma omp simd
-                    for (int64_t d = 0; d < head_dim; d++) out_row[d] += p * head_value[d];
+                    for (int64_t d = 0; d < head_dim; d++) out_row[d] += p * kv_load(head_value[d]);
                 }
     }
 }
@@ -116,7 +130,7 @@ static int in_range(const int32_t *block_table, int64_t context_len, int64_t num
     return 1;
 }
 
-int64_t paged_decode_attention_f32(float *out, const float *query, const float *k_cache, const float *v_cache,
+int64_t paged_decode_attention(float *out, const float *query, const kv_t *k_cache, const kv_t *v_cache,
                                    const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                                    int64_t block_size, int64_t max_blocks_per_seq, float scale,

@@ -1,6 +1,7 @@
-"""The compiled CPU decode kernel equals the reference on every GQA ratio x block size x head dim.
+"""The compiled CPU decode kernel equals the reference on every KV dtype it serves x GQA ratio x
+block size x head dim.
 
-The full product (27 cases) runs, the kernel being fast. Each batch mixes a length-1 context,
+The full product (54 cases) runs, the kernel being fast. Each batch mixes a length-1 context,
 contexts that end mid-block and on a block edge, and one spanning many blocks, in a shuffled pool
 whose unwritten slots are NaN and whose block tables are padded with -1. The kernel is built by
 the system C compiler into a cache directory private to the test session.
@@ -16,15 +17,20 @@ from tests.kernels.conftest import BLOCK_SIZES, HEAD_DIMS, QUERIES_PER_KV, Kerne
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory):
+def libraries(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         cpu_decode_attention.load.cache_clear()
-        library = cpu_decode_attention.load()
+        libraries = {dtype: cpu_decode_attention.load(dtype) for dtype in cpu_decode_attention.KV_DTYPE_FLAGS}
         cpu_decode_attention.load.cache_clear()
-    if library is None:
+    if None in libraries.values():
         pytest.skip("no C compiler: the compiled CPU kernel is unavailable")
-    return library
+    return libraries
+
+
+@pytest.fixture
+def library(libraries):
+    return libraries[torch.float32]
 
 
 def decode_both(library, batch):
@@ -33,16 +39,17 @@ def decode_both(library, batch):
 
 
 @pytest.mark.parametrize(
-    "case", [KernelCase(torch.float32, *axes) for axes in itertools.product(QUERIES_PER_KV, BLOCK_SIZES, HEAD_DIMS)],
+    "case", [KernelCase(*axes) for axes in itertools.product(
+        cpu_decode_attention.KV_DTYPE_FLAGS, QUERIES_PER_KV, BLOCK_SIZES, HEAD_DIMS)],
     ids=str)
-def test_matches_reference(library, paged_batch, assert_close_for_dtype, case):
+def test_matches_reference(libraries, paged_batch, assert_close_for_dtype, case):
     block_size = case.block_size
     context_lens = [1, block_size + 3, 2 * block_size, 9 * block_size + 5]
     batch = paged_batch(context_lens, [1] * len(context_lens), case, device="cpu")
 
-    out, expected = decode_both(library, batch)
+    out, expected = decode_both(libraries[case.dtype], batch)
 
-    assert out.shape == batch.query.shape and out.dtype == torch.float32
+    assert out.shape == batch.query.shape and out.dtype == case.dtype
     assert_close_for_dtype(out, expected)
 
 
@@ -75,3 +82,7 @@ def test_disabled_or_without_compiler_it_is_not_loaded(monkeypatch):
             cpu_decode_attention.load.cache_clear()
             assert cpu_decode_attention.load() is None
     cpu_decode_attention.load.cache_clear()
+
+
+def test_a_dtype_without_a_build_is_not_loaded():
+    assert cpu_decode_attention.load(torch.float16) is None

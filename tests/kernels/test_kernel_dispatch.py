@@ -43,7 +43,7 @@ def test_cpu_attention_dispatch(kernel_case, paged_batch):
     decoded = kernels.decode_attention(*decode_args)
     prefilled = kernels.prefill_attention(*prefill_args)
 
-    library = cpu_decode_attention.load() if kernel_case.dtype == torch.float32 else None
+    library = cpu_decode_attention.load(kernel_case.dtype)
     if library is None:
         assert torch.equal(decoded, decode_attention_reference(*decode_args))
     else:
