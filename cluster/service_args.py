@@ -10,6 +10,8 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+from engine.engine_config import DTYPES
+
 if TYPE_CHECKING:
     from engine.engine_config import EngineConfig
 
@@ -27,7 +29,8 @@ def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Hugging Face model folder")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="auto: the checkpoint's dtype (bfloat16 for a float32 checkpoint on a GPU)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)

@@ -9,13 +9,13 @@ from engine.errors import InvalidConfigError
 if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
     import torch
 
-_DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str
-    dtype: str = "float32"
+    dtype: str = "auto"  # see resolve_dtype
     device: str = "cpu"
     block_size: int = 16
     num_gpu_blocks: int | None = None  # the pool size in blocks; or give kv_cache_bytes
@@ -26,15 +26,24 @@ class EngineConfig:
     detokenize: bool = True  # False: emit token ids only; stop strings are the caller's job
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise InvalidConfigError(f"dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+        if self.dtype not in DTYPES:
+            raise InvalidConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.num_gpu_blocks is not None and self.kv_cache_bytes is not None:
             raise InvalidConfigError("give num_gpu_blocks or kv_cache_bytes, not both")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self, checkpoint_dtype: str) -> torch.dtype:
         import torch
-        return getattr(torch, self.dtype)
+        return getattr(torch, resolve_dtype(self.dtype, checkpoint_dtype, self.device))
+
+
+def resolve_dtype(dtype: str, checkpoint_dtype: str, device: str) -> str:
+    """What `auto` means, as in vLLM: the checkpoint's own dtype, except that a float32 checkpoint
+    runs in bfloat16 on a GPU (tensor cores). On CPU a float32 checkpoint stays float32."""
+    if dtype != "auto":
+        return dtype
+    if checkpoint_dtype == "float32" and device.startswith("cuda"):
+        return "bfloat16"
+    return checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"

@@ -54,9 +54,10 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(config.model)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.tokenizer = load_tokenizer(config.model)
-        model = load_model(Path(config.model), self.model_config, config.torch_dtype, self.device)
+        self.dtype = config.torch_dtype(self.model_config.torch_dtype)
+        model = load_model(Path(config.model), self.model_config, self.dtype, self.device)
 
-        self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, config.torch_dtype)
+        self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
         num_blocks = self._num_kv_blocks()
         self.allocator = BlockAllocator(num_blocks, config.block_size)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)

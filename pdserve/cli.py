@@ -20,6 +20,7 @@ from kvtransfer.names import TRANSPORT_NAMES
 
 DEFAULT_GATEWAY_GRPC_PORT = 50051
 DEFAULT_GATEWAY_HTTP_PORT = 8000
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
 
 
 class _LazyArgumentParser(argparse.ArgumentParser):
@@ -76,7 +77,7 @@ def add_make_tiny_model(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, help="seed of the weight generator")
     parser.add_argument("--init-range", type=float,
                         help="standard deviation of every drawn weight")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+    parser.add_argument("--dtype", choices=DTYPE_NAMES,
                         help="dtype of the saved weights")
     parser.add_argument("--tie-word-embeddings", action="store_true",
                         help="share embed_tokens with lm_head")
@@ -90,7 +91,7 @@ def run_up(args: argparse.Namespace) -> int:
 
     config = UpConfig(
         model_dir=args.model, num_prefill=args.prefill, num_decode=args.decode,
-        redis_url=args.redis_url, transport=args.transport, device=args.device, host=args.host,
+        redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s)
     return run_up(config, out=sys.stdout, log=sys.stderr)
@@ -114,6 +115,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="how KV blocks move from prefill to decode (default auto)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
+                        help="the replicas' dtype (default auto: the checkpoint's; bfloat16 for a "
+                             "float32 checkpoint on a GPU)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the gateway binds (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GATEWAY_GRPC_PORT,

@@ -64,6 +64,7 @@ class UpConfig:
     redis_url: str | None  # None: start our own Redis
     transport: str
     device: str
+    dtype: str  # of the replicas' weights and KV: "auto" or a torch dtype name
     host: str  # the gateway's bind address
     grpc_port: int
     http_port: int
@@ -260,7 +261,7 @@ def child_specs(config: UpConfig, model_dir: Path, redis_url: str) -> list[Child
             specs.append(ChildSpec(
                 name=f"{kind}-{index}",
                 argv=(*pdserve, kind, *common, "--host", LOOPBACK, "--port", str(port),
-                      "--replica-id", f"{kind}-{index}", "--device", config.device),
+                      "--replica-id", f"{kind}-{index}", "--device", config.device, "--dtype", config.dtype),
                 grpc_target=f"{LOOPBACK}:{port}"))
     specs.append(ChildSpec(
         name="gateway",

@@ -38,3 +38,24 @@ def test_generate_defaults_to_greedy_64_tokens_on_the_local_gateway():
     args = cli.build_parser().parse_args(["generate", "hi", "--stop", "a", "--stop", "b"])
     assert (args.gateway, args.max_tokens, args.temperature) == ("127.0.0.1:50051", 64, 0.0)
     assert args.stop == ["a", "b"]
+
+
+def test_up_passes_its_dtype_to_every_replica(tmp_path):
+    from pdserve.up import UpConfig, child_specs
+
+    args = cli.build_parser().parse_args(["up", "--dtype", "bfloat16", "--prefill", "2"])
+    assert cli.build_parser().parse_args(["up"]).dtype == "auto"
+    config = UpConfig(
+        model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+        transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
+        grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0)
+    replicas = [spec for spec in child_specs(config, tmp_path, "redis://x") if spec.name != "gateway"]
+    assert len(replicas) == 3
+    for spec in replicas:
+        assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
+
+
+def test_cli_dtype_names_are_the_engines():
+    from engine.engine_config import DTYPES
+
+    assert ("auto", *cli.DTYPE_NAMES) == DTYPES
