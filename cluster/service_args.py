@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import uuid
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,28 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--kv-cache-bytes", type=int, default=None)
     parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
+    parser.add_argument("--cpus", type=parse_cpu_list, default=None, metavar="LIST",
+                        help="pin to these CPUs (e.g. 0-3,6) and run as many torch threads")
     parser.add_argument("--log-level", default="INFO")
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    cpus = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return cpus
+
+
+def bind_cpus(cpus: list[int] | None) -> None:
+    """Pins this process to `cpus` and sizes torch's thread pool to them; call before any thread
+    starts, so that every later one (the engine's, gRPC's, OpenMP's) inherits the pinning."""
+    if not cpus:
+        return
+    import torch
+
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
 
 
 def add_served_model_name_argument(parser: argparse.ArgumentParser) -> None:

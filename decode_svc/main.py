@@ -5,7 +5,7 @@ import argparse
 import asyncio
 
 from cluster.replica_server import serve_replica
-from cluster.service_args import add_replica_arguments, configure_logging, engine_config_from
+from cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
 from decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from decode_svc.service import DecodeService
 from kvtransfer.receiver import KVReceiver
@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "decode")
+    bind_cpus(args.cpus)
     asyncio.run(serve(args))
     return 0
 

@@ -8,6 +8,7 @@ import logging
 from cluster.service_args import (
     add_engine_arguments,
     add_served_model_name_argument,
+    bind_cpus,
     configure_logging,
     engine_config_from,
     served_model_name,
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "serve")
+    bind_cpus(args.cpus)
     asyncio.run(serve(args))
     return 0
 

@@ -38,6 +38,7 @@ from cluster.health_probe import probe_grpc, probe_http
 from cluster.ports import free_port
 from engine.errors import PdserveError
 from engine.tiny_model_cache import cache_root, ensure_tiny_model
+from pdserve.cpu_placement import cpu_list_arg, split_cpus
 from pdserve.redis_process import RedisStartError, start_redis
 
 LOOPBACK = "127.0.0.1"
@@ -251,18 +252,22 @@ def gateway_target(config: UpConfig) -> str:
 
 
 def child_specs(config: UpConfig, model_dir: Path, redis_url: str) -> list[ChildSpec]:
-    """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...`."""
+    """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...`.
+    On CPU each replica gets its own CPUs (see cpu_placement)."""
     pdserve = (sys.executable, "-m", "pdserve")
     common = ("--model", str(model_dir), "--redis-url", redis_url)
+    replicas = [(kind, index) for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode))
+                for index in range(count)]
+    cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
     specs = []
-    for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode)):
-        for index in range(count):
-            port = free_port(LOOPBACK)
-            specs.append(ChildSpec(
-                name=f"{kind}-{index}",
-                argv=(*pdserve, kind, *common, "--host", LOOPBACK, "--port", str(port),
-                      "--replica-id", f"{kind}-{index}", "--device", config.device, "--dtype", config.dtype),
-                grpc_target=f"{LOOPBACK}:{port}"))
+    for i, (kind, index) in enumerate(replicas):
+        port = free_port(LOOPBACK)
+        pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
+        specs.append(ChildSpec(
+            name=f"{kind}-{index}",
+            argv=(*pdserve, kind, *common, "--host", LOOPBACK, "--port", str(port), "--replica-id", f"{kind}-{index}",
+                  "--device", config.device, "--dtype", config.dtype, *pinning),
+            grpc_target=f"{LOOPBACK}:{port}"))
     specs.append(ChildSpec(
         name="gateway",
         argv=(*pdserve, "gateway", *common, "--host", config.host,

@@ -5,7 +5,7 @@ import argparse
 import asyncio
 
 from cluster.replica_server import serve_replica
-from cluster.service_args import add_replica_arguments, configure_logging, engine_config_from
+from cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
 from prefill_svc.service import PrefillService
@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "prefill")
+    bind_cpus(args.cpus)
     asyncio.run(serve(args))
     return 0
 

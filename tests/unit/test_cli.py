@@ -1,5 +1,6 @@
 """The `pdserve` command line: cheap to parse, and each service subcommand takes its flags from
 that service's own `add_arguments`."""
+import dataclasses
 import subprocess
 import sys
 
@@ -59,3 +60,20 @@ def test_cli_dtype_names_are_the_engines():
     from engine.engine_config import DTYPES
 
     assert ("auto", *cli.DTYPE_NAMES) == DTYPES
+
+
+def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
+    from pdserve.up import UpConfig, child_specs
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    args = cli.build_parser().parse_args(["up"])
+    config = UpConfig(
+        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=1.0, shutdown_timeout_s=1.0)
+    argv = {spec.name: spec.argv for spec in child_specs(config, tmp_path, "redis://x")}
+    assert argv["prefill-0"][argv["prefill-0"].index("--cpus") + 1] == "0,1"
+    assert argv["decode-0"][argv["decode-0"].index("--cpus") + 1] == "2,3"
+    assert "--cpus" not in argv["gateway"]
+    on_gpu = child_specs(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x")
+    assert all("--cpus" not in spec.argv for spec in on_gpu)
