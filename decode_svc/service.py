@@ -71,6 +71,7 @@ def _generate(session: DecodeSession, request: decode_pb2.DecodeRequest) -> None
     try:
         params = params_from_proto(request.params)
     except InvalidRequestError as exc:
+        session.abort(request.request_id)  # gives back its reservation
         session.refuse(request.request_id, exc)
         return
     session.generate(request.request_id, list(request.prompt_token_ids), request.first_token_id, params,
