@@ -20,7 +20,7 @@ SERVICE_NAMES = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_replica_arguments(parser, "decode")
     parser.add_argument("--reservation-timeout-s", type=float, default=30.0,
-                        help="release reserved KV blocks that receive no KV (or no Generate) in time")
+                        help="release reserved KV blocks that receive no KV (or no generate command) in time")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,26 +3,28 @@
 1. Reserve: blocks are allocated for a prompt and entered in the reservation table.
 2. Transfer: a prefill replica writes the prompt's KV into them (in place, or through the
    KVTransfer service) and the reservation is marked LANDED.
-3. Generate: the request joins the running batch with its first token; tokens stream out.
-4. Finish / abort / expiry: the engine frees the blocks.
+3. Generate: on a gateway's `DecodeSession`, the request joins the running batch with its
+   first token; its tokens go out with the session's other requests, one message per step.
+4. Finish / abort / session end / expiry: the engine frees the blocks.
 
-All engine access goes through `AsyncEngine`; the reservation table lives on the event loop.
+All engine access goes through `AsyncEngine`; the reservation table and the open sessions live
+on the event loop.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from decode_svc.reservations import ReservationError, ReservationTable
+from decode_svc.reservations import ReservationTable
+from decode_svc.session import DecodeSession, ReplicaStoppingError
 from engine.async_engine import AsyncEngine
 from engine.config import model_id
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 from kvtransfer.layout import make_layout
 from kvtransfer.pool import KVPool
 from kvtransfer.target import KVTarget
@@ -38,7 +40,6 @@ class DecodeReplicaConfig:
     replica_id: str
     kv_endpoint: str  # host:port where prefill replicas reach this replica's KVTransfer service
     reservation_timeout_s: float = 30.0
-    token_timeout_s: float = 120.0  # longest wait for the next token of a running request
 
 
 class DecodeReplica:
@@ -51,6 +52,7 @@ class DecodeReplica:
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
         self.reservations = ReservationTable(config.reservation_timeout_s)
         self._reaper: asyncio.Task | None = None
+        self._sessions: set[DecodeSession] = set()
 
     def _allocate_pool(self, spec, num_blocks, device):
         self.pool = create_kv_pool(spec, num_blocks, device, shared=True)
@@ -63,6 +65,8 @@ class DecodeReplica:
     async def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        for session in list(self._sessions):
+            session.close(ReplicaStoppingError(f"decode replica {self.config.replica_id} is stopping"))
         await self.engine.stop()
         self.pool.close()
 
@@ -89,30 +93,16 @@ class DecodeReplica:
     def mark_landed(self, request_id: str, num_bytes: int) -> None:
         self.reservations.mark_landed(request_id, num_bytes, time.monotonic())
 
-    async def generate(self, request_id: str, prompt_ids: list[int], first_token_id: int,
-                       params: SamplingParams, seed: int) -> AsyncIterator[RequestOutput]:
-        """Joins the landed request to the batch and yields its outputs; closing the iterator
-        early aborts the request. Raises ReservationError if its KV has not landed."""
-        reservation = self.reservations.join(request_id)
-        if len(prompt_ids) != reservation.num_prompt_tokens:
-            self.engine.submit(lambda engine: engine.release_kv(request_id))
-            raise ReservationError(
-                f"request {request_id}: {len(prompt_ids)} prompt tokens, {reservation.num_prompt_tokens} reserved")
-        stream = self.engine.open_stream(request_id)
-        finished = False
+    @contextlib.contextmanager
+    def session(self) -> Iterator[DecodeSession]:
+        """A gateway's session, open while the block runs; leaving it aborts what still runs."""
+        session = DecodeSession(self.engine, self.reservations)
+        self._sessions.add(session)
         try:
-            await self.engine.call(
-                lambda engine: engine.add_prefilled_request(request_id, prompt_ids, first_token_id, params, seed))
-            while not finished:
-                output = await asyncio.wait_for(stream.get(), self.config.token_timeout_s)
-                if isinstance(output, Exception):
-                    raise output
-                finished = output.finished
-                yield output
+            yield session
         finally:
-            self.engine.close_stream(request_id)
-            if not finished:
-                self.engine.submit(lambda engine: engine.abort_request(request_id))
+            self._sessions.discard(session)
+            session.close()
 
     async def abort(self, request_id: str) -> bool:
         self.reservations.remove(request_id)

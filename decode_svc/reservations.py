@@ -1,12 +1,12 @@
 """KV reservations of a decode replica: blocks promised to a prompt whose KV comes from prefill.
 
-    RESERVED ──(KV landed)──▶ LANDED ──(Generate)──▶ joined (leaves the table)
+    RESERVED ──(KV landed)──▶ LANDED ──(generate)──▶ joined (leaves the table)
         │                        │
         └── deadline passes ─────┴──▶ expired: the caller releases the blocks
 
 Only a RESERVED entry accepts KV writes, so a late push can never write into blocks whose
 reservation expired (they may belong to another request by then). A LANDED entry gets a fresh
-deadline: if its Generate never comes, it expires too. Pure bookkeeping: times are passed in.
+deadline: if its generate command never comes, it expires too. Pure bookkeeping: times are passed in.
 """
 from __future__ import annotations
 

@@ -1,11 +1,28 @@
-"""gRPC edge of a decode replica: protobuf in, domain calls, protobuf out."""
+"""gRPC edge of a decode replica: protobuf in, domain calls, protobuf out.
+
+`Session` runs two loops over one `DecodeSession`: commands in (until the gateway closes its
+side), step outputs out (until the session ends). A request's error becomes a status code in
+its output, so it never ends the stream; an error of the whole session (the engine died, the
+replica is stopping) ends the stream with its status.
+"""
 from __future__ import annotations
 
-from cluster.grpc_errors import grpc_errors
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from cluster.grpc_errors import grpc_errors, status_for
 from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from decode_svc.replica import DecodeReplica
+from decode_svc.session import DecodeSession, SessionClosedError
+from engine.errors import InvalidRequestError
+from engine.output_group import GroupEntry, RequestFailure
 from kvtransfer.wire import target_to_proto
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
+
+logger = logging.getLogger(__name__)
 
 
 class DecodeService(decode_pb2_grpc.DecodeServicer):
@@ -18,25 +35,66 @@ class DecodeService(decode_pb2_grpc.DecodeServicer):
         return target_to_proto(target)
 
     @grpc_errors
-    async def Generate(self, request: decode_pb2.DecodeRequest, context):
-        params = params_from_proto(request.params)
-        outputs = self.replica.generate(request.request_id, list(request.prompt_token_ids),
-                                        request.first_token_id, params, request.seed)
-        try:
-            async for output in outputs:
-                completion = output.outputs[0]
-                chunk = decode_pb2.DecodeChunk(token_ids=output.new_token_ids,
-                                               num_preemptions=output.num_preemptions)
-                if completion.logprobs is not None:
-                    chunk.logprobs.extend(logprobs_to_proto(lp) for lp in completion.logprobs[-len(output.new_token_ids):])
-                if output.finished:
-                    chunk.finish_reason = FINISH_REASONS[completion.finish_reason]
-                    if isinstance(completion.stop_reason, int):
-                        chunk.stop_token_id = completion.stop_reason
-                yield chunk
-        finally:
-            await outputs.aclose()
+    async def Session(self, commands: AsyncIterator[decode_pb2.DecodeCommand], context):
+        with self.replica.session() as session:
+            reader = asyncio.create_task(_serve_commands(commands, session))
+            try:
+                while True:
+                    try:
+                        entries = await session.next_step()
+                    except SessionClosedError:
+                        return
+                    yield decode_pb2.DecodeStepOutputs(outputs=[_request_output(entry) for entry in entries])
+            finally:
+                reader.cancel()
 
     @grpc_errors
     async def Abort(self, request: decode_pb2.DecodeAbortRequest, context) -> decode_pb2.DecodeAbortResponse:
         return decode_pb2.DecodeAbortResponse(aborted=await self.replica.abort(request.request_id))
+
+
+async def _serve_commands(commands: AsyncIterator[decode_pb2.DecodeCommand], session: DecodeSession) -> None:
+    try:
+        async for command in commands:
+            kind = command.WhichOneof("command")
+            if kind == "generate":
+                _generate(session, command.generate)
+            elif kind == "abort_request_id":
+                session.abort(command.abort_request_id)
+            else:
+                logger.warning("ignoring a session command with no command set")
+    finally:
+        session.close()
+
+
+def _generate(session: DecodeSession, request: decode_pb2.DecodeRequest) -> None:
+    try:
+        params = params_from_proto(request.params)
+    except InvalidRequestError as exc:
+        session.abort(request.request_id)  # gives back its reservation
+        session.refuse(request.request_id, exc)
+        return
+    session.generate(request.request_id, list(request.prompt_token_ids), request.first_token_id, params,
+                     request.seed)
+
+
+def _request_output(entry: GroupEntry) -> decode_pb2.DecodeRequestOutput:
+    if isinstance(entry, RequestFailure):
+        status = status_for(entry.error)
+        if status is None:
+            logger.error("request %s failed", entry.request_id, exc_info=entry.error)
+            status = grpc.StatusCode.INTERNAL, f"internal error: {entry.error!r}"
+        code, message = status
+        return decode_pb2.DecodeRequestOutput(
+            request_id=entry.request_id,
+            error=decode_pb2.DecodeRequestError(status_code=code.value[0], message=message))
+    completion = entry.outputs[0]
+    output = decode_pb2.DecodeRequestOutput(
+        request_id=entry.request_id, token_ids=entry.new_token_ids, num_preemptions=entry.num_preemptions)
+    if completion.logprobs is not None:
+        output.logprobs.extend(logprobs_to_proto(lp) for lp in completion.logprobs[-len(entry.new_token_ids):])
+    if entry.finished:
+        output.finish_reason = FINISH_REASONS[completion.finish_reason]
+        if isinstance(completion.stop_reason, int):
+            output.stop_token_id = completion.stop_reason
+    return output

@@ -1,13 +1,16 @@
 """Drives an `LLMEngine` on its own thread for asyncio callers.
 
 The engine is single-threaded: only the engine thread touches it. Callers submit commands
-(`call`), which run between two steps, and receive each request's outputs on an asyncio queue
-(`open_stream`). The thread steps while any request is unfinished and otherwise sleeps on the
-command queue, so an idle replica burns no CPU.
+(`call`), which run between two steps, and receive each request's outputs either on its own
+asyncio queue (`open_stream`) or, with other requests of the same client, on an `OutputGroup`
+(`join_group`) that gets one put per engine step. The thread steps while any request is
+unfinished and otherwise sleeps on the command queue, so an idle replica burns no CPU.
 
 Invariant: every command's future is resolved (result or exception), and every stream sees its
 request's outputs in order, ending with one that has `finished=True` or with an exception item
-(`RequestAbortedError`, `EngineDeadError`), unless the stream is closed first.
+(`RequestAbortedError`, `EngineDeadError`), unless the stream is closed first. A request in a
+group sees the same sequence as entries of the group's lists (its failure as a
+`RequestFailure`; the engine's death as an exception item of the group).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.errors import AbortedError, UnavailableError
+from engine.output_group import GroupEntry, OutputGroup
 from engine.outputs import RequestOutput
 
 if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gateway's gRPC edge)
@@ -42,6 +46,7 @@ class AsyncEngine:
         self._loop = loop
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._groups: dict[str, OutputGroup] = {}  # request id -> the group its outputs go to
         self._stopping = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -55,13 +60,15 @@ class AsyncEngine:
         self._commands.put(None)
         await asyncio.to_thread(self._thread.join, timeout_s)
 
-    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Runs `fn(engine)` on the engine thread between steps and returns its result."""
-        if self._error is not None:
-            raise EngineDeadError(f"engine stopped: {self._error!r}")
+    def call(self, fn: Callable[[LLMEngine], T]) -> asyncio.Future[T]:
+        """Queues `fn(engine)` to run on the engine thread between steps, in order with every
+        other `call` and `submit`; the future gets its result."""
         future = self._loop.create_future()
-        self._commands.put((fn, future))
-        return await future
+        if self._error is not None:
+            future.set_exception(EngineDeadError(f"engine stopped: {self._error!r}"))
+        else:
+            self._commands.put((fn, future))
+        return future
 
     def submit(self, fn: Callable[[LLMEngine], Any]) -> None:
         """Runs `fn(engine)` between steps without waiting: for clean-up that must happen even
@@ -72,9 +79,11 @@ class AsyncEngine:
         """Aborts the request (or drops its reservation / held KV); a reader of its stream gets
         `RequestAbortedError` instead of waiting for outputs that will never come."""
         aborted = await self.call(lambda engine: engine.abort_request(request_id))
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.put_nowait(RequestAbortedError(f"request {request_id} was aborted"))
+        error = RequestAbortedError(f"request {request_id} was aborted")
+        if (stream := self._streams.get(request_id)) is not None:
+            stream.put_nowait(error)
+        if (group := self._groups.get(request_id)) is not None:
+            group.fail(request_id, error)
         return aborted
 
     def open_stream(self, request_id: str) -> asyncio.Queue[RequestOutput]:
@@ -83,8 +92,14 @@ class AsyncEngine:
         self._streams[request_id] = stream
         return stream
 
+    def join_group(self, request_id: str, group: OutputGroup) -> None:
+        """Sends the request's outputs to `group`; call before adding the request."""
+        self._groups[request_id] = group
+
     def close_stream(self, request_id: str) -> None:
+        """Stops delivering the request's outputs, to its stream or its group."""
         self._streams.pop(request_id, None)
+        self._groups.pop(request_id, None)
 
     def _run(self) -> None:
         try:
@@ -123,14 +138,20 @@ class AsyncEngine:
             block = False
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        by_group: dict[OutputGroup, list[GroupEntry]] = {}
         for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is not None:
+            if (group := self._groups.get(output.request_id)) is not None:
+                by_group.setdefault(group, []).append(output)
+            elif (stream := self._streams.get(output.request_id)) is not None:
                 stream.put_nowait(output)
+        for group, entries in by_group.items():
+            group.put(entries)
 
     def _fail_all(self, exc: BaseException) -> None:
         for stream in self._streams.values():
             stream.put_nowait(EngineDeadError(f"engine stopped: {exc!r}"))
+        for group in set(self._groups.values()):
+            group.end(EngineDeadError(f"engine stopped: {exc!r}"))
 
 
 def _resolve(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:

@@ -6,7 +6,7 @@ prefill replica, found in the registry.
     3. Decode.Reserve → KVTarget (blocks reserved on D)                      state PREFILLING
     4. Prefill.Run(prompt, KVTarget): first token streams back at once      state TRANSFERRING
        and P pushes the KV into D's blocks; the call ends when D has it
-    5. Decode.Generate(first token) streams the rest                        state DECODING
+    5. generate(first token) on D's session: the rest, one message per step  state DECODING
     6. detokenize incrementally here, check stop strings, stream chunks     state FINISHED
 Steps 2-6 are `DisaggregatedRequest`, which reads as that order; the replica clients own the
 wire. Prefill (first token) and decode (the rest) say when a token ends the request, so step 5
@@ -29,11 +29,12 @@ from cluster.registry import LiveReplicas
 from engine.admission import draw_seed
 from engine.errors import PdserveError
 from engine.sampling_params import SamplingParams
+from gateway.backend_errors import BackendError
 from gateway.channels import ChannelPool
 from gateway.completion_text import CompletionText, SampledToken
 from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
 from gateway.metrics import GatewayMetrics, RequestTimeline
-from gateway.replica_clients import BackendError, DecodeClient, PrefillClient, Timeouts
+from gateway.replica_clients import DecodeClient, PrefillClient, Timeouts
 from gateway.request_state import RequestState
 from gateway.request_store import RequestStore
 from gateway.router import NoReplicaError, Router
@@ -75,6 +76,7 @@ class DisaggregatedFrontend:
         self.metrics = metrics
         self.router = Router()
         self.channels = ChannelPool()
+        self._decode_clients: dict[tuple[str, str], DecodeClient] = {}  # (replica id, endpoint): its session
         self._live: dict[str, DisaggregatedRequest] = {}
         self._has_replicas = False
 
@@ -127,12 +129,20 @@ class DisaggregatedFrontend:
             raise BackendError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
         self.router.note_dispatched(decode, num_prompt_tokens)
         self.router.note_dispatched(prefill, num_prompt_tokens)
-        timeouts = self.config.timeouts
-        return Route(DecodeClient(decode.replica_id, self.channels.get(decode.endpoint), timeouts),
-                     PrefillClient(prefill.replica_id, self.channels.get(prefill.endpoint), timeouts),
+        return Route(self._decode_client(decode.replica_id, decode.endpoint),
+                     PrefillClient(prefill.replica_id, self.channels.get(prefill.endpoint), self.config.timeouts),
                      transport)
 
+    def _decode_client(self, replica_id: str, endpoint: str) -> DecodeClient:
+        key = replica_id, endpoint
+        if key not in self._decode_clients:
+            self._decode_clients[key] = DecodeClient(replica_id, self.channels.get(endpoint), self.config.timeouts)
+        return self._decode_clients[key]
+
     async def close(self) -> None:
+        for client in self._decode_clients.values():
+            client.close()
+        self._decode_clients.clear()
         await self.channels.close()
 
 

@@ -1,10 +1,10 @@
 """Clients of one decode and one prefill replica, in domain types.
 
 Each client owns its stub, builds its request messages and turns the replica's errors into
-domain errors: INVALID_ARGUMENT is the client's fault (InvalidRequestError); any other status
-becomes a BackendError that carries it, so the gateway's edge reports what the replica said.
-The code that drives a request never sees a protobuf message, except the `KVTarget` that it
-hands unopened from `DecodeClient.reserve` to `PrefillClient.run`.
+domain errors (gateway.backend_errors). The code that drives a request never sees a protobuf
+message, except the `KVTarget` that it hands unopened from `DecodeClient.reserve` to
+`PrefillClient.run`. A `DecodeClient` lives as long as the gateway knows its replica: all its
+requests share one `DecodeSession`, opened on first use and reopened after it broke.
 """
 from __future__ import annotations
 
@@ -14,32 +14,19 @@ from dataclasses import dataclass
 import grpc
 
 from cluster.protocol import FINISH_REASON_NAMES, logprobs_from_proto, params_to_proto
-from engine.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
+from gateway.backend_errors import BackendError, backend_error
 from gateway.completion_text import SampledToken
-from gateway.frontend_types import UnavailableError
+from gateway.decode_session import DecodeSession, DecodeStep
 from kvtransfer.choice import transport_name
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, prefill_pb2_grpc
-
-
-class BackendError(UnavailableError):
-    """A replica refused or failed a call; `grpc_code` is the status the client should see."""
-
-    def __init__(self, grpc_code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.grpc_code = grpc_code
 
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     rpc_s: float = 30.0  # Reserve, Abort
-    request_s: float = 600.0  # a whole Prefill.Run or Decode.Generate stream
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeStep:
-    tokens: list[SampledToken]  # new this step; only the last may carry a finish reason
-    num_preemptions: int  # of the request so far
+    request_s: float = 600.0  # a whole Prefill.Run, or all the decode steps of a request
+    token_s: float = 120.0  # longest wait for a running request's next decode step
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +41,7 @@ class DecodeClient:
         self.replica_id = replica_id
         self._stub = decode_pb2_grpc.DecodeStub(channel)
         self._timeouts = timeouts
+        self._session: DecodeSession | None = None
 
     async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> kv_transfer_pb2.KVTarget:
         """Reserves blocks for the prompt; returns where prefill writes its KV."""
@@ -64,20 +52,16 @@ class DecodeClient:
         except grpc.aio.AioRpcError as exc:
             raise _backend_error(self.replica_id, exc) from exc
 
-    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
-                       first_token_id: int) -> AsyncIterator[DecodeStep]:
-        """The tokens after the first, step by step; closing the iterator early cancels the call,
-        which aborts the request on the replica."""
-        call = self._stub.Generate(decode_pb2.DecodeRequest(
+    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
+                 first_token_id: int) -> AsyncIterator[DecodeStep]:
+        """The tokens after the first, step by step; closing the iterator early aborts the
+        request on the replica. Raises SessionBrokenError when the session breaks under it."""
+        if self._session is None or self._session.broken:
+            self._session = DecodeSession(self.replica_id, self._stub)
+        request = decode_pb2.DecodeRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
-            first_token_id=first_token_id), timeout=self._timeouts.request_s)
-        try:
-            async for chunk in call:
-                yield _decode_step(chunk)
-        except grpc.aio.AioRpcError as exc:
-            raise _backend_error(self.replica_id, exc) from exc
-        finally:
-            call.cancel()  # a no-op once the stream has ended
+            first_token_id=first_token_id)
+        return self._session.generate(request, self._timeouts.token_s, self._timeouts.request_s)
 
     async def abort(self, request_id: str) -> None:
         """Ends the request or releases its reservation; unknown ids are not an error."""
@@ -86,6 +70,11 @@ class DecodeClient:
                                    timeout=self._timeouts.rpc_s)
         except grpc.aio.AioRpcError as exc:
             raise _backend_error(self.replica_id, exc) from exc
+
+    def close(self) -> None:
+        """Ends the session; the replica aborts the requests still on it."""
+        if self._session is not None:
+            self._session.close()
 
 
 class PrefillClient:
@@ -142,17 +131,5 @@ class PrefillRun:
         return getattr(event, expected)
 
 
-def _decode_step(chunk: decode_pb2.DecodeChunk) -> DecodeStep:
-    last = len(chunk.token_ids) - 1
-    finish_reason = FINISH_REASON_NAMES[chunk.finish_reason]
-    stop_token_id = chunk.stop_token_id if chunk.HasField("stop_token_id") else None
-    tokens = [SampledToken(token_id, logprobs_from_proto(chunk.logprobs[i]) if chunk.logprobs else None,
-                           finish_reason if i == last else None, stop_token_id if i == last else None)
-              for i, token_id in enumerate(chunk.token_ids)]
-    return DecodeStep(tokens, chunk.num_preemptions)
-
-
 def _backend_error(replica_id: str, exc: grpc.aio.AioRpcError) -> Exception:
-    if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequestError(exc.details())
-    return BackendError(exc.code(), f"{replica_id}: {exc.details()}")
+    return backend_error(replica_id, exc.code(), exc.details())

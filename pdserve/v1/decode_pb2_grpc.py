@@ -40,10 +40,10 @@ class DecodeStub:
                 request_serializer=pdserve_dot_v1_dot_decode__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_kv__transfer__pb2.KVTarget.FromString,
                 _registered_method=True)
-        self.Generate = channel.unary_stream(
-                '/pdserve.v1.Decode/Generate',
-                request_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeRequest.SerializeToString,
-                response_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeChunk.FromString,
+        self.Session = channel.stream_stream(
+                '/pdserve.v1.Decode/Session',
+                request_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeCommand.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeStepOutputs.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/pdserve.v1.Decode/Abort',
@@ -63,15 +63,19 @@ class DecodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Generate(self, request, context):
-        """Joins the running batch once the KV has landed and streams the tokens after the first.
+    def Session(self, request_iterator, context):
+        """One stream per gateway: the gateway sends commands, the replica sends one DecodeStepOutputs
+        per engine step that produced anything for this session's requests. A request's failure is
+        reported in its output and leaves the session open; when the session ends (either side
+        closes it, or the replica stops) every request still running on it is aborted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Ends a request or releases a reservation; its blocks come back.
+        """Ends a request or releases a reservation; its blocks come back. A request running on a
+        session ends there with an ABORTED error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,10 +89,10 @@ def add_DecodeServicer_to_server(servicer, server):
                     request_deserializer=pdserve_dot_v1_dot_decode__pb2.ReserveRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_kv__transfer__pb2.KVTarget.SerializeToString,
             ),
-            'Generate': grpc.unary_stream_rpc_method_handler(
-                    servicer.Generate,
-                    request_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeRequest.FromString,
-                    response_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeChunk.SerializeToString,
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=pdserve_dot_v1_dot_decode__pb2.DecodeCommand.FromString,
+                    response_serializer=pdserve_dot_v1_dot_decode__pb2.DecodeStepOutputs.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -134,7 +138,7 @@ class Decode:
             _registered_method=True)
 
     @staticmethod
-    def Generate(request,
+    def Session(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -144,12 +148,12 @@ class Decode:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/pdserve.v1.Decode/Generate',
-            pdserve_dot_v1_dot_decode__pb2.DecodeRequest.SerializeToString,
-            pdserve_dot_v1_dot_decode__pb2.DecodeChunk.FromString,
+            '/pdserve.v1.Decode/Session',
+            pdserve_dot_v1_dot_decode__pb2.DecodeCommand.SerializeToString,
+            pdserve_dot_v1_dot_decode__pb2.DecodeStepOutputs.FromString,
             options,
             channel_credentials,
             insecure,

@@ -246,3 +246,31 @@ def test_killed_replica_drops_out_of_routing_within_its_heartbeat_ttl(make_clust
                        timeout_s=3.0 + 1.5)  # heartbeat TTL plus margin
     used = asyncio.run(replicas_used(cluster.gateway.endpoint, num_requests=4))
     assert {decode for _, decode in used} == {"d0"}
+
+
+def test_requests_on_a_decode_replica_that_dies_fail_promptly_with_unavailable(make_cluster):
+    cluster = make_cluster([("decode", "d0", ()), ("prefill", "p0", ()), ("gateway", "gw", ())])
+
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.gateway.endpoint) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            calls = [stub.Generate(gateway_pb2.GenerateRequest(
+                request_id=f"orphan-{i}", prompt="a long story " * 10,
+                params=common_pb2.SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True)), timeout=120)
+                for i in range(2)]
+            for call in calls:
+                for _ in range(3):
+                    await call.read()
+            cluster.kill(next(s for s in cluster.services if s.name == "d0"))
+            killed_s = time.monotonic()
+            codes = []
+            for call in calls:
+                with pytest.raises(grpc.aio.AioRpcError) as failure:
+                    while await call.read() is not grpc.aio.EOF:
+                        pass
+                codes.append(failure.value.code())
+            return codes, time.monotonic() - killed_s
+
+    codes, seconds = asyncio.run(go())
+    assert codes == [grpc.StatusCode.UNAVAILABLE] * 2
+    assert seconds < 5.0  # the broken session fails them at once, not at a token timeout

@@ -7,10 +7,12 @@ import grpc
 import pytest
 
 from engine.sampling_params import SamplingParams
+from gateway.backend_errors import BackendError
 from gateway.completion_text import CompletionText, SampledToken
+from gateway.decode_session import DecodeStep
 from gateway.disaggregated import DisaggregatedRequest, Route
 from gateway.metrics import GatewayMetrics
-from gateway.replica_clients import BackendError, DecodeStep, KVTransferDone
+from gateway.replica_clients import KVTransferDone
 from gateway.request_state import RequestState
 from pdserve.v1 import common_pb2
 

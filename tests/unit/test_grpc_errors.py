@@ -8,7 +8,7 @@ from decode_svc.reservations import ReservationError
 from engine.async_engine import EngineDeadError, RequestAbortedError
 from engine.block_allocator import OutOfBlocksError
 from engine.errors import InvalidConfigError, InvalidRequestError, PdserveError, PreconditionError
-from gateway.replica_clients import BackendError
+from gateway.backend_errors import BackendError
 from gateway.frontend_types import UnavailableError
 from gateway.request_store import RequestExistsError, RequestNotFoundError
 from kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
