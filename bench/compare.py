@@ -111,7 +111,7 @@ def run_compare(config: CompareConfig, argv: list[str]) -> dict:
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": argv,
-        "model": _model_summary(config.model_dir),
+        "model": model_summary(config.model_dir),
         "workload": {**config.workload_dict(),
                      "input_lens": length_summary([len(request.prompt_token_ids) for request in requests]),
                      "output_lens": length_summary([request.output_len for request in requests])},
@@ -230,7 +230,7 @@ def _git_commit() -> str | None:
         return None
 
 
-def _model_summary(model_dir: Path) -> dict:
+def model_summary(model_dir: Path) -> dict:
     import json
 
     config = json.loads((model_dir / "config.json").read_text())

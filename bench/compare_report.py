@@ -98,7 +98,7 @@ def goodput_lines(combined: dict) -> list[str]:
     for name, result in results.items():
         num_good = round(result[field] * result["duration"])
         lines.append(f"| {name} | {result[field]:.2f} | {num_good} / {result['num_prompts']} | "
-                     f"{_format(ratio(combined, field, name, reference), '{:.2f}x')} |")
+                     f"{format_cell(ratio(combined, field, name, reference), '{:.2f}x')} |")
     if "tpot" in slos and set(BURST_SYSTEMS) & set(results):
         lines += ["", f"{', '.join(name for name in results if name in BURST_SYSTEMS)}: a TPOT of ~0 always meets "
                       "the TPOT SLO; its TTFT includes the whole batch, so the TTFT SLO is the one it can miss."]
@@ -122,18 +122,18 @@ def markdown(combined: dict) -> str:
         f"{machine.get('memory_gib', '?')} GiB",
         f"- pinning: servers on CPUs {pinning['server_cpus']} with {pinning['server_threads']} thread(s), "
         f"client on CPUs {pinning['client_cpus']}",
-        f"- command: `{' '.join(_shown_command(combined['command']))}`",
+        f"- command: `{' '.join(shown_command(combined['command']))}`",
         "",
         "| system | " + " | ".join(heading for _, heading, _ in TABLE_COLUMNS) + " |",
         "|---|" + "---:|" * len(TABLE_COLUMNS),
     ]
     for name, result in results.items():
-        cells = [_format(result.get(field), spec) for field, _, spec in TABLE_COLUMNS]
+        cells = [format_cell(result.get(field), spec) for field, _, spec in TABLE_COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "| system | " + " | ".join(heading for _, _, heading in RATIOS) + " |",
               "|---|" + "---:|" * len(RATIOS)]
     for name in results:
-        cells = [_format(ratio(combined, field, name, reference), "{:.2f}x") for field, reference, _ in RATIOS]
+        cells = [format_cell(ratio(combined, field, name, reference), "{:.2f}x") for field, reference, _ in RATIOS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     goodput = goodput_lines(combined)
     if goodput:
@@ -161,12 +161,12 @@ def _lengths_text(workload: dict, which: str) -> str:
     return f"{lens['min']}–{lens['max']} (mean {lens['mean']:g}, median {lens['median']:g})"
 
 
-def _shown_command(argv: list[str]) -> list[str]:
+def shown_command(argv: list[str]) -> list[str]:
     """The command with the peer script named by its file name only (its folder is local)."""
     return [Path(arg).name if previous == "--peer-vllm" else arg for previous, arg in zip(["", *argv], argv)]
 
 
-def _format(value, spec: str) -> str:
+def format_cell(value, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
     return spec.format(value)

@@ -182,7 +182,7 @@ class RunningSystem:
         with open(log_path, "wb") as log:
             self._process = subprocess.Popen(
                 spec.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=_child_setup_fn(pinning.server_cpus))
+                start_new_session=True, preexec_fn=pinned_child_setup(pinning.server_cpus))
 
     @property
     def pid(self) -> int:
@@ -251,7 +251,7 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def _child_setup_fn(cpus: tuple[int, ...]):
+def pinned_child_setup(cpus: tuple[int, ...]):
     """A preexec_fn: pin to `cpus`, and have the kernel SIGTERM the child if we die."""
     libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not after fork
 
