@@ -153,7 +153,7 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
                           "pdserve serve: one engine, continuous batching with chunked prefill")
     if name == "disaggregated":
         if options.dtype != UP_DTYPE:
-            raise SystemUnavailable(f"pdserve up takes no --dtype (its replicas load {UP_DTYPE}), "
+            raise SystemUnavailable(f"pdserve up takes no --dtype and its replicas load {UP_DTYPE}, "
                                     f"so it cannot run at {options.dtype}")
         return SystemSpec(name, (python, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(free_port(LOOPBACK)), "--http-port", str(port),
