@@ -16,7 +16,8 @@ def combined() -> dict:
         "cpus": [1], "num_threads": 1,
         "workload": {"dataset": "prompt-heavy", "num_prompts": 8, "output_len": 50, "seed": 0, "num_warmup_runs": 1,
                      "num_timed_runs": 1, "input_lens": {"min": 40, "max": 550, "mean": 200.0, "total": 1600}},
-        "dtypes": {"float32": {"engines": {"pdserve": engine(2.0), "vllm": engine(2.5)}, "num_same_outputs": 7},
+        "dtypes": {"float32": {"engines": {"pdserve": engine(2.0), "vllm": {**engine(2.5), "version": "0.32.0"}},
+                               "num_same_outputs": 7},
                    "bfloat16": {"engines": {"pdserve": engine(1.0),
                                             "vllm": {"status": "failed", "note": "exit status 1"}},
                                 "num_same_outputs": None}},
@@ -32,6 +33,7 @@ def test_the_ratio_is_pdserves_throughput_over_vllms_in_the_same_dtype():
     assert "| float32 | vllm | 2.50 | 160 | 800 | — |" in text
     assert "| bfloat16 | pdserve | 1.00 | 400 | 2000 | — |" in text
     assert "- vllm bfloat16: failed (exit status 1)" in text
+    assert "vLLM 0.32.0" in text  # the version the vLLM runs reported
     assert "- float32: 7 of 8 prompts got the same greedy tokens from both engines" in text
 
 
