@@ -29,10 +29,12 @@ clean:
 	rm -rf .pytest_cache build *.egg-info
 
 # Regenerates the figures in BENCHMARKS.md (bench/results/): every system side by side on one
-# machine, at saturation (equal, then varied lengths) and on the mixed workload.
-# PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
+# machine, at saturation (equal, then varied lengths), on the mixed workload, on prompt-heavy
+# prompts (float32, then bfloat16), on heavy-tailed outputs with goodput under an SLO; then the
+# offline engines' table. PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
 PEER_VLLM ?=
-BENCH_COMPARE = $(BIN)/pdserve bench-compare $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
+PEER_ARG = $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
+BENCH_COMPARE = $(BIN)/pdserve bench-compare $(PEER_ARG)
 .PHONY: bench
 bench: install
 	$(BENCH_COMPARE) --dataset random --num-prompts 128 --input-len 128 --output-len 128 \
@@ -41,3 +43,11 @@ bench: install
 		--max-concurrency 32 --result-dir bench/results/saturation_varlen
 	$(BENCH_COMPARE) --dataset mixed --num-prompts 96 --input-len 64 --output-len 64 \
 		--request-rate 2 --result-dir bench/results/mixed
+	$(BENCH_COMPARE) --dataset prompt-heavy --num-prompts 64 --output-len 64 --max-concurrency 32 \
+		--dtype float32 --result-dir bench/results/prompt_heavy_fp32
+	$(BENCH_COMPARE) --dataset prompt-heavy --num-prompts 64 --output-len 64 --max-concurrency 32 \
+		--dtype bfloat16 --result-dir bench/results/prompt_heavy_bf16
+	$(BENCH_COMPARE) --dataset heavy-tailed --num-prompts 128 --input-len 128 --range-ratio 0.5 --output-len 128 \
+		--max-concurrency 32 --goodput ttft:1000 tpot:50 --result-dir bench/results/heavy_tailed
+	$(BIN)/python -m bench.offline_compare $(PEER_ARG) --num-prompts 64 --output-len 64 \
+		--result-dir bench/results/offline

@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.backends import BACKENDS, BackendError
 from bench.datasets import DATASET_KINDS, make_dataset
 from bench.errors import BenchConfigError
-from bench.metrics import SLO_KEYS
+from bench.metrics import SLO_KEYS, parse_slos
 from bench.plots import plot_latency_cdf, plot_sweep
 from bench.report import render_markdown
 from bench.runner import BenchConfig, BenchResult, run_benchmark
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         config = BenchConfig(
             backend=args.backend, target=args.target, model=args.model, request_rate=args.request_rate,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
-            ignore_eos=args.ignore_eos, temperature=args.temperature, goodput_slos_ms=_slos(args.goodput),
+            ignore_eos=args.ignore_eos, temperature=args.temperature, goodput_slos_ms=parse_slos(args.goodput),
             metrics_url=args.metrics_url, timeout_s=args.timeout_s,
             label=args.label or f"{args.backend}-{args.dataset}")
         requests = make_dataset(
@@ -125,13 +125,3 @@ def _rates(text: str) -> list[float]:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
 
-
-def _slos(items: list[str]) -> dict[str, float]:
-    slos = {}
-    for item in items:
-        key, _, value = item.partition(":")
-        try:
-            slos[key] = float(value)
-        except ValueError as error:
-            raise BenchConfigError(f"--goodput takes KEY:MS pairs, got {item!r}") from error
-    return slos

@@ -24,19 +24,24 @@ import logging
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.datasets import RANDOM_KINDS
+from bench.metrics import SLO_KEYS, parse_slos
 from bench.systems import (
+    DTYPES,
     SYSTEMS,
     Pinning,
     RunningSystem,
     SystemOptions,
     SystemStartError,
+    SystemUnavailable,
     cpu_list_text,
     default_pinning,
     parse_cpu_list,
@@ -53,7 +58,7 @@ SCHEMA_VERSION = 1
 class CompareConfig:
     model_dir: Path
     systems: tuple[str, ...]
-    dataset: str  # "random" | "mixed"
+    dataset: str  # "random" | "mixed" | "prompt-heavy" | "heavy-tailed"
     num_prompts: int
     input_len: int
     output_len: int
@@ -69,13 +74,16 @@ class CompareConfig:
     startup_timeout_s: float
     vllm_startup_timeout_s: float
     request_timeout_s: float
+    dtype: str = "float32"  # every system loads the weights in it
+    goodput_slos_ms: dict[str, float] = field(default_factory=dict)  # "ttft" | "tpot" | "e2el"; {}: no goodput
 
     def workload_dict(self) -> dict:
         return {"dataset": self.dataset, "num_prompts": self.num_prompts, "input_len": self.input_len,
                 "output_len": self.output_len, "range_ratio": self.range_ratio,
                 "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
                 "max_concurrency": self.max_concurrency, "seed": self.seed, "ignore_eos": True,
-                "temperature": 0.0, "num_warmup_prompts": self.num_warmup_prompts}
+                "temperature": 0.0, "num_warmup_prompts": self.num_warmup_prompts, "dtype": self.dtype,
+                "goodput_slos_ms": dict(self.goodput_slos_ms)}
 
 
 def run_compare(config: CompareConfig, argv: list[str]) -> dict:
@@ -98,13 +106,15 @@ def run_compare(config: CompareConfig, argv: list[str]) -> dict:
     requests = dataset(config.num_prompts, config.seed)
     warmup = dataset(config.num_warmup_prompts, config.seed + 1) if config.num_warmup_prompts else []
     options = SystemOptions(config.model_dir, config.static_max_batch_size, config.vllm_script,
-                            config.startup_timeout_s, config.vllm_startup_timeout_s)
+                            config.startup_timeout_s, config.vllm_startup_timeout_s, config.dtype)
     combined = {
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": argv,
-        "model": _model_summary(config.model_dir),
-        "workload": config.workload_dict(),
+        "model": model_summary(config.model_dir),
+        "workload": {**config.workload_dict(),
+                     "input_lens": length_summary([len(request.prompt_token_ids) for request in requests]),
+                     "output_lens": length_summary([request.output_len for request in requests])},
         "pinning": config.pinning.to_dict(),
         "machine": machine,
         "versions": versions(config.vllm_script if "vllm" in config.systems else None),
@@ -117,11 +127,11 @@ def run_compare(config: CompareConfig, argv: list[str]) -> dict:
 
 
 def _run_one(name: str, options: SystemOptions, config: CompareConfig, requests: list, warmup: list) -> dict:
-    if name == "vllm" and config.vllm_script is None:
-        return {"status": "skipped", "note": "no --peer-vllm script given", "result": None}
-    if name == "vllm" and not config.vllm_script.is_file():
-        return {"status": "skipped", "note": f"peer script {config.vllm_script} not found", "result": None}
-    spec = system_spec(name, options)
+    try:
+        spec = system_spec(name, options)
+    except SystemUnavailable as reason:
+        logger.warning("%s: skipped: %s", name, reason)
+        return {"status": "skipped", "note": str(reason), "result": None}
     log_path = config.result_dir / "logs" / f"{name}.log"
     entry = {"status": "failed", "description": spec.description, "argv": list(spec.argv),
              "log": str(log_path.relative_to(config.result_dir)), "result": None}
@@ -161,8 +171,14 @@ async def _benchmark(name: str, spec, model_id: str, requests: list, config: Com
     bench_config = BenchConfig(
         backend="openai", target=spec.base_url, model=model_id, request_rate=config.request_rate,
         max_concurrency=config.max_concurrency, seed=config.seed, ignore_eos=True, temperature=0.0,
-        metrics_url=spec.metrics_url if metrics else None, timeout_s=config.request_timeout_s, label=name)
+        goodput_slos_ms=config.goodput_slos_ms, metrics_url=spec.metrics_url if metrics else None, timeout_s=config.request_timeout_s, label=name)
     return await run_benchmark(bench_config, requests, progress=progress)
+
+
+def length_summary(lens: list[int]) -> dict:
+    """Token counts of a dataset's prompts or outputs, as the report states them."""
+    return {"min": min(lens), "median": float(statistics.median(lens)), "mean": round(statistics.fmean(lens), 1),
+            "max": max(lens), "total": sum(lens)}
 
 
 def machine_summary() -> dict:
@@ -214,7 +230,7 @@ def _git_commit() -> str | None:
         return None
 
 
-def _model_summary(model_dir: Path) -> dict:
+def model_summary(model_dir: Path) -> dict:
     import json
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -236,7 +252,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-vllm", type=Path, metavar="SCRIPT",
                         help="script whose `serve MODEL_DIR PORT` runs vLLM's OpenAI server on loopback; "
                              "without it the vllm system is skipped")
-    parser.add_argument("--dataset", choices=("random", "mixed"), default="random")
+    parser.add_argument("--dataset", choices=RANDOM_KINDS, default="random",
+                        help="prompt-heavy: prompts of 40-550 tokens; heavy-tailed: log-normal output lengths "
+                             "with median --output-len/4 (see bench.datasets)")
     parser.add_argument("--num-prompts", type=int, default=200)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -251,6 +269,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: all usable CPUs but the lowest)")
     parser.add_argument("--client-cpus", type=parse_cpu_list, default=None, metavar="LIST",
                         help="CPUs of the load-generating client (default: the lowest usable CPU)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="what every system loads the weights in (default float32)")
+    parser.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
+                        help=f"SLOs for goodput, keys {', '.join(SLO_KEYS)} (e.g. ttft:1000 tpot:50): each system's "
+                             "rate of requests that meet every one; stated in the report (default: no goodput)")
     parser.add_argument("--static-max-batch-size", type=int, default=32)
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
     parser.add_argument("--vllm-startup-timeout-s", type=float, default=600.0)
@@ -275,7 +298,7 @@ def config_from(args: argparse.Namespace) -> CompareConfig:
         seed=args.seed, num_warmup_prompts=args.num_warmup_prompts, pinning=pinning, result_dir=args.result_dir,
         static_max_batch_size=args.static_max_batch_size, vllm_script=args.peer_vllm,
         startup_timeout_s=args.startup_timeout_s, vllm_startup_timeout_s=args.vllm_startup_timeout_s,
-        request_timeout_s=args.request_timeout_s)
+        request_timeout_s=args.request_timeout_s, dtype=args.dtype, goodput_slos_ms=parse_slos(args.goodput))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@
 Everything here is a pure function of the combined result (`compare.json`), so a report can be
 redrawn from a saved run: `python -m bench.compare_report RESULT_DIR`. A ratio is one system's
 figure divided by a reference system's figure from the same run; it is left out ("—") when
-either system did not run, and it is stated, never judged.
+either system did not run, and it is stated, never judged. When the run was given SLOs, a
+goodput table states them and each system's rate of requests meeting all of them (vLLM's
+`request_goodput`, computed per request by `bench.metrics`), with the ratio to static batching.
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ RATIOS = (
     ("p99_itl_ms", "vllm", "p99 ITL ÷ vLLM"),
     ("p99_itl_ms", "colocated", "p99 ITL ÷ colocated"),
 )
+GOODPUT_RATIO = ("request_goodput", "static", "goodput ÷ static")
+SLO_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL"}
 
 
 def results_by_system(combined: dict) -> dict[str, dict]:
@@ -66,40 +70,74 @@ def ratio(combined: dict, field: str, system: str, reference: str) -> float | No
 
 
 def ratios(combined: dict) -> dict[str, dict[str, float | None]]:
-    """{system: {"<field>/<reference>": ratio}} for every system that ran."""
+    """{system: {"<field>/<reference>": ratio}} for every system that ran (goodput's too, given SLOs)."""
+    shown = RATIOS + ((GOODPUT_RATIO,) if slos_ms(combined) else ())
     return {system: {f"{field}/{reference}": ratio(combined, field, system, reference)
-                     for field, reference, _ in RATIOS}
+                     for field, reference, _ in shown}
             for system in results_by_system(combined)}
+
+
+def slos_ms(combined: dict) -> dict[str, float]:
+    return combined["workload"].get("goodput_slos_ms") or {}
+
+
+def slo_text(slos: dict[str, float]) -> str:
+    """{"ttft": 1000, "tpot": 50} -> "TTFT ≤ 1000 ms, TPOT ≤ 50 ms"."""
+    return ", ".join(f"{SLO_NAMES[key]} ≤ {limit_ms:g} ms" for key, limit_ms in slos.items())
+
+
+def goodput_lines(combined: dict) -> list[str]:
+    """The goodput table: per system, requests/s meeting every SLO, how many did, and ÷ static."""
+    slos = slos_ms(combined)
+    results = results_by_system(combined)
+    if not slos or not results:
+        return []
+    field, reference, heading = GOODPUT_RATIO
+    lines = [f"Goodput: successful requests per second meeting every SLO ({slo_text(slos)}).", "",
+             f"| system | goodput req/s | requests within SLO | {heading} |", "|---|---:|---:|---:|"]
+    for name, result in results.items():
+        num_good = round(result[field] * result["duration"])
+        lines.append(f"| {name} | {result[field]:.2f} | {num_good} / {result['num_prompts']} | "
+                     f"{format_cell(ratio(combined, field, name, reference), '{:.2f}x')} |")
+    if "tpot" in slos and set(BURST_SYSTEMS) & set(results):
+        lines += ["", f"{', '.join(name for name in results if name in BURST_SYSTEMS)}: a TPOT of ~0 always meets "
+                      "the TPOT SLO; its TTFT includes the whole batch, so the TTFT SLO is the one it can miss."]
+    return lines
 
 
 def markdown(combined: dict) -> str:
     results = results_by_system(combined)
     workload, pinning, model, machine = (combined[key] for key in ("workload", "pinning", "model", "machine"))
+    concurrency = workload.get("max_concurrency")
     lines = [
         f"### bench-compare, {combined['date']}",
         "",
         f"- model: {model.get('architectures')}, hidden {model.get('hidden_size')}, "
         f"{model.get('num_hidden_layers')} layers, vocab {model.get('vocab_size')}",
-        f"- workload: {workload['dataset']}, {workload['num_prompts']} prompts, input {workload['input_len']}, "
-        f"output {workload['output_len']} (ignore_eos, greedy), request rate {workload['request_rate']}, "
-        f"seed {workload['seed']}",
+        f"- workload: {workload['dataset']}, {workload['num_prompts']} prompts, "
+        f"input {_lengths_text(workload, 'input')}, output {_lengths_text(workload, 'output')} tokens "
+        f"(ignore_eos, greedy), {workload.get('dtype', 'float32')}, request rate {workload['request_rate']}"
+        f"{f', at most {concurrency} in flight' if concurrency else ''}, seed {workload['seed']}",
         f"- machine: {machine.get('Model name', '?')}, {machine.get('CPU(s)', '?')} CPUs, "
         f"{machine.get('memory_gib', '?')} GiB",
         f"- pinning: servers on CPUs {pinning['server_cpus']} with {pinning['server_threads']} thread(s), "
         f"client on CPUs {pinning['client_cpus']}",
-        f"- command: `{' '.join(_shown_command(combined['command']))}`",
+        f"- command: `{' '.join(shown_command(combined['command']))}`",
         "",
         "| system | " + " | ".join(heading for _, heading, _ in TABLE_COLUMNS) + " |",
         "|---|" + "---:|" * len(TABLE_COLUMNS),
     ]
     for name, result in results.items():
-        cells = [_format(result.get(field), spec) for field, _, spec in TABLE_COLUMNS]
+        cells = [format_cell(result.get(field), spec) for field, _, spec in TABLE_COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "| system | " + " | ".join(heading for _, _, heading in RATIOS) + " |",
               "|---|" + "---:|" * len(RATIOS)]
     for name in results:
-        cells = [_format(ratio(combined, field, name, reference), "{:.2f}x") for field, reference, _ in RATIOS]
+        cells = [format_cell(ratio(combined, field, name, reference), "{:.2f}x") for field, reference, _ in RATIOS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    goodput = goodput_lines(combined)
+    if goodput:
+        lines += ["", *goodput]
     bursts = [name for name in results if name in BURST_SYSTEMS]
     if bursts:
         lines += ["", f"{', '.join(bursts)}: each request's tokens arrive together once its batch ends, so its "
@@ -113,12 +151,22 @@ def markdown(combined: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _shown_command(argv: list[str]) -> list[str]:
+def _lengths_text(workload: dict, which: str) -> str:
+    """ "40–550 (mean 301.2, median 305)" from the dataset's own lengths; the asked length for older runs."""
+    lens = workload.get(f"{which}_lens")
+    if lens is None:
+        return str(workload[f"{which}_len"])
+    if lens["min"] == lens["max"]:
+        return str(lens["min"])
+    return f"{lens['min']}–{lens['max']} (mean {lens['mean']:g}, median {lens['median']:g})"
+
+
+def shown_command(argv: list[str]) -> list[str]:
     """The command with the peer script named by its file name only (its folder is local)."""
     return [Path(arg).name if previous == "--peer-vllm" else arg for previous, arg in zip(["", *argv], argv)]
 
 
-def _format(value, spec: str) -> str:
+def format_cell(value, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
     return spec.format(value)
@@ -137,7 +185,7 @@ def write_plots(combined: dict, result_dir: Path) -> list[Path]:
     names = list(results)
     colors = {name: f"C{index}" for index, name in enumerate(names)}
     title = f"{combined['workload']['dataset']}, {combined['workload']['num_prompts']} prompts, " \
-            f"rate {combined['workload']['request_rate']}"
+            f"rate {combined['workload']['request_rate']}, {combined['workload'].get('dtype', 'float32')}"
 
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     panels = ((("output_throughput",), "output tokens/s"), (("mean_ttft_ms", "p99_ttft_ms"), "TTFT ms (mean, p99)"),

@@ -7,6 +7,13 @@ Kinds, as in `vllm bench serve`:
   tokenizer each request also carries the decoded text.
 - "mixed": "random" where a fixed minority of prompts (`LONG_PROMPT_FRACTION`, at random
   positions) is `LONG_PROMPT_SCALE` times longer: long prefills that interfere with decoding.
+- "prompt-heavy": "random" with prompt lengths drawn uniformly from
+  `PROMPT_HEAVY_INPUT_LENS` (40..550 tokens, mean ~295) whatever `input_len` and `range_ratio`
+  say: prefill dominates the work, and every batch mixes short and long prompts.
+- "heavy-tailed": "random" prompts, output lengths long-tailed as in chat traces: log-normal with
+  median `output_len / 4` and sigma `HEAVY_TAIL_SIGMA` (0.9: p90 ~3.2x, p99 ~8x the median),
+  rounded and clipped to [1, `HEAVY_TAIL_MAX_OVER_MEDIAN` x median] (= 2 x `output_len`), so
+  the mean is ~1.5x the median. `range_ratio` spreads only the prompt lengths here.
 - "jsonl": one JSON object per line, {"prompt": str} or {"prompt_token_ids": [int]}, and
   "output_len" (the `output_len` argument when absent); the first `num_prompts` lines, in order.
 """
@@ -22,9 +29,13 @@ import numpy as np
 
 from bench.errors import BenchConfigError
 
-DATASET_KINDS = ("random", "mixed", "jsonl")
+DATASET_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "jsonl")
+RANDOM_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed")
 LONG_PROMPT_FRACTION = 0.1
 LONG_PROMPT_SCALE = 8
+PROMPT_HEAVY_INPUT_LENS = (40, 550)  # tokens, both ends included
+HEAVY_TAIL_SIGMA = 0.9
+HEAVY_TAIL_MAX_OVER_MEDIAN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +67,7 @@ def make_dataset(kind: str, *, num_prompts: int, seed: int, input_len: int = 102
         if path is None:
             raise BenchConfigError("the jsonl dataset needs a path")
         return _read_jsonl(Path(path), num_prompts, output_len)
-    if kind not in ("random", "mixed"):
+    if kind not in RANDOM_KINDS:
         raise BenchConfigError(f"dataset kind {kind!r} is not one of {DATASET_KINDS}")
     if not 0.0 <= range_ratio < 1.0:
         raise BenchConfigError(f"range_ratio must be in [0, 1), got {range_ratio}")
@@ -64,12 +75,8 @@ def make_dataset(kind: str, *, num_prompts: int, seed: int, input_len: int = 102
         raise BenchConfigError("input_len and output_len must be at least 1, prefix_len at least 0")
     rng = np.random.default_rng(seed)
     token_pool = _token_pool(tokenizer, vocab_size)
-    input_lens = _uniform_lens(rng, input_len, range_ratio, num_prompts)
-    if kind == "mixed":
-        num_long = round(num_prompts * LONG_PROMPT_FRACTION)
-        long_positions = rng.choice(num_prompts, size=num_long, replace=False)
-        input_lens[long_positions] *= LONG_PROMPT_SCALE
-    output_lens = _uniform_lens(rng, output_len, range_ratio, num_prompts)
+    input_lens = _input_lens(kind, rng, input_len, range_ratio, num_prompts)
+    output_lens = _output_lens(kind, rng, output_len, range_ratio, num_prompts)
     prefix_ids = rng.choice(token_pool, size=prefix_len).tolist()
     requests = []
     for own_len, out_len in zip(input_lens.tolist(), output_lens.tolist()):
@@ -86,6 +93,27 @@ def _token_pool(tokenizer: Any, vocab_size: int | None) -> np.ndarray:  # [num_a
     if vocab_size is None or vocab_size < 1:
         raise BenchConfigError("random prompts need a tokenizer or a vocab_size")
     return np.arange(vocab_size)
+
+
+def _input_lens(kind: str, rng: np.random.Generator, input_len: int, range_ratio: float,
+                num: int) -> np.ndarray:  # [num]
+    if kind == "prompt-heavy":
+        low, high = PROMPT_HEAVY_INPUT_LENS
+        return rng.integers(low, high + 1, size=num)
+    lens = _uniform_lens(rng, input_len, range_ratio, num)
+    if kind == "mixed":
+        long_positions = rng.choice(num, size=round(num * LONG_PROMPT_FRACTION), replace=False)
+        lens[long_positions] *= LONG_PROMPT_SCALE
+    return lens
+
+
+def _output_lens(kind: str, rng: np.random.Generator, output_len: int, range_ratio: float,
+                 num: int) -> np.ndarray:  # [num]
+    if kind != "heavy-tailed":
+        return _uniform_lens(rng, output_len, range_ratio, num)
+    median = output_len / 4
+    drawn = rng.lognormal(mean=math.log(median), sigma=HEAVY_TAIL_SIGMA, size=num)
+    return np.clip(np.rint(drawn), 1, max(1, round(HEAVY_TAIL_MAX_OVER_MEDIAN * median))).astype(int)
 
 
 def _uniform_lens(rng: np.random.Generator, length: int, range_ratio: float, num: int) -> np.ndarray:

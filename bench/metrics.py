@@ -73,6 +73,19 @@ def validate_slos(goodput_slos_ms: dict[str, float]) -> None:
             raise BenchConfigError(f"goodput SLO {key} must be positive milliseconds, got {value_ms}")
 
 
+def parse_slos(items: list[str]) -> dict[str, float]:
+    """["ttft:500", "tpot:50"] -> {"ttft": 500.0, "tpot": 50.0}, validated, as `--goodput` takes them."""
+    slos_ms = {}
+    for item in items:
+        key, _, value = item.partition(":")
+        try:
+            slos_ms[key] = float(value)
+        except ValueError as error:
+            raise BenchConfigError(f"--goodput takes KEY:MS pairs, got {item!r}") from error
+    validate_slos(slos_ms)
+    return slos_ms
+
+
 def tpot_s(record: RequestRecord) -> float:
     if record.output_len <= 1:
         return 0.0

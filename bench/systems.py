@@ -2,11 +2,16 @@
 
 Every system is one OpenAI-compatible HTTP server on loopback, started as its own process group:
 
-    static          python -m bench.static_server --model DIR --port P     (padded HF generate)
-    colocated       python -m pdserve serve --model DIR --port P           (continuous batching)
+    static          python -m bench.static_server --model DIR --port P --dtype D  (padded HF generate)
+    colocated       python -m pdserve serve --model DIR --port P --dtype D        (continuous batching)
     disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P
                     (its own Redis, 1 prefill, 1 decode, the gateway; the gateway's HTTP front)
-    vllm            PEER_SCRIPT serve DIR P                                (vLLM's CPU build)
+    vllm            PEER_SCRIPT serve DIR P --dtype D                             (vLLM's CPU build)
+
+Every system loads the weights in the same dtype D. The peer script passes its own `--dtype`
+before the extra arguments, and vLLM's parser keeps the last value, so the appended one wins.
+`pdserve up` takes no `--dtype` (its replicas load `UP_DTYPE`), so at any other dtype the
+disaggregated system is unavailable rather than silently measured at another precision.
 
 Invariant: every process a system runs sits on the same `Pinning.server_cpus` and sees the same
 thread-count environment (`Pinning.server_env`), so the systems differ in software only. The
@@ -33,6 +38,8 @@ from engine.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
 SYSTEMS = ("static", "colocated", "disaggregated", "vllm")
+DTYPES = ("float32", "bfloat16")
+UP_DTYPE = "float32"
 _POLL_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 2.0
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -40,6 +47,10 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 class SystemStartError(PdserveError):
     """A system exited or was not healthy before its startup deadline; the message has its log tail."""
+
+
+class SystemUnavailable(PdserveError):
+    """A system that cannot run as configured (no peer script, a dtype it cannot load): skipped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,23 +132,29 @@ class SystemOptions:
     vllm_script: Path | None  # None: the vllm system cannot run
     startup_timeout_s: float
     vllm_startup_timeout_s: float
+    dtype: str = "float32"  # one of DTYPES: what every system loads the weights in
 
 
 def system_spec(name: str, options: SystemOptions) -> SystemSpec:
+    """How to launch `name`; raises SystemUnavailable when it cannot run with these options."""
     port = free_port(LOOPBACK)
     model = str(options.model_dir)
     python = sys.executable
+    dtype = ("--dtype", options.dtype)
     if name == "static":
         return SystemSpec(name, (python, "-m", "bench.static_server", "--model", model, "--port", str(port),
-                                 "--max-batch-size", str(options.static_max_batch_size)),
+                                 "--max-batch-size", str(options.static_max_batch_size), *dtype),
                           port, options.startup_timeout_s,
                           f"static batching: padded transformers generate, batches of up to "
                           f"{options.static_max_batch_size}")
     if name == "colocated":
-        return SystemSpec(name, (python, "-m", "pdserve", "serve", "--model", model, "--port", str(port)),
+        return SystemSpec(name, (python, "-m", "pdserve", "serve", "--model", model, "--port", str(port), *dtype),
                           port, options.startup_timeout_s,
                           "pdserve serve: one engine, continuous batching with chunked prefill")
     if name == "disaggregated":
+        if options.dtype != UP_DTYPE:
+            raise SystemUnavailable(f"pdserve up takes no --dtype and its replicas load {UP_DTYPE}, "
+                                    f"so it cannot run at {options.dtype}")
         return SystemSpec(name, (python, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(free_port(LOOPBACK)), "--http-port", str(port),
                                  "--startup-timeout-s", str(options.startup_timeout_s)),
@@ -145,8 +162,10 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
                           "pdserve up: gateway + 1 prefill + 1 decode + Redis, KV over shared memory")
     if name == "vllm":
         if options.vllm_script is None:
-            raise ValueError("the vllm system needs the peer script (--peer-vllm)")
-        return SystemSpec(name, (str(options.vllm_script), "serve", model, str(port)),
+            raise SystemUnavailable("no --peer-vllm script given")
+        if not options.vllm_script.is_file():
+            raise SystemUnavailable(f"peer script {options.vllm_script} not found")
+        return SystemSpec(name, (str(options.vllm_script), "serve", model, str(port), *dtype),
                           port, options.vllm_startup_timeout_s,
                           "vLLM CPU build, OpenAI server, prefix caching off")
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
@@ -163,7 +182,7 @@ class RunningSystem:
         with open(log_path, "wb") as log:
             self._process = subprocess.Popen(
                 spec.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=_child_setup_fn(pinning.server_cpus))
+                start_new_session=True, preexec_fn=pinned_child_setup(pinning.server_cpus))
 
     @property
     def pid(self) -> int:
@@ -232,7 +251,7 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def _child_setup_fn(cpus: tuple[int, ...]):
+def pinned_child_setup(cpus: tuple[int, ...]):
     """A preexec_fn: pin to `cpus`, and have the kernel SIGTERM the child if we die."""
     libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not after fork
 

@@ -1,9 +1,18 @@
-"""Datasets: lengths as asked, the seed fixes the prompts, "mixed" has its long minority, jsonl parses."""
+"""Datasets: lengths as asked, the seed fixes the prompts, "mixed" has its long minority,
+"prompt-heavy" its spread of prompts, "heavy-tailed" its long tail of outputs; jsonl parses."""
 import json
 
+import numpy as np
 import pytest
 
-from bench.datasets import LONG_PROMPT_FRACTION, LONG_PROMPT_SCALE, BenchRequest, make_dataset
+from bench.datasets import (
+    HEAVY_TAIL_MAX_OVER_MEDIAN,
+    LONG_PROMPT_FRACTION,
+    LONG_PROMPT_SCALE,
+    PROMPT_HEAVY_INPUT_LENS,
+    BenchRequest,
+    make_dataset,
+)
 from bench.errors import BenchConfigError
 
 
@@ -91,3 +100,33 @@ def test_jsonl_with_too_few_lines_is_an_error(tmp_path):
     path.write_text(json.dumps({"prompt": "only one", "output_len": 2}) + "\n")
     with pytest.raises(BenchConfigError, match="fewer than 2"):
         make_dataset("jsonl", num_prompts=2, seed=0, path=path)
+
+
+def test_prompt_heavy_spreads_prompts_over_its_whole_range_with_fixed_outputs():
+    low, high = PROMPT_HEAVY_INPUT_LENS
+    requests = make_dataset("prompt-heavy", num_prompts=500, seed=3, input_len=8, output_len=64, vocab_size=100)
+    input_lens = [len(request.prompt_token_ids) for request in requests]
+    assert low <= min(input_lens) < low + 20 and high - 20 < max(input_lens) <= high  # input_len plays no part
+    assert sum(input_lens) / len(input_lens) == pytest.approx((low + high) / 2, rel=0.1)
+    assert {request.output_len for request in requests} == {64}
+
+
+def test_heavy_tailed_outputs_have_a_quarter_length_median_and_a_clipped_tail():
+    requests = make_dataset("heavy-tailed", num_prompts=2000, seed=4, input_len=32, output_len=128,
+                            vocab_size=100)
+    output_lens = np.array([request.output_len for request in requests])
+    median = 128 / 4
+    assert np.median(output_lens) == pytest.approx(median, rel=0.1)
+    assert output_lens.min() >= 1 and output_lens.max() == HEAVY_TAIL_MAX_OVER_MEDIAN * median  # clipped there
+    assert np.mean(output_lens > 4 * median) > 0.03  # the tail: a few percent run past 4x the median
+    assert np.mean(output_lens) > 1.3 * median  # skewed: the mean sits well above the median
+    assert {len(request.prompt_token_ids) for request in requests} == {32}
+
+
+@pytest.mark.parametrize("kind", ["prompt-heavy", "heavy-tailed"])
+def test_new_kinds_are_fixed_by_their_seed(kind):
+    def make(seed):
+        return make_dataset(kind, num_prompts=20, seed=seed, input_len=16, output_len=32, vocab_size=100)
+
+    assert make(7) == make(7)
+    assert make(7) != make(8)
