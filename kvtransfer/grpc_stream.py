@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import grpc
+import numpy as np
 import torch
 
 from engine.kv_cache import KVCacheSpec
@@ -147,10 +148,11 @@ async def receive_push(
                 f"push for request {request_id} carries a chunk of request {chunk.request_id}",
             )
         reserved = end.reserved(request_id)
-        _check_chunk(spec, request_id, chunk, set(reserved))
-        await asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), chunk.key, chunk.value)
+        key, value = chunk.key, chunk.value  # read once: every read copies the field out of the message
+        _check_chunk(spec, request_id, chunk, key, value, set(reserved))
+        await asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), key, value)
         written_block_ids[chunk.layer].update(chunk.block_ids)
-        num_bytes += len(chunk.key) + len(chunk.value)
+        num_bytes += len(key) + len(value)
         if chunk.last:
             _check_complete(request_id, reserved, written_block_ids)
             end.land(request_id, num_bytes)
@@ -161,7 +163,9 @@ async def receive_push(
     )
 
 
-def _check_chunk(spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVChunk, reserved: set[int]) -> None:
+def _check_chunk(
+    spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVChunk, key: bytes, value: bytes, reserved: set[int]
+) -> None:
     if chunk.layer >= spec.num_layers:
         raise Refusal(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -176,11 +180,11 @@ def _check_chunk(spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVCh
             f"request {request_id}: blocks {foreign} are not reserved for it",
         )
     expected_bytes = len(chunk.block_ids) * spec.bytes_per_layer_block // 2  # K (or V) alone
-    if len(chunk.key) != expected_bytes or len(chunk.value) != expected_bytes:
+    if len(key) != expected_bytes or len(value) != expected_bytes:
         raise Refusal(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"request {request_id}: {len(chunk.block_ids)} blocks need {expected_bytes} bytes each "
-            f"of key and value, the chunk has {len(chunk.key)} and {len(chunk.value)}",
+            f"of key and value, the chunk has {len(key)} and {len(value)}",
         )
 
 
@@ -196,12 +200,17 @@ def _check_complete(request_id: str, reserved: list[int], written_block_ids: lis
 
 
 def _write(pool: KVPool, layer: int, block_ids: list[int], key: bytes, value: bytes) -> None:
+    """Scatters the chunk's K and V blocks from the received bytes into `block_ids` of `layer`."""
     if not block_ids:
         return
     tensor = pool.tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-    index = torch.tensor(block_ids, dtype=torch.long, device=tensor.device)
     for kv, data in ((0, key), (1, value)):
-        # bytearray: torch only wraps writable buffers without a warning.
-        blocks = torch.frombuffer(bytearray(data), dtype=tensor.dtype)
-        blocks = blocks.view(len(block_ids), *pool.spec.block_shape)  # [n, block_size, num_kv_heads, head_dim]
-        tensor[layer, kv].index_copy_(0, index, blocks.to(tensor.device))
+        blocks = np.frombuffer(data, dtype=np.uint8).reshape(len(block_ids), -1)  # [n, bytes per K (or V) block]
+        dst = tensor[layer, kv].view(pool.num_blocks, -1).view(torch.uint8)  # [num_blocks, bytes per block]
+        if dst.is_cpu:
+            # numpy reads the received bytes where they lie (torch only wraps writable buffers
+            # without a warning) and scatters whole blocks at copy speed.
+            dst.numpy()[block_ids] = blocks
+        else:
+            index = torch.tensor(block_ids, dtype=torch.long, device=dst.device)
+            dst.index_copy_(0, index, torch.from_numpy(blocks.copy()).to(dst.device))
