@@ -2,9 +2,9 @@
 
 Any host, any device. Prefill end (`GrpcSender`): the stream goes layer by layer; each `KVChunk`
 holds the K and V bytes of some of the request's blocks in one layer, at most `max_chunk_bytes`
-of them (so a chunk fits gRPC's default 4 MiB message limit), and names the decode block ids it
-fills. The first chunk carries the layout, the final one `last=True`. Chunk bytes are gathered
-on a worker thread. With `layers_ready` (the layer numbers, in order, as the prefill forward pass
+of them (a whole layer, for all but the longest prompts), and names the decode block ids it
+fills. The first chunk carries the layout, the final one `last=True`. A chunk is gathered and
+encoded on a worker thread, its blocks copied once, straight into the message bytes. With `layers_ready` (the layer numbers, in order, as the prefill forward pass
 completes them) the stream starts while later layers are still being computed: each layer is sent
 as soon as it is announced, so the transfer overlaps the prefill compute instead of following it.
 
@@ -38,7 +38,9 @@ from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_CHUNK_BYTES = 3 * 2**20
+# Big enough for a whole layer of most prompts; the decode replica's server must accept messages
+# a little larger (the chunk's header), as pdserve's servers do (256 MiB, cluster/grpc_server.py).
+DEFAULT_MAX_CHUNK_BYTES = 64 * 2**20
 
 
 def target_fields(pool: KVPool) -> dict[str, object]:
@@ -76,7 +78,8 @@ class GrpcSender:
     async def _chunks(
         self, request_id: str, kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int],
         layers_ready: AsyncIterator[int] | None,
-    ) -> AsyncIterator[kv_transfer_pb2.KVChunk]:
+    ) -> AsyncIterator[bytes]:
+        """The encoded `KVChunk`s of the request, each layer's as soon as it is ready."""
         blocks_per_chunk = max(1, self._max_chunk_bytes // self._spec.bytes_per_layer_block)
         num_layers = self._spec.num_layers
         # (layer, first position) of every chunk; an empty request still sends one final chunk.
@@ -92,31 +95,45 @@ class GrpcSender:
                 if announced != num_layers_ready:
                     raise TransferError(f"request {request_id}: layer {announced} announced before {num_layers_ready}")
                 num_layers_ready += 1
-            src_ids = src_block_ids[start : start + blocks_per_chunk]
-            key, value = await asyncio.to_thread(_layer_bytes, kv_cache, layer, src_ids)
-            yield kv_transfer_pb2.KVChunk(
+            header = kv_transfer_pb2.KVChunk(
                 request_id=request_id,
                 layout=layout_to_proto(self._layout) if index == 0 else None,
                 layer=layer,
                 block_ids=dst_block_ids[start : start + blocks_per_chunk],
-                key=key,
-                value=value,
                 last=index == len(spans) - 1,
             )
+            src_ids = src_block_ids[start : start + blocks_per_chunk]
+            yield await asyncio.to_thread(_encode_chunk, header, kv_cache, layer, src_ids)
 
     async def close(self) -> None:
         await self._client.close()
 
 
-def _layer_bytes(kv_cache: torch.Tensor, layer: int, block_ids: list[int]) -> tuple[bytes, bytes]:
-    """The K and V bytes of `block_ids` in `layer`, each [n, block_size, num_kv_heads, head_dim]."""
+def _encode_chunk(header: kv_transfer_pb2.KVChunk, kv_cache: torch.Tensor, layer: int, block_ids: list[int]) -> bytes:
+    """The encoded `KVChunk`: `header` plus the K and V of `block_ids` in `layer` as key and value.
+
+    An encoded message is the concatenation of its encoded fields, in any order, so the two
+    payload fields are appended to the encoded header by hand: the gathered blocks are copied once,
+    into the message bytes, rather than into the message and again by its serializer.
+    """
     index = torch.tensor(block_ids, dtype=torch.long, device=kv_cache.device)
     key_value = kv_cache[layer].index_select(1, index).cpu()  # [2, n, block_size, num_kv_heads, head_dim]
-    return _as_bytes(key_value[0]), _as_bytes(key_value[1])
+    key, value = (key_value[kv].view(torch.uint8).numpy() for kv in (0, 1))
+    return b"".join((
+        header.SerializeToString(),
+        _field_prefix(kv_transfer_pb2.KVChunk.KEY_FIELD_NUMBER, key.nbytes), key,
+        _field_prefix(kv_transfer_pb2.KVChunk.VALUE_FIELD_NUMBER, value.nbytes), value,
+    ))
 
 
-def _as_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+def _field_prefix(field_number: int, num_bytes: int) -> bytes:
+    """The tag and varint length that open a length-delimited protobuf field of `num_bytes` bytes."""
+    prefix = bytearray([field_number << 3 | 2])  # wire type 2: length-delimited
+    while num_bytes > 0x7F:
+        prefix.append(num_bytes & 0x7F | 0x80)
+        num_bytes >>= 7
+    prefix.append(num_bytes)
+    return bytes(prefix)
 
 
 class DecodeEnd(Protocol):
