@@ -4,7 +4,8 @@ Any host, any device. Prefill end (`GrpcSender`): the stream goes layer by layer
 holds the K and V bytes of some of the request's blocks in one layer, at most `max_chunk_bytes`
 of them (a whole layer, for all but the longest prompts), and names the decode block ids it
 fills. The first chunk carries the layout, the final one `last=True`. A chunk is gathered and
-encoded on a worker thread, its blocks copied once, straight into the message bytes. With `layers_ready` (the layer numbers, in order, as the prefill forward pass
+encoded on a worker thread, its blocks copied once, straight into the message bytes
+(kvtransfer/chunk_wire.py). With `layers_ready` (the layer numbers, in order, as the prefill forward pass
 completes them) the stream starts while later layers are still being computed: each layer is sent
 as soon as it is announced, so the transfer overlaps the prefill compute instead of following it.
 
@@ -28,6 +29,7 @@ import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.base import TransferResult, validate_send
+from kvtransfer.chunk_wire import ReceivedChunk, encode_chunk
 from kvtransfer.errors import TransferError
 from kvtransfer.layout import KVLayout
 from kvtransfer.pool import KVPool
@@ -110,30 +112,11 @@ class GrpcSender:
 
 
 def _encode_chunk(header: kv_transfer_pb2.KVChunk, kv_cache: torch.Tensor, layer: int, block_ids: list[int]) -> bytes:
-    """The encoded `KVChunk`: `header` plus the K and V of `block_ids` in `layer` as key and value.
-
-    An encoded message is the concatenation of its encoded fields, in any order, so the two
-    payload fields are appended to the encoded header by hand: the gathered blocks are copied once,
-    into the message bytes, rather than into the message and again by its serializer.
-    """
+    """The encoded chunk of `header` carrying the K and V of `block_ids` in `layer`."""
     index = torch.tensor(block_ids, dtype=torch.long, device=kv_cache.device)
     key_value = kv_cache[layer].index_select(1, index).cpu()  # [2, n, block_size, num_kv_heads, head_dim]
-    key, value = (key_value[kv].view(torch.uint8).numpy() for kv in (0, 1))
-    return b"".join((
-        header.SerializeToString(),
-        _field_prefix(kv_transfer_pb2.KVChunk.KEY_FIELD_NUMBER, key.nbytes), key,
-        _field_prefix(kv_transfer_pb2.KVChunk.VALUE_FIELD_NUMBER, value.nbytes), value,
-    ))
-
-
-def _field_prefix(field_number: int, num_bytes: int) -> bytes:
-    """The tag and varint length that open a length-delimited protobuf field of `num_bytes` bytes."""
-    prefix = bytearray([field_number << 3 | 2])  # wire type 2: length-delimited
-    while num_bytes > 0x7F:
-        prefix.append(num_bytes & 0x7F | 0x80)
-        num_bytes >>= 7
-    prefix.append(num_bytes)
-    return bytes(prefix)
+    key, value = (memoryview(key_value[kv].view(torch.uint8).numpy()) for kv in (0, 1))
+    return encode_chunk(header, key, value)
 
 
 class DecodeEnd(Protocol):
@@ -148,14 +131,22 @@ class DecodeEnd(Protocol):
 
 
 async def receive_push(
-    chunks: AsyncIterator[kv_transfer_pb2.KVChunk], end: DecodeEnd, pool: KVPool
+    chunks: AsyncIterator[ReceivedChunk | kv_transfer_pb2.KVChunk], end: DecodeEnd, pool: KVPool
 ) -> kv_transfer_pb2.KVAck:
-    """Writes one request's pushed chunks into its reserved blocks of `pool`; raises Refusal."""
+    """Writes one request's pushed chunks into its reserved blocks of `pool`; raises Refusal.
+
+    Chunks come as `decode_chunk` leaves them (KVReceiver.add_to_server), or parsed by protobuf
+    (the generated `add_KVTransferServicer_to_server`), which costs two more copies of the payload.
+    """
     spec = pool.spec
     request_id: str | None = None
     written_block_ids: list[set[int]] = [set() for _ in range(spec.num_layers)]
     num_bytes = 0
-    async for chunk in chunks:
+    async for received in chunks:
+        if isinstance(received, kv_transfer_pb2.KVChunk):
+            # Read once: every read copies the field out of the message.
+            received = ReceivedChunk(received, memoryview(received.key), memoryview(received.value))
+        chunk, key, value = received.header, received.key, received.value
         if request_id is None:
             request_id = chunk.request_id
             end.check_layout(layout_from_proto(chunk.layout) if chunk.HasField("layout") else None)
@@ -165,11 +156,10 @@ async def receive_push(
                 f"push for request {request_id} carries a chunk of request {chunk.request_id}",
             )
         reserved = end.reserved(request_id)
-        key, value = chunk.key, chunk.value  # read once: every read copies the field out of the message
         _check_chunk(spec, request_id, chunk, key, value, set(reserved))
         await asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), key, value)
         written_block_ids[chunk.layer].update(chunk.block_ids)
-        num_bytes += len(key) + len(value)
+        num_bytes += key.nbytes + value.nbytes
         if chunk.last:
             _check_complete(request_id, reserved, written_block_ids)
             end.land(request_id, num_bytes)
@@ -181,7 +171,7 @@ async def receive_push(
 
 
 def _check_chunk(
-    spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVChunk, key: bytes, value: bytes, reserved: set[int]
+    spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVChunk, key: memoryview, value: memoryview, reserved: set[int]
 ) -> None:
     if chunk.layer >= spec.num_layers:
         raise Refusal(
@@ -197,11 +187,11 @@ def _check_chunk(
             f"request {request_id}: blocks {foreign} are not reserved for it",
         )
     expected_bytes = len(chunk.block_ids) * spec.bytes_per_layer_block // 2  # K (or V) alone
-    if len(key) != expected_bytes or len(value) != expected_bytes:
+    if key.nbytes != expected_bytes or value.nbytes != expected_bytes:
         raise Refusal(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"request {request_id}: {len(chunk.block_ids)} blocks need {expected_bytes} bytes each "
-            f"of key and value, the chunk has {len(key)} and {len(value)}",
+            f"of key and value, the chunk has {key.nbytes} and {value.nbytes}",
         )
 
 
@@ -216,7 +206,7 @@ def _check_complete(request_id: str, reserved: list[int], written_block_ids: lis
             )
 
 
-def _write(pool: KVPool, layer: int, block_ids: list[int], key: bytes, value: bytes) -> None:
+def _write(pool: KVPool, layer: int, block_ids: list[int], key: memoryview, value: memoryview) -> None:
     """Scatters the chunk's K and V blocks from the received bytes into `block_ids` of `layer`."""
     if not block_ids:
         return

@@ -27,7 +27,6 @@ from kvtransfer.layout import make_layout
 from kvtransfer.receiver import KVReceiver
 from kvtransfer.target import KVTarget
 from kvtransfer.transports import create_kv_pool, target_fields
-from pdserve.v1 import kv_transfer_pb2_grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +143,7 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
     table = _ReservationTable()
     # Room for the largest chunk a sender makes, and its header.
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 * DEFAULT_MAX_CHUNK_BYTES)])
-    kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(KVReceiver(pool, layout, table), server)
+    KVReceiver(pool, layout, table).add_to_server(server)
     port = server.add_insecure_port(f"{config.host}:0")
     await server.start()
     endpoint = f"{config.host}:{port}"
