@@ -5,9 +5,10 @@ holds the K and V bytes of some of the request's blocks in one layer, at most `m
 of them (a whole layer, for all but the longest prompts), and names the decode block ids it
 fills. The first chunk carries the layout, the final one `last=True`. A chunk is gathered and
 encoded on a worker thread, its blocks copied once, straight into the message bytes
-(kvtransfer/chunk_wire.py). With `layers_ready` (the layer numbers, in order, as the prefill forward pass
-completes them) the stream starts while later layers are still being computed: each layer is sent
-as soon as it is announced, so the transfer overlaps the prefill compute instead of following it.
+(kvtransfer/chunk_wire.py). With `layers_ready` (the layer numbers, in order, as the prefill
+forward pass completes them) the stream starts while later layers are still being computed: each
+layer is sent as soon as it is announced, so the transfer overlaps the prefill compute instead of
+following it.
 
 Decode end (`receive_push`, served by kvtransfer/receiver.py), per chunk: request id consistent
 -> layout (first chunk, FAILED_PRECONDITION) -> reservation still held (NOT_FOUND, checked on
