@@ -2,11 +2,13 @@
 
 Any host, any device. Prefill end (`GrpcSender`): the stream goes layer by layer; each `KVChunk`
 holds the K and V bytes of some of the request's blocks in one layer, at most `max_chunk_bytes`
-of them (so a chunk fits gRPC's default 4 MiB message limit), and names the decode block ids it
-fills. The first chunk carries the layout, the final one `last=True`. Chunk bytes are gathered
-on a worker thread. With `layers_ready` (the layer numbers, in order, as the prefill forward pass
-completes them) the stream starts while later layers are still being computed: each layer is sent
-as soon as it is announced, so the transfer overlaps the prefill compute instead of following it.
+of them (a whole layer, for all but the longest prompts), and names the decode block ids it
+fills. The first chunk carries the layout, the final one `last=True`. A chunk is gathered and
+encoded on a worker thread, its blocks copied once, straight into the message bytes
+(kvtransfer/chunk_wire.py). With `layers_ready` (the layer numbers, in order, as the prefill
+forward pass completes them) the stream starts while later layers are still being computed: each
+layer is sent as soon as it is announced, so the transfer overlaps the prefill compute instead of
+following it.
 
 Decode end (`receive_push`, served by kvtransfer/receiver.py), per chunk: request id consistent
 -> layout (first chunk, FAILED_PRECONDITION) -> reservation still held (NOT_FOUND, checked on
@@ -23,10 +25,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import grpc
+import numpy as np
 import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.base import TransferResult, validate_send
+from kvtransfer.chunk_wire import ReceivedChunk, encode_chunk
 from kvtransfer.errors import TransferError
 from kvtransfer.layout import KVLayout
 from kvtransfer.pool import KVPool
@@ -37,7 +41,9 @@ from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_CHUNK_BYTES = 3 * 2**20
+# Big enough for a whole layer of most prompts; the decode replica's server must accept messages
+# a little larger (the chunk's header), as pdserve's servers do (256 MiB, cluster/grpc_server.py).
+DEFAULT_MAX_CHUNK_BYTES = 64 * 2**20
 
 
 def target_fields(pool: KVPool) -> dict[str, object]:
@@ -75,7 +81,8 @@ class GrpcSender:
     async def _chunks(
         self, request_id: str, kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int],
         layers_ready: AsyncIterator[int] | None,
-    ) -> AsyncIterator[kv_transfer_pb2.KVChunk]:
+    ) -> AsyncIterator[bytes]:
+        """The encoded `KVChunk`s of the request, each layer's as soon as it is ready."""
         blocks_per_chunk = max(1, self._max_chunk_bytes // self._spec.bytes_per_layer_block)
         num_layers = self._spec.num_layers
         # (layer, first position) of every chunk; an empty request still sends one final chunk.
@@ -91,31 +98,26 @@ class GrpcSender:
                 if announced != num_layers_ready:
                     raise TransferError(f"request {request_id}: layer {announced} announced before {num_layers_ready}")
                 num_layers_ready += 1
-            src_ids = src_block_ids[start : start + blocks_per_chunk]
-            key, value = await asyncio.to_thread(_layer_bytes, kv_cache, layer, src_ids)
-            yield kv_transfer_pb2.KVChunk(
+            header = kv_transfer_pb2.KVChunk(
                 request_id=request_id,
                 layout=layout_to_proto(self._layout) if index == 0 else None,
                 layer=layer,
                 block_ids=dst_block_ids[start : start + blocks_per_chunk],
-                key=key,
-                value=value,
                 last=index == len(spans) - 1,
             )
+            src_ids = src_block_ids[start : start + blocks_per_chunk]
+            yield await asyncio.to_thread(_encode_chunk, header, kv_cache, layer, src_ids)
 
     async def close(self) -> None:
         await self._client.close()
 
 
-def _layer_bytes(kv_cache: torch.Tensor, layer: int, block_ids: list[int]) -> tuple[bytes, bytes]:
-    """The K and V bytes of `block_ids` in `layer`, each [n, block_size, num_kv_heads, head_dim]."""
+def _encode_chunk(header: kv_transfer_pb2.KVChunk, kv_cache: torch.Tensor, layer: int, block_ids: list[int]) -> bytes:
+    """The encoded chunk of `header` carrying the K and V of `block_ids` in `layer`."""
     index = torch.tensor(block_ids, dtype=torch.long, device=kv_cache.device)
     key_value = kv_cache[layer].index_select(1, index).cpu()  # [2, n, block_size, num_kv_heads, head_dim]
-    return _as_bytes(key_value[0]), _as_bytes(key_value[1])
-
-
-def _as_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    key, value = (memoryview(key_value[kv].view(torch.uint8).numpy()) for kv in (0, 1))
+    return encode_chunk(header, key, value)
 
 
 class DecodeEnd(Protocol):
@@ -130,14 +132,22 @@ class DecodeEnd(Protocol):
 
 
 async def receive_push(
-    chunks: AsyncIterator[kv_transfer_pb2.KVChunk], end: DecodeEnd, pool: KVPool
+    chunks: AsyncIterator[ReceivedChunk | kv_transfer_pb2.KVChunk], end: DecodeEnd, pool: KVPool
 ) -> kv_transfer_pb2.KVAck:
-    """Writes one request's pushed chunks into its reserved blocks of `pool`; raises Refusal."""
+    """Writes one request's pushed chunks into its reserved blocks of `pool`; raises Refusal.
+
+    Chunks come as `decode_chunk` leaves them (KVReceiver.add_to_server), or parsed by protobuf
+    (the generated `add_KVTransferServicer_to_server`), which costs two more copies of the payload.
+    """
     spec = pool.spec
     request_id: str | None = None
     written_block_ids: list[set[int]] = [set() for _ in range(spec.num_layers)]
     num_bytes = 0
-    async for chunk in chunks:
+    async for received in chunks:
+        if isinstance(received, kv_transfer_pb2.KVChunk):
+            # Read once: every read copies the field out of the message.
+            received = ReceivedChunk(received, memoryview(received.key), memoryview(received.value))
+        chunk, key, value = received.header, received.key, received.value
         if request_id is None:
             request_id = chunk.request_id
             end.check_layout(layout_from_proto(chunk.layout) if chunk.HasField("layout") else None)
@@ -147,10 +157,10 @@ async def receive_push(
                 f"push for request {request_id} carries a chunk of request {chunk.request_id}",
             )
         reserved = end.reserved(request_id)
-        _check_chunk(spec, request_id, chunk, set(reserved))
-        await asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), chunk.key, chunk.value)
+        _check_chunk(spec, request_id, chunk, key, value, set(reserved))
+        await asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), key, value)
         written_block_ids[chunk.layer].update(chunk.block_ids)
-        num_bytes += len(chunk.key) + len(chunk.value)
+        num_bytes += key.nbytes + value.nbytes
         if chunk.last:
             _check_complete(request_id, reserved, written_block_ids)
             end.land(request_id, num_bytes)
@@ -161,7 +171,9 @@ async def receive_push(
     )
 
 
-def _check_chunk(spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVChunk, reserved: set[int]) -> None:
+def _check_chunk(
+    spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVChunk, key: memoryview, value: memoryview, reserved: set[int]
+) -> None:
     if chunk.layer >= spec.num_layers:
         raise Refusal(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -176,11 +188,11 @@ def _check_chunk(spec: KVCacheSpec, request_id: str, chunk: kv_transfer_pb2.KVCh
             f"request {request_id}: blocks {foreign} are not reserved for it",
         )
     expected_bytes = len(chunk.block_ids) * spec.bytes_per_layer_block // 2  # K (or V) alone
-    if len(chunk.key) != expected_bytes or len(chunk.value) != expected_bytes:
+    if key.nbytes != expected_bytes or value.nbytes != expected_bytes:
         raise Refusal(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"request {request_id}: {len(chunk.block_ids)} blocks need {expected_bytes} bytes each "
-            f"of key and value, the chunk has {len(chunk.key)} and {len(chunk.value)}",
+            f"of key and value, the chunk has {key.nbytes} and {value.nbytes}",
         )
 
 
@@ -195,13 +207,18 @@ def _check_complete(request_id: str, reserved: list[int], written_block_ids: lis
             )
 
 
-def _write(pool: KVPool, layer: int, block_ids: list[int], key: bytes, value: bytes) -> None:
+def _write(pool: KVPool, layer: int, block_ids: list[int], key: memoryview, value: memoryview) -> None:
+    """Scatters the chunk's K and V blocks from the received bytes into `block_ids` of `layer`."""
     if not block_ids:
         return
     tensor = pool.tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-    index = torch.tensor(block_ids, dtype=torch.long, device=tensor.device)
     for kv, data in ((0, key), (1, value)):
-        # bytearray: torch only wraps writable buffers without a warning.
-        blocks = torch.frombuffer(bytearray(data), dtype=tensor.dtype)
-        blocks = blocks.view(len(block_ids), *pool.spec.block_shape)  # [n, block_size, num_kv_heads, head_dim]
-        tensor[layer, kv].index_copy_(0, index, blocks.to(tensor.device))
+        blocks = np.frombuffer(data, dtype=np.uint8).reshape(len(block_ids), -1)  # [n, bytes per K (or V) block]
+        dst = tensor[layer, kv].view(pool.num_blocks, -1).view(torch.uint8)  # [num_blocks, bytes per block]
+        if dst.is_cpu:
+            # numpy reads the received bytes where they lie (torch only wraps writable buffers
+            # without a warning) and scatters whole blocks at copy speed.
+            dst.numpy()[block_ids] = blocks
+        else:
+            index = torch.tensor(block_ids, dtype=torch.long, device=dst.device)
+            dst.index_copy_(0, index, torch.from_numpy(blocks.copy()).to(dst.device))

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from engine.kv_cache import KVCacheSpec
@@ -90,13 +91,27 @@ def copy_blocks(
         dst_index = torch.tensor(dst_block_ids, dtype=torch.long, device=dst_pool.device)
         dst_pool.index_copy_(2, dst_index, src_pool.index_select(2, src_index))
         return
-    # Elsewhere torch's indexed copies along dim 2 run far below memcpy speed; a strided copy
+    runs = block_runs(src_block_ids, dst_block_ids)
+    if dst_pool.is_cpu and src_pool.is_cpu:
+        # torch would split every run's copy over its intra-op threads and join them again, a
+        # barrier per run that stalls whenever a core is busy elsewhere; numpy copies each run
+        # on this thread, at memcpy speed however many runs there are.
+        dst_bytes, src_bytes = _as_bytes(dst_pool), _as_bytes(src_pool)
+        for src_start, dst_start, num_blocks in runs:
+            dst_bytes[:, :, dst_start : dst_start + num_blocks] = src_bytes[:, :, src_start : src_start + num_blocks]
+        return
+    # Across devices torch's indexed copies along dim 2 run far below copy speed; a strided copy
     # per run of consecutive blocks does not.
-    for src_start, dst_start, num_blocks in _runs(src_block_ids, dst_block_ids):
+    for src_start, dst_start, num_blocks in runs:
         dst_pool[:, :, dst_start : dst_start + num_blocks].copy_(src_pool[:, :, src_start : src_start + num_blocks])
 
 
-def _runs(src_block_ids: list[int], dst_block_ids: list[int]) -> list[tuple[int, int, int]]:
+def _as_bytes(pool: torch.Tensor) -> np.ndarray:
+    """The pool's memory as uint8, [num_layers, 2, num_blocks, bytes per block of K (or V)]."""
+    return pool.view(*pool.shape[:3], -1).view(torch.uint8).numpy()
+
+
+def block_runs(src_block_ids: list[int], dst_block_ids: list[int]) -> list[tuple[int, int, int]]:
     """(src start, dst start, length) of the maximal runs where both id lists count up by one."""
     runs: list[tuple[int, int, int]] = []
     for src_id, dst_id in zip(src_block_ids, dst_block_ids, strict=True):

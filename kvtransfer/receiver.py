@@ -13,6 +13,7 @@ import grpc
 
 from engine.errors import PdserveError
 from engine.kv_cache import KVCacheSpec
+from kvtransfer.chunk_wire import decode_chunk
 from kvtransfer.errors import LayoutMismatchError
 from kvtransfer.grpc_stream import receive_push
 from kvtransfer.layout import KVLayout, check_layout
@@ -39,6 +40,22 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
         self._pool = pool
         self._layout = local_layout
         self._reservations = reservations
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Serves KVTransfer on `server`, like the generated `add_KVTransferServicer_to_server`,
+        except that Push leaves each chunk's payload in the received message (chunk_wire.py)."""
+        handlers = {
+            "Push": grpc.stream_unary_rpc_method_handler(
+                self.Push, request_deserializer=decode_chunk,
+                response_serializer=kv_transfer_pb2.KVAck.SerializeToString,
+            ),
+            "Commit": grpc.unary_unary_rpc_method_handler(
+                self.Commit, request_deserializer=kv_transfer_pb2.KVCommit.FromString,
+                response_serializer=kv_transfer_pb2.KVAck.SerializeToString,
+            ),
+        }
+        service_name = kv_transfer_pb2.DESCRIPTOR.services_by_name["KVTransfer"].full_name
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, handlers),))
 
     async def Push(self, request_iterator, context: grpc.aio.ServicerContext) -> kv_transfer_pb2.KVAck:
         try:

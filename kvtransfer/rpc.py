@@ -15,6 +15,10 @@ from kvtransfer.wire import layout_to_proto
 from pdserve.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc
 
 
+# Push with the chunks' bytes as they are: the sender encodes them itself (kvtransfer/grpc_stream.py).
+_PUSH_METHOD = f"/{kv_transfer_pb2.DESCRIPTOR.services_by_name['KVTransfer'].full_name}/Push"
+
+
 class Refusal(Exception):
     """The decode end refuses a transfer; the KVTransfer service aborts the call with `code`."""
 
@@ -28,12 +32,12 @@ class KVTransferClient:
         self._rpc_timeout_s = rpc_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def _stub(self, endpoint: str) -> kv_transfer_pb2_grpc.KVTransferStub:
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
         if not endpoint:
             raise TransferError("KV target has no kv_endpoint")
         if endpoint not in self._channels:
             self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
-        return kv_transfer_pb2_grpc.KVTransferStub(self._channels[endpoint])
+        return self._channels[endpoint]
 
     def _timeout_s(self, request_id: str, target: KVTarget) -> float:
         """The configured RPC timeout, shortened to the reservation's deadline when it has one."""
@@ -50,16 +54,18 @@ class KVTransferClient:
         """Tells the decode replica that the blocks written in place are complete."""
         request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout_to_proto(layout), num_bytes=num_bytes)
         try:
-            await self._stub(target.kv_endpoint).Commit(request, timeout=self._timeout_s(request_id, target))
+            stub = kv_transfer_pb2_grpc.KVTransferStub(self._channel(target.kv_endpoint))
+            await stub.Commit(request, timeout=self._timeout_s(request_id, target))
         except grpc.aio.AioRpcError as error:
             raise _transfer_error("commit", request_id, target, error) from error
 
-    async def push(
-        self, request_id: str, target: KVTarget, chunks: AsyncIterator[kv_transfer_pb2.KVChunk]
-    ) -> None:
-        """Streams `chunks` to the decode replica and waits for its acknowledgement."""
+    async def push(self, request_id: str, target: KVTarget, encoded_chunks: AsyncIterator[bytes]) -> None:
+        """Streams already-encoded `KVChunk`s to the decode replica and waits for its acknowledgement."""
+        push = self._channel(target.kv_endpoint).stream_unary(
+            _PUSH_METHOD, request_serializer=None, response_deserializer=kv_transfer_pb2.KVAck.FromString
+        )
         try:
-            await self._stub(target.kv_endpoint).Push(chunks, timeout=self._timeout_s(request_id, target))
+            await push(encoded_chunks, timeout=self._timeout_s(request_id, target))
         except grpc.aio.AioRpcError as error:
             raise _transfer_error("push", request_id, target, error) from error
 

@@ -22,11 +22,11 @@ import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import TransportUnavailableError
+from kvtransfer.grpc_stream import DEFAULT_MAX_CHUNK_BYTES
 from kvtransfer.layout import make_layout
 from kvtransfer.receiver import KVReceiver
 from kvtransfer.target import KVTarget
 from kvtransfer.transports import create_kv_pool, target_fields
-from pdserve.v1 import kv_transfer_pb2_grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +141,9 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
     pool = create_kv_pool(config.spec, config.num_blocks, config.device, shared=config.device == "cpu")
     layout = make_layout(config.model_name, config.spec)
     table = _ReservationTable()
-    server = grpc.aio.server()
-    kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(KVReceiver(pool, layout, table), server)
+    # Room for the largest chunk a sender makes, and its header.
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 * DEFAULT_MAX_CHUNK_BYTES)])
+    KVReceiver(pool, layout, table).add_to_server(server)
     port = server.add_insecure_port(f"{config.host}:0")
     await server.start()
     endpoint = f"{config.host}:{port}"
