@@ -9,7 +9,7 @@ from cluster.service_args import add_replica_arguments, bind_cpus, configure_log
 from decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from decode_svc.service import DecodeService
 from kvtransfer.receiver import KVReceiver
-from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc
+from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
 SERVICE_NAMES = [
     decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name,
@@ -40,6 +40,6 @@ async def serve(args: argparse.Namespace) -> None:
 
     def add_servicers(replica: DecodeReplica, server) -> None:
         decode_pb2_grpc.add_DecodeServicer_to_server(DecodeService(replica), server)
-        kv_transfer_pb2_grpc.add_KVTransferServicer_to_server(KVReceiver(replica.pool, replica.layout, replica), server)
+        KVReceiver(replica.pool, replica.layout, replica).add_to_server(server)
 
     await serve_replica(args, "decode", SERVICE_NAMES, build, add_servicers)

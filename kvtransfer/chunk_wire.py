@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
+
 from pdserve.v1 import kv_transfer_pb2
 
 KEY = kv_transfer_pb2.KVChunk.KEY_FIELD_NUMBER
@@ -24,6 +26,20 @@ class ReceivedChunk:
     header: kv_transfer_pb2.KVChunk  # every field but key and value
     key: memoryview  # [len(block_ids), block_size, num_kv_heads, head_dim], the layout's dtype
     value: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedChunk:
+    reason: str
+
+
+def decode_chunk_or_malformed(message: bytes) -> ReceivedChunk | MalformedChunk:
+    """`decode_chunk` as a gRPC request deserializer: an exception there would reach the sender as
+    INTERNAL, so a malformed message is handed on for the receiver to refuse as INVALID_ARGUMENT."""
+    try:
+        return decode_chunk(message)
+    except (ValueError, DecodeError) as exc:
+        return MalformedChunk(str(exc) or "unparsable KVChunk")
 
 
 def encode_chunk(header: kv_transfer_pb2.KVChunk, key: memoryview, value: memoryview) -> bytes:

@@ -30,7 +30,7 @@ import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.base import TransferResult, validate_send
-from kvtransfer.chunk_wire import ReceivedChunk, encode_chunk
+from kvtransfer.chunk_wire import MalformedChunk, ReceivedChunk, encode_chunk
 from kvtransfer.errors import TransferError
 from kvtransfer.layout import KVLayout
 from kvtransfer.pool import KVPool
@@ -132,7 +132,7 @@ class DecodeEnd(Protocol):
 
 
 async def receive_push(
-    chunks: AsyncIterator[ReceivedChunk | kv_transfer_pb2.KVChunk], end: DecodeEnd, pool: KVPool
+    chunks: AsyncIterator[ReceivedChunk | MalformedChunk | kv_transfer_pb2.KVChunk], end: DecodeEnd, pool: KVPool
 ) -> kv_transfer_pb2.KVAck:
     """Writes one request's pushed chunks into its reserved blocks of `pool`; raises Refusal.
 
@@ -144,6 +144,8 @@ async def receive_push(
     written_block_ids: list[set[int]] = [set() for _ in range(spec.num_layers)]
     num_bytes = 0
     async for received in chunks:
+        if isinstance(received, MalformedChunk):
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"malformed KV chunk: {received.reason}")
         if isinstance(received, kv_transfer_pb2.KVChunk):
             # Read once: every read copies the field out of the message.
             received = ReceivedChunk(received, memoryview(received.key), memoryview(received.value))

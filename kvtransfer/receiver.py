@@ -13,7 +13,7 @@ import grpc
 
 from engine.errors import PdserveError
 from engine.kv_cache import KVCacheSpec
-from kvtransfer.chunk_wire import decode_chunk
+from kvtransfer.chunk_wire import decode_chunk_or_malformed
 from kvtransfer.errors import LayoutMismatchError
 from kvtransfer.grpc_stream import receive_push
 from kvtransfer.layout import KVLayout, check_layout
@@ -46,7 +46,7 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
         except that Push leaves each chunk's payload in the received message (chunk_wire.py)."""
         handlers = {
             "Push": grpc.stream_unary_rpc_method_handler(
-                self.Push, request_deserializer=decode_chunk,
+                self.Push, request_deserializer=decode_chunk_or_malformed,
                 response_serializer=kv_transfer_pb2.KVAck.SerializeToString,
             ),
             "Commit": grpc.unary_unary_rpc_method_handler(

@@ -213,6 +213,28 @@ def test_wrong_sizes_and_incomplete_pushes_are_refused(decode):
     assert request_id not in decode.landed()
 
 
+async def push_raw(endpoint, messages):
+    """KVTransfer.Push of arbitrary bytes, as a client with a broken encoder would send them."""
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        call = channel.stream_unary("/pdserve.v1.KVTransfer/Push", request_serializer=lambda raw: raw)
+        try:
+            await call(stream(*messages), timeout=20.0)
+        except grpc.aio.AioRpcError as error:
+            return error.code(), error.details()
+        return grpc.StatusCode.OK, ""
+
+
+def test_a_malformed_chunk_is_an_invalid_argument_not_an_internal_error(decode):
+    request_id = fresh_id(decode, "malformed")
+    decode.reserve(request_id, [28], GRPC)
+    encoded = chunk(decode, request_id, 0, [28], 1.0, decode.layout).SerializeToString()
+    code, details = asyncio.run(push_raw(decode.endpoint, [encoded[:-1]]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed KV chunk" in details
+    code, _ = asyncio.run(push_raw(decode.endpoint, [b"\xff\xff\xff"]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert request_id not in decode.landed()
+
+
 def test_a_push_cancelled_mid_stream_leaves_the_reservation_unlanded(decode):
     request_id = fresh_id(decode, "cancelled")
     decode.reserve(request_id, [28], GRPC)
