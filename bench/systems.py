@@ -4,14 +4,13 @@ Every system is one OpenAI-compatible HTTP server on loopback, started as its ow
 
     static          python -m bench.static_server --model DIR --port P --dtype D  (padded HF generate)
     colocated       python -m pdserve serve --model DIR --port P --dtype D        (continuous batching)
-    disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P
-                    (its own Redis, 1 prefill, 1 decode, the gateway; the gateway's HTTP front)
+    disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P --dtype D
+                    (its own Redis, 1 prefill, 1 decode, the gateway; the gateway's HTTP front;
+                    on two or more server CPUs, prefill and decode each pinned to their share)
     vllm            PEER_SCRIPT serve DIR P --dtype D                             (vLLM's CPU build)
 
 Every system loads the weights in the same dtype D. The peer script passes its own `--dtype`
 before the extra arguments, and vLLM's parser keeps the last value, so the appended one wins.
-`pdserve up` takes no `--dtype` (its replicas load `UP_DTYPE`), so at any other dtype the
-disaggregated system is unavailable rather than silently measured at another precision.
 
 Invariant: every process a system runs sits on the same `Pinning.server_cpus` and sees the same
 thread-count environment (`Pinning.server_env`), so the systems differ in software only. The
@@ -39,7 +38,6 @@ from engine.errors import PdserveError
 LOOPBACK = "127.0.0.1"
 SYSTEMS = ("static", "colocated", "disaggregated", "vllm")
 DTYPES = ("float32", "bfloat16")
-UP_DTYPE = "float32"
 _POLL_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 2.0
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -152,12 +150,9 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
                           port, options.startup_timeout_s,
                           "pdserve serve: one engine, continuous batching with chunked prefill")
     if name == "disaggregated":
-        if options.dtype != UP_DTYPE:
-            raise SystemUnavailable(f"pdserve up takes no --dtype and its replicas load {UP_DTYPE}, "
-                                    f"so it cannot run at {options.dtype}")
         return SystemSpec(name, (python, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(free_port(LOOPBACK)), "--http-port", str(port),
-                                 "--startup-timeout-s", str(options.startup_timeout_s)),
+                                 "--startup-timeout-s", str(options.startup_timeout_s), *dtype),
                           port, options.startup_timeout_s,
                           "pdserve up: gateway + 1 prefill + 1 decode + Redis, KV over shared memory")
     if name == "vllm":
