@@ -29,9 +29,10 @@ clean:
 	rm -rf .pytest_cache build *.egg-info
 
 # Regenerates the figures in BENCHMARKS.md (bench/results/): every system side by side on one
-# machine, at saturation (equal, then varied lengths), on the mixed workload, on prompt-heavy
-# prompts (float32, then bfloat16), on heavy-tailed outputs with goodput under an SLO; then the
-# offline engines' table. PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
+# machine, at saturation (equal, then varied lengths, then bfloat16), on the mixed workload (one
+# server core; then colocated against disaggregated on two), on prompt-heavy prompts (float32,
+# then bfloat16), on heavy-tailed outputs with goodput under an SLO; then the offline engines'
+# table and the KV transports' bandwidth. PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
 PEER_VLLM ?=
 PEER_ARG = $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
 BENCH_COMPARE = $(BIN)/pdserve bench-compare $(PEER_ARG)
@@ -41,8 +42,13 @@ bench: install
 		--max-concurrency 32 --result-dir bench/results/saturation
 	$(BENCH_COMPARE) --dataset random --num-prompts 128 --input-len 128 --output-len 128 --range-ratio 0.5 \
 		--max-concurrency 32 --result-dir bench/results/saturation_varlen
+	$(BENCH_COMPARE) --dataset random --num-prompts 128 --input-len 128 --output-len 128 \
+		--max-concurrency 32 --dtype bfloat16 --result-dir bench/results/saturation_bf16
 	$(BENCH_COMPARE) --dataset mixed --num-prompts 96 --input-len 64 --output-len 64 \
 		--request-rate 2 --result-dir bench/results/mixed
+	$(BIN)/pdserve bench-compare --systems colocated,disaggregated --server-cpus 0,1 --client-cpus 0,1 \
+		--dataset mixed --num-prompts 96 --input-len 64 --output-len 64 \
+		--request-rate 2 --result-dir bench/results/mixed_two_cores
 	$(BENCH_COMPARE) --dataset prompt-heavy --num-prompts 64 --output-len 64 --max-concurrency 32 \
 		--dtype float32 --result-dir bench/results/prompt_heavy_fp32
 	$(BENCH_COMPARE) --dataset prompt-heavy --num-prompts 64 --output-len 64 --max-concurrency 32 \
@@ -51,3 +57,4 @@ bench: install
 		--max-concurrency 32 --goodput ttft:1000 tpot:50 --result-dir bench/results/heavy_tailed
 	$(BIN)/python -m bench.offline_compare $(PEER_ARG) --num-prompts 64 --output-len 64 \
 		--result-dir bench/results/offline
+	$(BIN)/python -m bench.kv_transfer --repeats 10 | tee bench/results/kv_transfer.txt
