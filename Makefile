@@ -32,7 +32,8 @@ clean:
 # machine, at saturation (equal, then varied lengths, then bfloat16), on the mixed workload (one
 # server core; then colocated against disaggregated on two), on prompt-heavy prompts (float32,
 # then bfloat16), on heavy-tailed outputs with goodput under an SLO; then the offline engines'
-# table and the KV transports' bandwidth. PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
+# table and the KV transports' bandwidth; last, every goal against them (bench/results/goals.md).
+# PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
 PEER_VLLM ?=
 PEER_ARG = $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
 BENCH_COMPARE = $(BIN)/pdserve bench-compare $(PEER_ARG)
@@ -57,4 +58,5 @@ bench: install
 		--max-concurrency 32 --goodput ttft:1000 tpot:50 --result-dir bench/results/heavy_tailed
 	$(BIN)/python -m bench.offline_compare $(PEER_ARG) --num-prompts 64 --output-len 64 \
 		--result-dir bench/results/offline
-	$(BIN)/python -m bench.kv_transfer --repeats 10 | tee bench/results/kv_transfer.txt
+	$(BIN)/python -m bench.kv_transfer --repeats 10 --json bench/results/kv_transfer.json
+	$(BIN)/python -m bench.goals bench/results

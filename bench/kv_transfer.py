@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -114,9 +116,15 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64, help="bytes of KV blocks to move, in MiB")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     rows = measure(args.mib * 2**20, getattr(torch, args.dtype), num_repeats=args.repeats)
     print(format_table(rows))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"dtype": args.dtype, "rows": [
+            {"path": row.path, "num_bytes": row.num_bytes, "seconds": row.seconds, "gb_per_s": row.gb_per_s}
+            for row in rows]}, indent=1))
 
 
 if __name__ == "__main__":

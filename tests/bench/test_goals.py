@@ -1,0 +1,61 @@
+"""The goals table says what the result files say: a ratio within one run, met or not against its
+target, and "not run" (never a pass) where a run or a system is missing."""
+import json
+
+from bench.goals import CHECKS, markdown, read_results
+
+
+def system(output_throughput, p99_ttft_ms, p99_itl_ms=10.0, request_goodput=1.0, status="ok"):
+    return {"status": status, "result": {"output_throughput": output_throughput, "p99_ttft_ms": p99_ttft_ms,
+                                         "p99_itl_ms": p99_itl_ms, "request_goodput": request_goodput}}
+
+
+def write_run(results_dir, name, systems, slos=None):
+    (results_dir / name).mkdir(parents=True)
+    run = {"systems": systems, "workload": {"goodput_slos_ms": slos or {}}}
+    (results_dir / name / "compare.json").write_text(json.dumps(run))
+
+
+def rows_by_run(results_dir):
+    results = read_results(results_dir)
+    return {(row.goal.split(" ")[0], row.run): row for row in (check(results) for check in CHECKS)}
+
+
+def test_ratios_within_a_run_against_their_targets(tmp_path):
+    write_run(tmp_path, "saturation", {"colocated": system(1300, 90), "vllm": system(1000, 100),
+                                       "disaggregated": system(1200, 140)})
+    write_run(tmp_path, "saturation_bf16", {"colocated": system(1100, 90), "vllm": system(1000, 100),
+                                            "disaggregated": system(800, 100)})
+    rows = rows_by_run(tmp_path)
+    assert rows["colocated", "saturation"].measured == "output tok/s 1.30x, p99 TTFT 0.90x"
+    assert rows["colocated", "saturation"].met is True
+    assert rows["colocated", "saturation_bf16"].met is False  # 1.10x < 1.2x
+    assert rows["disaggregated", "saturation"].met is False  # TTFT 1.56x > 1.5x
+    assert rows["disaggregated", "saturation_bf16"].measured == "output tok/s 0.73x, p99 TTFT 1.11x"
+
+
+def test_missing_runs_and_failed_systems_are_not_run_never_met(tmp_path):
+    write_run(tmp_path, "saturation", {"colocated": system(1300, 90), "vllm": system(0, 0, status="failed")})
+    rows = rows_by_run(tmp_path)
+    assert (rows["colocated", "saturation"].measured, rows["colocated", "saturation"].met) == ("not run", None)
+    assert rows["colocated", "prompt_heavy_fp32"].met is None
+    assert rows["shm", "kv_transfer"].met is None
+    assert "| not run | — |" in markdown(list(rows.values()))
+
+
+def test_itl_goodput_and_transfer_rows(tmp_path):
+    write_run(tmp_path, "mixed_two_cores", {"colocated": system(100, 50, p99_itl_ms=20),
+                                            "disaggregated": system(100, 60, p99_itl_ms=8)})
+    write_run(tmp_path, "heavy_tailed", {"colocated": system(1, 1, request_goodput=9.0),
+                                         "static": system(1, 1, request_goodput=3.0)}, slos={"ttft": 1000, "tpot": 50})
+    (tmp_path / "kv_transfer.json").write_text(json.dumps({"rows": [
+        {"path": "torch copy_ (contiguous)", "gb_per_s": 10.0},
+        {"path": "kvtransfer shm", "gb_per_s": 4.0},
+        {"path": "kvtransfer grpc", "gb_per_s": 1.5}]}))
+    rows = rows_by_run(tmp_path)
+    assert (rows["disaggregated", "mixed_two_cores"].measured, rows["disaggregated", "mixed_two_cores"].met) == (
+        "p99 ITL 0.40x", True)
+    assert rows["continuous", "heavy_tailed"].measured == "goodput 3.00x (ttft ≤ 1000 ms, tpot ≤ 50 ms)"
+    assert rows["continuous", "heavy_tailed"].met is True
+    assert (rows["shm", "kv_transfer"].measured, rows["shm", "kv_transfer"].met) == ("4.00 GB/s, 0.40x", False)
+    assert rows["grpc", "kv_transfer"].met is True
