@@ -50,12 +50,20 @@ def test_itl_goodput_and_transfer_rows(tmp_path):
                                          "static": system(1, 1, request_goodput=3.0)}, slos={"ttft": 1000, "tpot": 50})
     (tmp_path / "kv_transfer.json").write_text(json.dumps({"rows": [
         {"path": "torch copy_ (contiguous)", "gb_per_s": 10.0},
-        {"path": "kvtransfer shm", "gb_per_s": 4.0},
-        {"path": "kvtransfer grpc", "gb_per_s": 1.5}]}))
+        {"path": "kvtransfer TRANSPORT_SHM", "gb_per_s": 4.0},
+        {"path": "kvtransfer TRANSPORT_GRPC", "gb_per_s": 1.5}]}))
     rows = rows_by_run(tmp_path)
     assert (rows["disaggregated", "mixed_two_cores"].measured, rows["disaggregated", "mixed_two_cores"].met) == (
         "p99 ITL 0.40x", True)
-    assert rows["continuous", "heavy_tailed"].measured == "goodput 3.00x (ttft ≤ 1000 ms, tpot ≤ 50 ms)"
+    assert rows["continuous", "heavy_tailed"].measured == (
+        "goodput 3.00x, 9.00 vs 3.00 req/s (ttft ≤ 1000 ms, tpot ≤ 50 ms)")
     assert rows["continuous", "heavy_tailed"].met is True
     assert (rows["shm", "kv_transfer"].measured, rows["shm", "kv_transfer"].met) == ("4.00 GB/s, 0.40x", False)
     assert rows["grpc", "kv_transfer"].met is True
+
+
+def test_a_static_goodput_of_zero_is_met_by_any_continuous_goodput(tmp_path):
+    write_run(tmp_path, "heavy_tailed", {"colocated": system(1, 1, request_goodput=2.0),
+                                         "static": system(1, 1, request_goodput=0.0)}, slos={"ttft": 1000})
+    row = rows_by_run(tmp_path)["continuous", "heavy_tailed"]
+    assert (row.measured, row.met) == ("goodput 2.00 vs 0.00 req/s (ttft ≤ 1000 ms)", True)
