@@ -309,8 +309,6 @@ def _sampling_params(
     if body.get("stop") is not None and not isinstance(body["stop"], (str, list)):
         raise ApiError(400, f"stop={body['stop']!r}: must be a string or a list of strings", param="stop")
     kwargs = {field: body[name] for name, field in _SAMPLING_FIELDS if body.get(name) is not None}
-    if kwargs.get("top_k") in (0, -1):  # vLLM's spellings of "top-k off"
-        del kwargs["top_k"]
     if "logit_bias" in kwargs:
         kwargs["logit_bias"] = _parse_logit_bias(kwargs["logit_bias"])
     kwargs["max_tokens"] = max_tokens
