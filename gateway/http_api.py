@@ -135,7 +135,7 @@ class _OpenAIApi:
     async def tokenize(self, request: web.Request) -> web.Response:
         generate_input = parse_tokenize_request(await _read_json(request), self._frontend.model_name)
         with _frontend_errors():
-            token_ids = self._frontend.prompts.prompt_ids(generate_input)
+            token_ids = await self._frontend.prompts.encode(generate_input)
         return web.json_response({
             "count": len(token_ids),
             "max_model_len": self._frontend.max_model_len,

@@ -71,6 +71,9 @@ class FakePrompts:
             raise InvalidRequestError("prompt is empty")
         return ids
 
+    async def encode(self, request: GenerateInput) -> list[int]:
+        return self.prompt_ids(request)
+
     def _encode(self, text: str) -> list[int]:
         return [self._ids[piece] for piece in self._pieces.findall(text)]
 
