@@ -69,10 +69,6 @@ class PromptBuilder:
         return params
 
     def _render_chat(self, messages: list[dict]) -> list[int]:
-        for message in messages:
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                    or not isinstance(message.get("content"), str):
-                raise InvalidRequestError("each chat message needs a string 'role' and 'content'")
         try:
             return list(self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=False))
