@@ -101,7 +101,7 @@ class DisaggregatedFrontend:
         return True
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
-        request_id, prompt_ids, params = self.prompts.prepare(request, self._live)
+        request_id, prompt_ids, params = await self.prompts.prepare(request, self._live)
         text = CompletionText(self.tokenizer, request_id, prompt_ids, params)
         driven = DisaggregatedRequest(request_id, prompt_ids, params, text, self.route, self.store, self.metrics)
         await self.store.create(request_id, len(prompt_ids))

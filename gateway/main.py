@@ -21,7 +21,7 @@ from gateway.service import GatewayService
 from gateway.tokenization import PromptBuilder
 from kvtransfer.choice import transport_from_name
 from kvtransfer.names import TRANSPORT_NAMES
-from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+from pdserve.v1 import gateway_pb2
 
 logger = logging.getLogger(__name__)
 HEALTH_REFRESH_S = 1.0
@@ -59,7 +59,7 @@ async def serve(args: argparse.Namespace) -> None:
         prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
 
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
-    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayService(frontend), server.server)
+    GatewayService(frontend).add_to_server(server.server)
     async with serving_http(create_app(frontend, metrics), args.host, args.http_port):
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))
