@@ -36,6 +36,11 @@ class DecodeSession:
         self._request_ids: set[str] = set()
         self._closed = False
 
+    @property
+    def num_requests(self) -> int:
+        """Members: requests whose last entry has not been read yet."""
+        return len(self._request_ids)
+
     def generate(self, request_id: str, prompt_ids: list[int], first_token_id: int, params: SamplingParams,
                  seed: int) -> None:
         """Joins a landed request to the batch; it fails if its KV has not landed, or if its

@@ -10,6 +10,8 @@
    push starts during the forward pass of the last prompt chunk, each layer leaving as soon as
    it is computed (`LayerFeed`).
 4. Release: the held blocks are freed, on success, failure or cancellation alike.
+
+A request is in flight (for a drain) from the moment `run` starts until its push is done.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ class PrefillReplica:
         self.kv_spec = engine.kv_spec
         self.kv_cache = engine.kv_cache
         self.queued_tokens = 0  # prompt tokens accepted but not yet prefilled
+        self._num_running = 0  # `run`s between their start and their push's end
         self._senders: dict[int, KVSender] = {}
 
     def start(self) -> None:
@@ -66,6 +69,9 @@ class PrefillReplica:
         for sender in self._senders.values():
             await sender.close()
         await self.engine.stop()
+
+    def num_in_flight(self) -> int:
+        return self._num_running
 
     async def load(self) -> dict[str, int]:
         """Figures for the replica registry: the engine's, read between steps, plus queued tokens."""
@@ -83,6 +89,7 @@ class PrefillReplica:
             feed = LayerFeed(self.kv_spec.num_layers, self.config.prefill_timeout_s)
             self._feeds[request_id] = (feed, target)
         self.queued_tokens += len(prompt_ids)
+        self._num_running += 1
         counted = True
         try:
             await self.engine.call(
@@ -102,6 +109,7 @@ class PrefillReplica:
             else:
                 yield await sender.send(request_id, self.kv_cache, output.held_block_ids, target)
         finally:
+            self._num_running -= 1
             if counted:
                 self.queued_tokens -= len(prompt_ids)
             if feed is not None:
