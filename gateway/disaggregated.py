@@ -267,7 +267,7 @@ class DisaggregatedRequest:
         """Gives back what the failed attempt holds and readies the next, or raises past the limit."""
         route = self._route
         kind = "decode" if route is not None and failed_replica_id == route.decode.replica_id else "prefill"
-        await self._abort_on_replicas()
+        await self._abort_on_replicas(gone_replica_id=failed_replica_id)
         self._migrations.start(self.request_id, error, failed_replica_id)
         self._metrics.on_migration(f"{kind}_unavailable")
         self._replica_request_id = f"{self.request_id}#{self._migrations.num_done}"
@@ -303,12 +303,14 @@ class DisaggregatedRequest:
         except Exception as exc:
             logger.warning("request %s: could not record %s: %s", self.request_id, state.name, exc)
 
-    async def _abort_on_replicas(self) -> None:
+    async def _abort_on_replicas(self, gone_replica_id: str | None = None) -> None:
+        """Aborts the current attempt on its replicas, except on one known to be gone (an abort
+        sent there could only wait for its timeout)."""
         if self._route is None:
             return
         request_id = self._replica_request_id
-        results = await asyncio.gather(self._route.decode.abort(request_id),
-                                       self._route.prefill.abort(request_id), return_exceptions=True)
+        replicas = [r for r in (self._route.decode, self._route.prefill) if r.replica_id != gone_replica_id]
+        results = await asyncio.gather(*(r.abort(request_id) for r in replicas), return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):
                 logger.warning("abort of %s on a replica failed: %s", request_id, result)
