@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="KV transport between prefill and decode (auto: from the replicas' host and device)")
+    parser.add_argument("--migration-limit", type=int, default=3,
+                        help="times a request may move to other replicas when one it runs on goes away (0: never)")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     parser.add_argument("--log-level", default="INFO")
 
@@ -55,7 +57,8 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)
     frontend = DisaggregatedFrontend(
-        DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport)),
+        DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
+                            migration_limit=args.migration_limit),
         prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
 
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])

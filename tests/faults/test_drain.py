@@ -11,7 +11,7 @@ import pytest
 
 from cluster.health_probe import probe_grpc
 from pdserve.v1 import gateway_pb2_grpc
-from tests.faults.conftest import SteadyLoad, generate, is_alive, wait_until, wrong_outputs
+from tests.faults.up_deployment import SteadyLoad, generate, is_alive, wait_until, wrong_outputs
 
 pytestmark = pytest.mark.slow
 DRAIN_TIMEOUT_S = 30.0  # the replicas' default --drain-timeout-s
