@@ -1,8 +1,9 @@
 """A gRPC server the way every pdserve service runs one.
 
 Health (`grpc.health.v1`) reports NOT_SERVING until the service says it is ready; reflection is
-on; SIGTERM/SIGINT switch health to NOT_SERVING, stop accepting calls, give in-flight calls
-`grace_s` to finish, then stop.
+on. `serve_until_signal` is the plain stop: SIGTERM/SIGINT switch health to NOT_SERVING, stop
+accepting calls, give in-flight calls `grace_s` to finish, then stop. A service that drains
+first (a replica) composes `wait_for_signal`, `mark_not_serving` and `stop` itself.
 """
 from __future__ import annotations
 
@@ -35,21 +36,32 @@ class GrpcServer:
         self._names = names
 
     async def start(self) -> None:
-        await self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.mark_not_serving()
         await self.server.start()
 
     async def mark_serving(self) -> None:
         await self._set_status(health_pb2.HealthCheckResponse.SERVING)
 
-    async def serve_until_signal(self, grace_s: float = 10.0, on_stop: Callable | None = None) -> None:
+    async def mark_not_serving(self) -> None:
+        await self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def wait_for_signal(self) -> None:
+        """Returns at the first SIGTERM or SIGINT."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        logger.info("shutting down (grace %.0f s)", grace_s)
-        await self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuses new calls and gives running ones grace_s before cancelling them."""
         await self.server.stop(grace_s)
+
+    async def serve_until_signal(self, grace_s: float = 10.0, on_stop: Callable | None = None) -> None:
+        await self.wait_for_signal()
+        logger.info("shutting down (grace %.0f s)", grace_s)
+        await self.mark_not_serving()
+        await self.stop(grace_s)
         if on_stop is not None:
             await on_stop()
 

@@ -1,23 +1,30 @@
-"""The one way pdserve opens a Redis client: every call on it is bounded by `timeout_s`.
+"""The one way pdserve opens a Redis client: every call on it is bounded by `timeout_s`, once
+it holds a connection.
 
 Connecting and each reply wait at most `timeout_s` (redis-py retries a failed call a few times
 with backoff, so one call is bounded by a small multiple of it). Replies are decoded to str.
-The pool holds at most `max_connections`; under a burst, a call waits up to `timeout_s` for a
-free connection instead of failing.
+The pool holds at most `max_connections`. Under a burst, calls queue for a free connection for
+up to `pool_wait_s`, a deadline of its own: how long the queue is depends on the load (a
+thousand streams keep every connection busy for seconds), not on how fast Redis answers, so it
+is far longer than `timeout_s` and load makes calls wait instead of failing.
 """
 from __future__ import annotations
 
 import redis.asyncio as redis
 
 DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_POOL_WAIT_S = 60.0
 
 
-def connect_redis(url: str, *, timeout_s: float, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> redis.Redis:
+def connect_redis(
+    url: str, *, timeout_s: float, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    pool_wait_s: float = DEFAULT_POOL_WAIT_S,
+) -> redis.Redis:
     """A client for `url` (redis://host:port/db); connects lazily on the first call."""
     pool = redis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
-        timeout=timeout_s,
+        timeout=pool_wait_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         decode_responses=True,

@@ -1,7 +1,17 @@
-"""How a prefill or decode replica runs: bind, build, serve, register, report load, stop.
+"""How a prefill or decode replica runs: bind, build, serve, register, report load, drain, stop.
 
     bind the gRPC port → build the replica (loads the model) → add its servicers → start
-    → heartbeat into the registry → SERVING → ... SIGTERM → NOT_SERVING, drain, deregister, stop
+    → heartbeat into the registry → SERVING → ... SIGTERM → drain → stop
+
+Draining, in this order, so that no request is sent to a replica that refuses it:
+1. Deregister: the heartbeat key goes, and gateways read the registry on every request they
+   route, so new requests go elsewhere at once.
+2. NOT_SERVING: health checks (orchestrators, `pdserve up`) see the replica leaving.
+3. Wait, up to `--drain-timeout-s`, until nothing is in flight (`Replica.num_in_flight`). The
+   server still takes calls meanwhile: a request routed just before the deregistration lands
+   here and is counted. Idle has to hold for `SETTLE_S` before it counts, so that such a late
+   request, between its routing and its first call here, is not stranded.
+4. Stop the replica (its idle sessions end, its engine stops), then the server.
 """
 from __future__ import annotations
 
@@ -9,10 +19,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import grpc
+from redis.exceptions import RedisError
 
 from cluster.grpc_server import GrpcServer
 from cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
@@ -20,12 +32,16 @@ from cluster.service_args import replica_id_from
 
 logger = logging.getLogger(__name__)
 LOAD_REPORT_INTERVAL_S = 0.5
+DRAIN_POLL_INTERVAL_S = 0.05
+SETTLE_S = 0.5
+STOP_GRACE_S = 2.0  # for the calls still open once drained: session streams ending
 
 
 class Replica(Protocol):
     def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def load(self) -> dict[str, int]: ...
+    def num_in_flight(self) -> int: ...
 
 
 async def serve_replica(
@@ -50,12 +66,37 @@ async def serve_replica(
     await server.mark_serving()
     logger.info("%s replica %s serving on %s", kind, replica_id, endpoint)
 
-    async def shutdown() -> None:
-        reporter.cancel()
+    await server.wait_for_signal()
+    reporter.cancel()
+    try:
         await heartbeat.stop()
-        await replica.stop()
+    except RedisError as error:  # its key expires on its own
+        logger.warning("could not deregister: %s", error)
+    await server.mark_not_serving()
+    logger.info("deregistered; draining %d in-flight requests (up to %.0f s)",
+                replica.num_in_flight(), args.drain_timeout_s)
+    started_s = time.monotonic()
+    if await drain(replica.num_in_flight, args.drain_timeout_s):
+        logger.info("drained in %.1f s", time.monotonic() - started_s)
+    else:
+        logger.warning("drain timed out with %d requests in flight; stopping them", replica.num_in_flight())
+    await replica.stop()
+    await server.stop(STOP_GRACE_S)
 
-    await server.serve_until_signal(on_stop=shutdown)
+
+async def drain(num_in_flight: Callable[[], int], timeout_s: float) -> bool:
+    """Waits until num_in_flight() has read 0 for SETTLE_S; False if timeout_s passes first."""
+    deadline_s = time.monotonic() + timeout_s
+    idle_since_s = None
+    while (now_s := time.monotonic()) < deadline_s:
+        if num_in_flight() > 0:
+            idle_since_s = None
+        elif idle_since_s is None:
+            idle_since_s = now_s
+        elif now_s - idle_since_s >= SETTLE_S:
+            return True
+        await asyncio.sleep(DRAIN_POLL_INTERVAL_S)
+    return num_in_flight() == 0
 
 
 async def _report_load(heartbeat: ReplicaHeartbeat, load: Callable[[], Awaitable[dict[str, int]]]) -> None:

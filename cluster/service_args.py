@@ -24,6 +24,8 @@ def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                         help="host other processes use to reach this replica (default: --host)")
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--replica-id", default=None, help=f"default: {kind}-<random>")
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0,
+                        help="on SIGTERM, how long in-flight requests may take to finish before the replica stops")
     add_engine_arguments(parser)
 
 

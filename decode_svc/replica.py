@@ -8,7 +8,8 @@
 4. Finish / abort / session end / expiry: the engine frees the blocks.
 
 All engine access goes through `AsyncEngine`; the reservation table and the open sessions live
-on the event loop.
+on the event loop. In flight, for a drain: every reservation not yet joined plus every request
+some session still serves (running or waiting in the engine, or its last output not yet read).
 """
 from __future__ import annotations
 
@@ -69,6 +70,9 @@ class DecodeReplica:
             session.close(ReplicaStoppingError(f"decode replica {self.config.replica_id} is stopping"))
         await self.engine.stop()
         self.pool.close()
+
+    def num_in_flight(self) -> int:
+        return len(self.reservations) + sum(session.num_requests for session in self._sessions)
 
     async def load(self) -> dict[str, int]:
         """Figures for the replica registry, read on the engine thread between steps."""

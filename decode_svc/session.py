@@ -36,10 +36,16 @@ class DecodeSession:
         self._request_ids: set[str] = set()
         self._closed = False
 
-    def generate(self, request_id: str, prompt_ids: list[int], first_token_id: int, params: SamplingParams,
-                 seed: int) -> None:
-        """Joins a landed request to the batch; it fails if its KV has not landed, or if its
-        prompt is not the one its blocks were reserved for."""
+    @property
+    def num_requests(self) -> int:
+        """Members: requests whose last entry has not been read yet."""
+        return len(self._request_ids)
+
+    def generate(self, request_id: str, prompt_ids: list[int], output_ids: list[int], first_token_id: int,
+                 params: SamplingParams, seed: int) -> None:
+        """Joins a landed request to the batch after `first_token_id` (and, for a resumed request,
+        the `output_ids` before it); it fails if its KV has not landed, or if its tokens are not
+        those its blocks were reserved for."""
         if self._closed:  # nobody reads this session's outputs any more
             self.abort(request_id)
             return
@@ -48,15 +54,16 @@ class DecodeSession:
         except ReservationError as exc:
             self.refuse(request_id, exc)
             return
-        if len(prompt_ids) != reservation.num_prompt_tokens:
+        num_landed = len(prompt_ids) + len(output_ids)
+        if num_landed != reservation.num_prompt_tokens:
             self._engine.submit(lambda engine: engine.release_kv(request_id))
             self.refuse(request_id, ReservationError(
-                f"request {request_id}: {len(prompt_ids)} prompt tokens, {reservation.num_prompt_tokens} reserved"))
+                f"request {request_id}: KV of {num_landed} tokens, {reservation.num_prompt_tokens} reserved"))
             return
         self._request_ids.add(request_id)
         self._engine.join_group(request_id, self._group)
-        added = self._engine.call(
-            lambda engine: engine.add_prefilled_request(request_id, prompt_ids, first_token_id, params, seed))
+        added = self._engine.call(lambda engine: engine.add_prefilled_request(
+            request_id, prompt_ids, first_token_id, params, seed, output_ids))
         added.add_done_callback(lambda future: self._on_added(request_id, future))
 
     def refuse(self, request_id: str, error: Exception) -> None:

@@ -18,7 +18,7 @@ Not thread-safe: one thread drives it (see `AsyncEngine`).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -72,10 +72,14 @@ class LLMEngine:
         self._kv_owners: set[str] = set()  # finished-but-held requests and unused reservations
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    seed: int | None = None, hold_kv: bool = False) -> list[int]:
-        """Queues a request; `seed` overrides the params' seed. Returns the prompt's token ids."""
+                    seed: int | None = None, hold_kv: bool = False,
+                    output_token_ids: Sequence[int] = ()) -> list[int]:
+        """Queues a request; `seed` overrides the params' seed. Returns the prompt's token ids.
+
+        `output_token_ids` resumes a request that generated them elsewhere: their KV is computed
+        with the prompt's, and they count as output for max_tokens, min_tokens and penalties."""
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        request = self._new_request(request_id, prompt_ids, params, seed)
+        request = self._new_request(request_id, prompt_ids, params, seed, output_token_ids)
         if hold_kv:
             self._hold_kv.add(request_id)
         self.scheduler.add(request)
@@ -92,23 +96,24 @@ class LLMEngine:
         return list(self.allocator.allocate(request_id, num_prompt_tokens))
 
     def add_prefilled_request(self, request_id: str, prompt_ids: list[int], first_token_id: int,
-                              params: SamplingParams, seed: int) -> None:
-        """Joins a reserved request whose prompt KV has landed; it continues after `first_token_id`."""
+                              params: SamplingParams, seed: int, output_token_ids: Sequence[int] = ()) -> None:
+        """Joins a reserved request whose KV (prompt, then `output_token_ids` of a resumed request)
+        has landed; it continues after `first_token_id`."""
         if request_id not in self._kv_owners:
             raise InvalidRequestError(f"request {request_id!r} has no reservation")
+        num_landed = len(prompt_ids) + len(output_token_ids)
         num_reserved = len(self.allocator.block_table(request_id)) * self.allocator.block_size
-        if len(prompt_ids) > num_reserved:
+        if num_landed > num_reserved:
             raise InvalidRequestError(
-                f"request {request_id!r}: prompt of {len(prompt_ids)} tokens, reservation holds {num_reserved}")
+                f"request {request_id!r}: KV of {num_landed} tokens, reservation holds {num_reserved}")
         self._kv_owners.discard(request_id)
         try:
-            request = self._new_request(request_id, prompt_ids, params, seed)
+            request = self._new_request(request_id, prompt_ids, params, seed, [*output_token_ids, first_token_id])
         except InvalidRequestError:
             self._kv_owners.add(request_id)
             raise
-        request.num_computed_tokens = len(prompt_ids)
-        request.output_token_ids.append(first_token_id)
-        self.output_processor.skip_first_token(request_id)
+        request.num_computed_tokens = num_landed
+        self.output_processor.skip_sampled_tokens(request_id)
         self.scheduler.add(request)
 
     def release_kv(self, request_id: str) -> bool:
@@ -187,7 +192,7 @@ class LLMEngine:
         return step_outputs
 
     def _new_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                     seed: int | None) -> Request:
+                     seed: int | None, output_token_ids: Sequence[int] = ()) -> Request:
         if request_id in self._requests or request_id in self._kv_owners:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
         validate_prompt(prompt_ids, params, self.model_config.vocab_size, self.max_model_len)
@@ -195,7 +200,11 @@ class LLMEngine:
         capacity = self.allocator.num_blocks * self.allocator.block_size
         if total > capacity:
             raise InvalidRequestError(f"request needs {total} KV slots, the whole pool holds {capacity}")
-        request = Request(request_id, prompt_ids, params, draw_seed(params.seed if seed is None else seed))
+        if len(output_token_ids) > params.max_tokens:
+            raise InvalidRequestError(f"request {request_id!r}: {len(output_token_ids)} output tokens already, "
+                                      f"max_tokens is {params.max_tokens}")
+        request = Request(request_id, prompt_ids, params, draw_seed(params.seed if seed is None else seed),
+                          output_token_ids=list(output_token_ids))
         self._requests[request_id] = request
         self.output_processor.add(request)
         return request

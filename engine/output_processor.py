@@ -44,11 +44,12 @@ class OutputProcessor:
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids) if self.detokenize else None
         self._states[request.request_id] = _RequestState(request, completion, detokenizer, holdback)
 
-    def skip_first_token(self, request_id: str) -> None:
-        """Accounts for a first token that was sampled and streamed elsewhere (by prefill)."""
+    def skip_sampled_tokens(self, request_id: str) -> None:
+        """Accounts for the output tokens the request arrived with, sampled and streamed elsewhere
+        (the first token by prefill; after a migration, also those of an earlier decode replica)."""
         state = self._states[request_id]
         if state.detokenizer is not None:
-            state.completion.text = state.detokenizer.push(state.request.output_token_ids[:1])
+            state.completion.text = state.detokenizer.push(state.request.output_token_ids)
             state.num_streamed_chars = len(state.completion.text)
 
     def remove(self, request_id: str) -> None:

@@ -5,12 +5,16 @@ sampler, the stop checker and the services never re-validate, and a bad field re
 as an `InvalidRequestError` naming the field and the value. `stop` and `stop_token_ids` are
 always tuples (a str or list is accepted and normalised), and `logit_bias` is a tuple of
 (token id, bias) pairs sorted by id (a dict is accepted), which keeps the value hashable.
+`top_k` of 0 or -1 (vLLM's spellings of "off") becomes None, on every front alike.
+
+Every value fits the field it travels in between processes (common.proto's `SamplingParams`):
+integers within the wire widths below, floats finite in float32. So a request that passes here
+never fails later in protobuf conversion, and both public fronts refuse the same requests.
 
 The penalties, `min_tokens` and `logit_bias` mean what they mean in vLLM (see
 `engine/logits_processors.py`); their defaults change nothing. A `logit_bias` token id is checked
 against the vocabulary where the model is known, when the engine admits the request.
 """
-import math
 from collections.abc import Iterable, Mapping
 from typing import NoReturn
 from dataclasses import dataclass
@@ -29,8 +33,18 @@ MAX_ABS_PENALTY = 2.0
 MAX_ABS_LOGIT_BIAS = 100.0
 """logit_bias values lie in [-MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS], as in OpenAI's API."""
 
-MAX_LOGIT_BIAS_TOKEN_ID = 2**31 - 1
-"""logit_bias ids travel as int32 on the wire; every vocabulary is far smaller."""
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids (logit_bias keys, stop_token_ids) and top_k stay within int32: logit_bias ids travel
+as int32 on the wire, and every vocabulary is far smaller."""
+
+MAX_UINT32 = 2**32 - 1
+"""max_tokens travels as uint32."""
+
+MAX_UINT64 = 2**64 - 1
+"""seed travels as uint64."""
+
+MAX_FLOAT32 = 3.4028234663852886e38
+"""Floats travel as float32: anything larger in magnitude would arrive as inf."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,29 +72,33 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", _as_bias_pairs(self.logit_bias))
 
         _require_int("max_tokens", self.max_tokens)
-        if self.max_tokens < 1:
-            _bad("max_tokens", self.max_tokens, "must be at least 1")
-        _require_real("temperature", self.temperature)
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            _bad("temperature", self.temperature, "must be a finite number >= 0")
+        if not 1 <= self.max_tokens <= MAX_UINT32:
+            _bad("max_tokens", self.max_tokens, f"must be in [1, {MAX_UINT32}]")
+        _require_finite("temperature", self.temperature)
+        if self.temperature < 0:
+            _bad("temperature", self.temperature, "must be >= 0")
         if self.top_k is not None:
             _require_int("top_k", self.top_k)
-            if self.top_k < 1:
-                _bad("top_k", self.top_k, "must be >= 1, or None to disable")
-        _require_real("top_p", self.top_p)
+            if self.top_k in (0, -1):
+                object.__setattr__(self, "top_k", None)
+            elif not 1 <= self.top_k <= MAX_TOKEN_ID:
+                _bad("top_k", self.top_k, f"must be in [1, {MAX_TOKEN_ID}], or 0, -1 or None to disable")
+        _require_finite("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             _bad("top_p", self.top_p, "must be in (0, 1]")
-        _require_real("min_p", self.min_p)
+        _require_finite("min_p", self.min_p)
         if not 0 <= self.min_p <= 1:
             _bad("min_p", self.min_p, "must be in [0, 1]")
         if self.seed is not None:
             _require_int("seed", self.seed)
+            if not 0 <= self.seed <= MAX_UINT64:
+                _bad("seed", self.seed, f"must be in [0, {MAX_UINT64}]")
         for stop_str in self.stop:
             if not stop_str:
                 _bad("stop", self.stop, "must not contain an empty string")
         for token_id in self.stop_token_ids:
-            if token_id < 0:
-                _bad("stop_token_ids", self.stop_token_ids, "must not contain negative ids")
+            if not 0 <= token_id <= MAX_TOKEN_ID:
+                _bad("stop_token_ids", self.stop_token_ids, f"ids must be in [0, {MAX_TOKEN_ID}]")
         _require_bool("ignore_eos", self.ignore_eos)
         if self.logprobs is not None:
             _require_int("logprobs", self.logprobs)
@@ -89,12 +107,12 @@ class SamplingParams:
         _require_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         for field in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, field)
-            _require_real(field, value)
+            _require_finite(field, value)
             if not -MAX_ABS_PENALTY <= value <= MAX_ABS_PENALTY:
                 _bad(field, value, f"must be in [{-MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}]")
-        _require_real("repetition_penalty", self.repetition_penalty)
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            _bad("repetition_penalty", self.repetition_penalty, "must be a finite number > 0")
+        _require_finite("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            _bad("repetition_penalty", self.repetition_penalty, "must be > 0")
         _require_int("min_tokens", self.min_tokens)
         if not 0 <= self.min_tokens <= self.max_tokens:
             _bad("min_tokens", self.min_tokens, f"must be in [0, max_tokens={self.max_tokens}]")
@@ -122,9 +140,12 @@ def _require_int(field: str, value: object) -> None:
         _bad(field, value, "must be an integer")
 
 
-def _require_real(field: str, value: object) -> None:
+def _require_finite(field: str, value: object) -> None:
+    """A number that float32 holds without turning it into inf (nan is never one)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _bad(field, value, "must be a number")
+    if not abs(value) <= MAX_FLOAT32:  # also false for nan and inf, and exact for huge ints
+        _bad(field, value, f"must be a finite number within +-{MAX_FLOAT32:.4g}")
 
 
 def _require_bool(field: str, value: object) -> None:
@@ -156,8 +177,8 @@ def _as_bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
     except (TypeError, ValueError):
         _bad("logit_bias", value, "must map token ids to biases")
     for token_id, bias in pairs:
-        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id <= MAX_LOGIT_BIAS_TOKEN_ID:
-            _bad("logit_bias", value, f"token id {token_id!r} must be an integer in [0, {MAX_LOGIT_BIAS_TOKEN_ID}]")
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id <= MAX_TOKEN_ID:
+            _bad("logit_bias", value, f"token id {token_id!r} must be an integer in [0, {MAX_TOKEN_ID}]")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             _bad("logit_bias", value, f"bias of token {token_id} must be a number")
         if not -MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS:

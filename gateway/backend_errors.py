@@ -16,18 +16,20 @@ _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class BackendError(UnavailableError):
-    """A replica refused or failed a call; `grpc_code` is the status the client should see."""
+    """A replica refused or failed a call; `grpc_code` is the status the client should see and
+    `replica_id` the replica that said so (None when the gateway itself decided)."""
 
-    def __init__(self, grpc_code: grpc.StatusCode, message: str):
+    def __init__(self, grpc_code: grpc.StatusCode, message: str, replica_id: str | None = None):
         super().__init__(message)
         self.grpc_code = grpc_code
+        self.replica_id = replica_id
 
 
 class SessionBrokenError(BackendError):
     """The session with a decode replica ended while the request ran on it (UNAVAILABLE)."""
 
-    def __init__(self, message: str):
-        super().__init__(grpc.StatusCode.UNAVAILABLE, message)
+    def __init__(self, replica_id: str, message: str):
+        super().__init__(grpc.StatusCode.UNAVAILABLE, message, replica_id)
 
 
 def backend_error(replica_id: str, code: grpc.StatusCode | int, details: str) -> Exception:
@@ -35,4 +37,4 @@ def backend_error(replica_id: str, code: grpc.StatusCode | int, details: str) ->
     code = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN) if isinstance(code, int) else code
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequestError(details)
-    return BackendError(code, f"{replica_id}: {details}")
+    return BackendError(code, f"{replica_id}: {details}", replica_id)

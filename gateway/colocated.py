@@ -36,7 +36,7 @@ class ColocatedFrontend:
         return request_id in self._live and await self.engine.abort(request_id)
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
-        request_id, prompt_ids, params = self.prompts.prepare(request, self._live)
+        request_id, prompt_ids, params = await self.prompts.prepare(request, self._live)
         started_s = last_s = time.monotonic()
         timeline = RequestTimeline(arrival_s=started_s)
         self.metrics.on_request_start()

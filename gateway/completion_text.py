@@ -36,7 +36,7 @@ class CompletionText:
         self.request_id = request_id
         self.params = params
         self.num_prompt_tokens = len(prompt_ids)
-        self.num_output_tokens = 0
+        self.token_ids: list[int] = []  # every token pushed so far, in order
         self.text = ""
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -50,9 +50,13 @@ class CompletionText:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids)
+
     def push(self, token: SampledToken) -> StreamChunk:
         """Accounts for the request's next token; call no more once `finished`."""
-        self.num_output_tokens += 1
+        self.token_ids.append(token.token_id)
         delta = self._detokenizer.push([token.token_id])
         self.text += delta
         self._decide_end(token, len(delta))

@@ -52,7 +52,7 @@ class DecodeSession:
         `token_timeout_s` or the request outlives `request_timeout_s`."""
         request_id = request.request_id
         if self.broken:
-            raise SessionBrokenError(f"decode replica {self.replica_id}: session is broken")
+            raise SessionBrokenError(self.replica_id, f"decode replica {self.replica_id}: session is broken")
         steps = self._requests[request_id] = asyncio.Queue()
         self._commands.put_nowait(decode_pb2.DecodeCommand(generate=request))
         deadline_s = time.monotonic() + request_timeout_s
@@ -100,7 +100,7 @@ class DecodeSession:
             reason = repr(exc)
         self.broken = True
         for steps in self._requests.values():
-            steps.put_nowait(SessionBrokenError(f"decode replica {self.replica_id}: session broke ({reason})"))
+            steps.put_nowait(SessionBrokenError(self.replica_id, f"decode replica {self.replica_id}: session broke ({reason})"))
 
 
 def _step_or_error(replica_id: str, output: decode_pb2.DecodeRequestOutput) -> DecodeStep | Exception:

@@ -9,7 +9,11 @@ prefill replica, found in the registry.
     5. generate(first token) on D's session: the rest, one message per step  state DECODING
     6. detokenize incrementally here, check stop strings, stream chunks     state FINISHED
 Steps 2-6 are `DisaggregatedRequest`, which reads as that order; the replica clients own the
-wire. Prefill (first token) and decode (the rest) say when a token ends the request, so step 5
+wire. When a replica goes away under the request (gateway.migration), steps 2-5 run again on the
+replicas left, with prompt + the tokens streamed so far: prefill computes their KV and samples
+the next token, decode carries on after it, and the client's stream goes on as if nothing
+happened. Each such attempt has its own request id on the replicas, so nothing left of an
+earlier one can touch it. Prefill (first token) and decode (the rest) say when a token ends the request, so step 5
 is skipped when the first token already did. Whatever way a request ends early (client gone,
 Abort, a stop string, a failure), the reservation and any running work are aborted on both
 replicas, so every KV block comes back.
@@ -34,6 +38,7 @@ from gateway.channels import ChannelPool
 from gateway.completion_text import CompletionText, SampledToken
 from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
 from gateway.metrics import GatewayMetrics, RequestTimeline
+from gateway.migration import Migrations
 from gateway.replica_clients import DecodeClient, PrefillClient, Timeouts
 from gateway.request_state import RequestState
 from gateway.request_store import RequestStore
@@ -54,6 +59,7 @@ class DisaggregatedConfig:
     model_name: str
     forced_transport: int | None = None  # None: choose from the replicas' host and device
     timeouts: Timeouts = field(default_factory=Timeouts)
+    migration_limit: int = 3  # times one request may move off replicas that went away
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +107,10 @@ class DisaggregatedFrontend:
         return True
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
-        request_id, prompt_ids, params = self.prompts.prepare(request, self._live)
+        request_id, prompt_ids, params = await self.prompts.prepare(request, self._live)
         text = CompletionText(self.tokenizer, request_id, prompt_ids, params)
-        driven = DisaggregatedRequest(request_id, prompt_ids, params, text, self.route, self.store, self.metrics)
+        driven = DisaggregatedRequest(request_id, prompt_ids, params, text, self.route, self.store, self.metrics,
+                                      Migrations(self.config.migration_limit))
         await self.store.create(request_id, len(prompt_ids))
         self.metrics.on_request_start()
         self._live[request_id] = driven
@@ -114,11 +121,14 @@ class DisaggregatedFrontend:
         finally:
             self._live.pop(request_id, None)
 
-    async def route(self, num_prompt_tokens: int) -> Route:
-        """Picks the replicas and the transport for a prompt and counts it against their load."""
+    async def route(self, num_tokens: int, excluded_replica_ids: set[str]) -> Route:
+        """Picks the replicas (none of `excluded_replica_ids`) and the transport for `num_tokens`
+        to prefill, and counts them against the replicas' load."""
         decodes, prefills = await asyncio.gather(self.replicas.list("decode"), self.replicas.list("prefill"))
+        decodes = [replica for replica in decodes if replica.replica_id not in excluded_replica_ids]
+        prefills = [replica for replica in prefills if replica.replica_id not in excluded_replica_ids]
         try:
-            decode = self.router.pick_decode(decodes, num_prompt_tokens)
+            decode = self.router.pick_decode(decodes, num_tokens)
             prefill = self.router.pick_prefill(prefills)
         except NoReplicaError as exc:
             raise UnavailableError(str(exc)) from exc
@@ -127,8 +137,8 @@ class DisaggregatedFrontend:
                                          self.config.forced_transport)
         except TransportUnavailableError as exc:
             raise BackendError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
-        self.router.note_dispatched(decode, num_prompt_tokens)
-        self.router.note_dispatched(prefill, num_prompt_tokens)
+        self.router.note_dispatched(decode, num_tokens)
+        self.router.note_dispatched(prefill, num_tokens)
         return Route(self._decode_client(decode.replica_id, decode.endpoint),
                      PrefillClient(prefill.replica_id, self.channels.get(prefill.endpoint), self.config.timeouts),
                      transport)
@@ -150,7 +160,8 @@ class DisaggregatedRequest:
     """One request while the gateway drives it: the order of its states, and its abort flag."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, text: CompletionText,
-                 route: Callable[[int], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics):
+                 route: Callable[[int, set[str]], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics,
+                 migrations: Migrations):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -159,6 +170,8 @@ class DisaggregatedRequest:
         self.aborted = False
         self._find_route = route
         self._route: Route | None = None
+        self._replica_request_id = request_id  # the request's id on its current replicas
+        self._migrations = migrations
         self._store = store
         self._metrics = metrics
         self._ended = False
@@ -188,17 +201,37 @@ class DisaggregatedRequest:
             yield self._abort_chunk()
 
     async def _run(self) -> AsyncIterator[StreamChunk]:
-        request_id, prompt_ids = self.request_id, self.prompt_ids
-        route = self._route = await self._find_route(len(prompt_ids))
-        target = await route.decode.reserve(request_id, len(prompt_ids), route.transport)
+        """Attempts until one finishes the request; a replica going away under it starts another."""
+        while True:
+            try:
+                async with contextlib.aclosing(self._attempt()) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
+            except BackendError as exc:
+                failed_replica_id = self._migrations.failed_replica(exc)
+                if failed_replica_id is None or self.aborted:
+                    raise
+                await self._migrate(exc, failed_replica_id)
+
+    async def _attempt(self) -> AsyncIterator[StreamChunk]:
+        """Steps 2-5 from the tokens streamed so far (none on the first attempt) to the end."""
+        request_id, prompt_ids, output_ids = self._replica_request_id, self.prompt_ids, list(self.text.token_ids)
+        num_tokens = len(prompt_ids) + len(output_ids)
+        route = self._route = await self._find_route(num_tokens, self._migrations.excluded_replica_ids)
+        target = await route.decode.reserve(request_id, num_tokens, route.transport)
         await self._enter(RequestState.PREFILLING, prefill_replica=route.prefill.replica_id,
                           decode_replica=route.decode.replica_id, transport=transport_name(route.transport))
-        self._timeline.scheduled_s = time.monotonic()
-        prefill = route.prefill.run(request_id, prompt_ids, self.params, self.seed, target)
+        if self._timeline.scheduled_s is None:
+            self._timeline.scheduled_s = time.monotonic()
+        prefill = route.prefill.run(request_id, prompt_ids, output_ids, self.params, self.seed, target)
         try:
             first = await prefill.first_token()
             chunk = self._accept(first)
-            self._metrics.on_first_token(self._last_token_s - self._started_s)
+            if output_ids:
+                self._metrics.on_token(self._last_itl_s)
+            else:
+                self._metrics.on_first_token(self._last_token_s - self._started_s)
             yield chunk
             await self._enter(RequestState.TRANSFERRING)
             done = await prefill.transfer_done()
@@ -206,14 +239,14 @@ class DisaggregatedRequest:
             prefill.cancel()
             raise
         self._metrics.on_kv_transfer(done.transport, done.num_bytes, done.seconds)
-        await self._store.update(request_id, kv_bytes=done.num_bytes, kv_transfer_s=done.seconds)
+        await self._store.update(self.request_id, kv_bytes=done.num_bytes, kv_transfer_s=done.seconds)
         if self.text.finished:
             await self._abort_on_replicas()  # releases the reservation no token will use
             await self._end(RequestState.FINISHED, self.text.finish_reason, "")
             return
 
         await self._enter(RequestState.DECODING)
-        steps = route.decode.generate(request_id, prompt_ids, self.params, self.seed, first.token_id)
+        steps = route.decode.generate(request_id, prompt_ids, output_ids, self.params, self.seed, first.token_id)
         async with contextlib.aclosing(steps):  # after a stop string, closing aborts on decode
             async for step in steps:
                 for token in step.tokens:
@@ -229,6 +262,18 @@ class DisaggregatedRequest:
                                f"decode replica {route.decode.replica_id} ended the stream before the request finished")
         self._metrics.on_preemptions(step.num_preemptions)
         await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+
+    async def _migrate(self, error: BackendError, failed_replica_id: str) -> None:
+        """Gives back what the failed attempt holds and readies the next, or raises past the limit."""
+        route = self._route
+        kind = "decode" if route is not None and failed_replica_id == route.decode.replica_id else "prefill"
+        await self._abort_on_replicas(gone_replica_id=failed_replica_id)
+        self._migrations.start(self.request_id, error, failed_replica_id)
+        self._metrics.on_migration(f"{kind}_unavailable")
+        self._replica_request_id = f"{self.request_id}#{self._migrations.num_done}"
+        logger.warning("request %s: %s replica %s went away (%s); migrating with %d tokens streamed (%d of %d)",
+                       self.request_id, kind, failed_replica_id, error, self.text.num_output_tokens,
+                       self._migrations.num_done, self._migrations.limit)
 
     def _accept(self, token: SampledToken) -> StreamChunk:
         now_s = time.monotonic()
@@ -258,14 +303,17 @@ class DisaggregatedRequest:
         except Exception as exc:
             logger.warning("request %s: could not record %s: %s", self.request_id, state.name, exc)
 
-    async def _abort_on_replicas(self) -> None:
+    async def _abort_on_replicas(self, gone_replica_id: str | None = None) -> None:
+        """Aborts the current attempt on its replicas, except on one known to be gone (an abort
+        sent there could only wait for its timeout)."""
         if self._route is None:
             return
-        results = await asyncio.gather(self._route.decode.abort(self.request_id),
-                                       self._route.prefill.abort(self.request_id), return_exceptions=True)
+        request_id = self._replica_request_id
+        replicas = [r for r in (self._route.decode, self._route.prefill) if r.replica_id != gone_replica_id]
+        results = await asyncio.gather(*(r.abort(request_id) for r in replicas), return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):
-                logger.warning("abort of %s on a replica failed: %s", self.request_id, result)
+                logger.warning("abort of %s on a replica failed: %s", request_id, result)
 
     def _abort_chunk(self) -> StreamChunk:
         return StreamChunk(

@@ -31,7 +31,12 @@ class UnavailableError(errors.UnavailableError):
 
 @dataclass(frozen=True, slots=True)
 class GenerateInput:
-    """One generation request. Exactly one of prompt / prompt_token_ids / messages is set."""
+    """One generation request. Exactly one of prompt / prompt_token_ids / messages is set.
+
+    `messages`, when set, is a non-empty list whose every message has a non-empty string role and
+    a string content, whichever front built it; otherwise construction raises
+    InvalidRequestError naming the message.
+    """
 
     request_id: str | None  # None: the frontend assigns one
     prompt: str | None = None
@@ -41,6 +46,16 @@ class GenerateInput:
     # True when the client gave no max_tokens: the frontend then lowers params.max_tokens to the
     # room left in the context (max_model_len - prompt tokens) instead of rejecting the request.
     max_tokens_is_default: bool = False
+
+    def __post_init__(self) -> None:
+        if self.messages is not None and not self.messages:
+            raise errors.InvalidRequestError("messages=[]: must not be empty")
+        for index, message in enumerate(self.messages or ()):
+            role, content = message.get("role"), message.get("content")
+            if not isinstance(role, str) or not role:
+                raise errors.InvalidRequestError(f"messages[{index}].role={role!r}: must be a non-empty string")
+            if not isinstance(content, str):
+                raise errors.InvalidRequestError(f"messages[{index}].content={content!r}: must be a string")
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from aiohttp import web
 from engine.errors import InvalidRequestError, PdserveError
 from gateway.fan_out import choice_inputs, merge
 from gateway.frontend_types import Frontend, StreamChunk, UnavailableError
+from gateway.json_body import decode_json_body
 from gateway.metrics import GatewayMetrics
 from gateway.openai_protocol import (
     ApiError,
@@ -135,7 +136,7 @@ class _OpenAIApi:
     async def tokenize(self, request: web.Request) -> web.Response:
         generate_input = parse_tokenize_request(await _read_json(request), self._frontend.model_name)
         with _frontend_errors():
-            token_ids = self._frontend.prompts.prompt_ids(generate_input)
+            token_ids = await self._frontend.prompts.encode(generate_input)
         return web.json_response({
             "count": len(token_ids),
             "max_model_len": self._frontend.max_model_len,
@@ -188,11 +189,17 @@ def _request_id(request: web.Request) -> str:
 
 
 async def _read_json(request: web.Request) -> object:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except ValueError as exc:  # invalid JSON or invalid UTF-8
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+    """The JSON body; a request that declares another content type is refused, as FastAPI
+    (and so vLLM) does, and one that declares none is read as JSON."""
+    if "Content-Type" in request.headers and not _is_json_type(request.content_type):
+        raise ApiError(
+            400, f"Content-Type must be application/json, got {request.content_type!r}", param="Content-Type")
+    return decode_json_body(await request.read())
+
+
+def _is_json_type(content_type: str) -> bool:
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json"))
 
 
 @contextlib.contextmanager

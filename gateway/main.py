@@ -21,7 +21,7 @@ from gateway.service import GatewayService
 from gateway.tokenization import PromptBuilder
 from kvtransfer.choice import transport_from_name
 from kvtransfer.names import TRANSPORT_NAMES
-from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
+from pdserve.v1 import gateway_pb2
 
 logger = logging.getLogger(__name__)
 HEALTH_REFRESH_S = 1.0
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="KV transport between prefill and decode (auto: from the replicas' host and device)")
+    parser.add_argument("--migration-limit", type=int, default=3,
+                        help="times a request may move to other replicas when one it runs on goes away (0: never)")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     parser.add_argument("--log-level", default="INFO")
 
@@ -55,11 +57,12 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)
     frontend = DisaggregatedFrontend(
-        DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport)),
+        DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
+                            migration_limit=args.migration_limit),
         prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
 
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
-    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayService(frontend), server.server)
+    GatewayService(frontend).add_to_server(server.server)
     async with serving_http(create_app(frontend, metrics), args.host, args.http_port):
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))

@@ -4,7 +4,7 @@ Who records what, so that nothing is counted twice:
 - the gateway core (the `Frontend` behind both the HTTP and the gRPC front) records every
   request-level figure: `on_request_start` / `on_finish` exactly once per admitted request,
   `on_first_token` and `on_token` as tokens arrive, `on_preemptions` and `on_kv_transfer` from
-  what the replicas report;
+  what the replicas report, `on_migration` each time a request moves off a failed replica;
 - the HTTP front records only `on_http_response`, one per HTTP response, which also counts the
   requests rejected before they reached the core.
 
@@ -32,6 +32,8 @@ PREFIX = "pdserve:"
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 """Values `on_finish` accepts; "error" is a request that failed after it was admitted."""
+
+MIGRATION_REASONS = ("decode_unavailable", "prefill_unavailable")
 
 LATENCY_BUCKETS_S = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -85,6 +87,10 @@ class GatewayMetrics:
         self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self._generation_tokens = counter("generation_tokens", "Tokens generated.")
         self._preemptions = counter("num_preemptions", "Times a decode replica preempted a request.")
+        self._migrations = counter(
+            "request_migrations", "Times a request moved off a replica that went away, by the replica's kind.",
+            model + ("reason",)
+        )
         self._ttft_s = histogram(
             "time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS_S
         )
@@ -179,6 +185,12 @@ class GatewayMetrics:
 
     def on_preemptions(self, num_preemptions: int) -> None:
         self._preemptions.labels(self._model_name).inc(num_preemptions)
+
+    def on_migration(self, reason: str) -> None:
+        """`reason`: one of MIGRATION_REASONS, the kind of replica the request left."""
+        if reason not in MIGRATION_REASONS:
+            raise ValueError(f"migration reason {reason!r} is not one of {MIGRATION_REASONS}")
+        self._migrations.labels(self._model_name, reason).inc()
 
     def on_kv_transfer(self, transport: str, num_bytes: int, seconds: float) -> None:
         self._kv_bytes.labels(self._model_name, transport).inc(num_bytes)

@@ -160,9 +160,7 @@ def parse_chat_request(body: object, model_name: str, max_model_len: int) -> Par
         names={"max_tokens": max_tokens_name, "logprobs": "top_logprobs"},
     )
     stream, include_usage = _parse_stream(body)
-    generate_input = GenerateInput(
-        request_id=None, messages=messages, params=params, max_tokens_is_default=max_tokens is None
-    )
+    generate_input = _chat_input(messages, params=params, max_tokens_is_default=max_tokens is None)
     return ParsedRequest(
         endpoint=Endpoint.CHAT, inputs=(generate_input,), n=n, echo=False, stream=stream, include_usage=include_usage
     )
@@ -174,7 +172,7 @@ def parse_tokenize_request(body: object, model_name: str) -> GenerateInput:
     if ("prompt" in body) == ("messages" in body):
         raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
     if "messages" in body:
-        return GenerateInput(request_id=None, messages=_parse_messages(body["messages"]))
+        return _chat_input(_parse_messages(body["messages"]))
     if not isinstance(body["prompt"], str):
         raise ApiError(400, "prompt must be a string", param="prompt")
     return GenerateInput(request_id=None, prompt=body["prompt"])
@@ -276,16 +274,21 @@ def _parse_messages(messages: object) -> list[dict]:
         unknown = sorted(set(message) - {"role", "content", "name"})
         if unknown:
             raise ApiError(400, f"{where}.{unknown[0]} is not supported", param="messages")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise ApiError(400, f"{where}.role must be a non-empty string", param="messages")
-        entry = {"role": role, "content": _message_text(message.get("content"), where)}
+        entry = {"role": message.get("role"), "content": _message_text(message.get("content"), where)}
         if message.get("name") is not None:
             if not isinstance(message["name"], str):
                 raise ApiError(400, f"{where}.name must be a string", param="messages")
             entry["name"] = message["name"]
         normalised.append(entry)
     return normalised
+
+
+def _chat_input(messages: list[dict], **fields) -> GenerateInput:
+    """GenerateInput checks each message's role and content, the same way for both fronts."""
+    try:
+        return GenerateInput(request_id=None, messages=messages, **fields)
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="messages") from exc
 
 
 def _message_text(content: object, where: str) -> str:
@@ -309,8 +312,6 @@ def _sampling_params(
     if body.get("stop") is not None and not isinstance(body["stop"], (str, list)):
         raise ApiError(400, f"stop={body['stop']!r}: must be a string or a list of strings", param="stop")
     kwargs = {field: body[name] for name, field in _SAMPLING_FIELDS if body.get(name) is not None}
-    if kwargs.get("top_k") in (0, -1):  # vLLM's spellings of "top-k off"
-        del kwargs["top_k"]
     if "logit_bias" in kwargs:
         kwargs["logit_bias"] = _parse_logit_bias(kwargs["logit_bias"])
     kwargs["max_tokens"] = max_tokens

@@ -43,24 +43,25 @@ class DecodeClient:
         self._timeouts = timeouts
         self._session: DecodeSession | None = None
 
-    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> kv_transfer_pb2.KVTarget:
-        """Reserves blocks for the prompt; returns where prefill writes its KV."""
-        request = decode_pb2.ReserveRequest(
-            request_id=request_id, num_prompt_tokens=num_prompt_tokens, transport=transport)
+    async def reserve(self, request_id: str, num_tokens: int, transport: int) -> kv_transfer_pb2.KVTarget:
+        """Reserves blocks for the KV prefill computes (the prompt, and a resumed request's output
+        so far); returns where prefill writes it."""
+        request = decode_pb2.ReserveRequest(request_id=request_id, num_prompt_tokens=num_tokens, transport=transport)
         try:
             return await self._stub.Reserve(request, timeout=self._timeouts.rpc_s)
         except grpc.aio.AioRpcError as exc:
             raise _backend_error(self.replica_id, exc) from exc
 
-    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
-                 first_token_id: int) -> AsyncIterator[DecodeStep]:
-        """The tokens after the first, step by step; closing the iterator early aborts the
-        request on the replica. Raises SessionBrokenError when the session breaks under it."""
+    def generate(self, request_id: str, prompt_ids: list[int], output_ids: list[int], params: SamplingParams,
+                 seed: int, first_token_id: int) -> AsyncIterator[DecodeStep]:
+        """The tokens after `first_token_id` (which follows `output_ids`, empty unless the request
+        was resumed), step by step; closing the iterator early aborts the request on the replica.
+        Raises SessionBrokenError when the session breaks under it."""
         if self._session is None or self._session.broken:
             self._session = DecodeSession(self.replica_id, self._stub)
         request = decode_pb2.DecodeRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
-            first_token_id=first_token_id)
+            first_token_id=first_token_id, output_token_ids=output_ids)
         return self._session.generate(request, self._timeouts.token_s, self._timeouts.request_s)
 
     async def abort(self, request_id: str) -> None:
@@ -83,11 +84,13 @@ class PrefillClient:
         self._stub = prefill_pb2_grpc.PrefillStub(channel)
         self._timeouts = timeouts
 
-    def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
-            target: kv_transfer_pb2.KVTarget) -> PrefillRun:
+    def run(self, request_id: str, prompt_ids: list[int], output_ids: list[int], params: SamplingParams,
+            seed: int, target: kv_transfer_pb2.KVTarget) -> PrefillRun:
+        """Prefills the prompt and `output_ids` (a resumed request's tokens so far, else empty)
+        into `target`; the token it samples is the one after them."""
         call = self._stub.Run(prefill_pb2.PrefillRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
-            target=target), timeout=self._timeouts.request_s)
+            target=target, output_token_ids=output_ids), timeout=self._timeouts.request_s)
         return PrefillRun(self.replica_id, call)
 
     async def abort(self, request_id: str) -> None:
@@ -127,7 +130,8 @@ class PrefillRun:
         except grpc.aio.AioRpcError as exc:
             raise _backend_error(self._replica_id, exc) from exc
         if event is grpc.aio.EOF or event.WhichOneof("event") != expected:
-            raise BackendError(grpc.StatusCode.INTERNAL, f"prefill replica {self._replica_id}: expected {expected}")
+            raise BackendError(grpc.StatusCode.INTERNAL, f"prefill replica {self._replica_id}: expected {expected}",
+                               self._replica_id)
         return getattr(event, expected)
 
 

@@ -4,6 +4,8 @@
                    │               │
                    └───────────────┴──▶ FINISHED   (first token is EOS, or max_tokens is 1)
 
+    PREFILLING | TRANSFERRING | DECODING ──▶ PREFILLING   (migrated: prefilled again, elsewhere)
+
     any non-terminal state ──▶ ABORTED | FAILED
 
 FINISHED, ABORTED and FAILED are terminal: nothing leaves them. The member values are the numbers
@@ -35,9 +37,9 @@ _TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState
 _ENDINGS = frozenset({RequestState.ABORTED, RequestState.FAILED})
 _ALLOWED = {
     RequestState.QUEUED: {RequestState.PREFILLING} | _ENDINGS,
-    RequestState.PREFILLING: {RequestState.TRANSFERRING, RequestState.FINISHED} | _ENDINGS,
-    RequestState.TRANSFERRING: {RequestState.DECODING, RequestState.FINISHED} | _ENDINGS,
-    RequestState.DECODING: {RequestState.FINISHED} | _ENDINGS,
+    RequestState.PREFILLING: {RequestState.PREFILLING, RequestState.TRANSFERRING, RequestState.FINISHED} | _ENDINGS,
+    RequestState.TRANSFERRING: {RequestState.PREFILLING, RequestState.DECODING, RequestState.FINISHED} | _ENDINGS,
+    RequestState.DECODING: {RequestState.PREFILLING, RequestState.FINISHED} | _ENDINGS,
 }
 
 

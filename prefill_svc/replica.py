@@ -4,12 +4,16 @@
    and splits long ones into chunks (the same policy as continuous batching; a request here
    asks for one token, so it leaves right after its prompt).
 2. First token: sampled with the request's seed at position len(prompt), exactly what an
-   uninterrupted run would sample; the request's blocks stay held (`hold_kv`).
+   uninterrupted run would sample; the request's blocks stay held (`hold_kv`). A resumed
+   request (migrated off a failed replica) brings its output so far: its KV is computed after
+   the prompt's, and the token sampled is the next one, at position len(prompt) + len(output).
 3. Push: a `KVSender` copies the held blocks into the decode replica's reserved blocks and
    returns once decode acknowledged them. With a sender that streams layers (TRANSPORT_GRPC) the
    push starts during the forward pass of the last prompt chunk, each layer leaving as soon as
    it is computed (`LayerFeed`).
 4. Release: the held blocks are freed, on success, failure or cancellation alike.
+
+A request is in flight (for a drain) from the moment `run` starts until its push is done.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ class PrefillReplica:
         self.kv_spec = engine.kv_spec
         self.kv_cache = engine.kv_cache
         self.queued_tokens = 0  # prompt tokens accepted but not yet prefilled
+        self._num_running = 0  # `run`s between their start and their push's end
         self._senders: dict[int, KVSender] = {}
 
     def start(self) -> None:
@@ -67,43 +72,51 @@ class PrefillReplica:
             await sender.close()
         await self.engine.stop()
 
+    def num_in_flight(self) -> int:
+        return self._num_running
+
     async def load(self) -> dict[str, int]:
         """Figures for the replica registry: the engine's, read between steps, plus queued tokens."""
         return {**await self.engine.call(lambda engine: engine.load()), "queued_tokens": self.queued_tokens}
 
     async def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
-                  target: KVTarget) -> AsyncIterator[FirstToken | TransferResult]:
-        """Yields the first token, then the transfer result. Closing early aborts the request."""
+                  target: KVTarget, output_ids: list[int]) -> AsyncIterator[FirstToken | TransferResult]:
+        """Yields the token after prompt + `output_ids` (the first token unless resumed), then the
+        transfer result. Closing early aborts the request."""
         sender = self._sender(target.transport)
-        one_token = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=(),
-                                        include_stop_str_in_output=False)
+        num_tokens = len(prompt_ids) + len(output_ids)
+        num_output = len(output_ids) + 1
+        one_token = dataclasses.replace(params, max_tokens=num_output, min_tokens=min(params.min_tokens, num_output),
+                                        stop=(), include_stop_str_in_output=False)
         stream = self.engine.open_stream(request_id)
         feed = None
         if sender.streams_layers:
             feed = LayerFeed(self.kv_spec.num_layers, self.config.prefill_timeout_s)
             self._feeds[request_id] = (feed, target)
-        self.queued_tokens += len(prompt_ids)
+        self.queued_tokens += num_tokens
+        self._num_running += 1
         counted = True
         try:
-            await self.engine.call(
-                lambda engine: engine.add_request(request_id, prompt_ids, one_token, seed=seed, hold_kv=True))
+            await self.engine.call(lambda engine: engine.add_request(
+                request_id, prompt_ids, one_token, seed=seed, hold_kv=True, output_token_ids=output_ids))
             output = await asyncio.wait_for(stream.get(), self.config.prefill_timeout_s)
             if isinstance(output, Exception):
                 raise output
-            self.queued_tokens -= len(prompt_ids)
+            self.queued_tokens -= num_tokens
             counted = False
             completion = output.outputs[0]
-            # Sampled under max_tokens=1, "length" ends the request only if it asked for one token.
-            ends = completion.finish_reason == "stop" or params.max_tokens == 1
-            yield FirstToken(completion.token_ids[0], completion.logprobs[0] if completion.logprobs else None,
+            # Sampled under a budget of one more token, "length" ends the request only if that is its own.
+            ends = completion.finish_reason == "stop" or params.max_tokens == num_output
+            yield FirstToken(completion.token_ids[-1], completion.logprobs[-1] if completion.logprobs else None,
                              completion.finish_reason if ends else None, completion.stop_reason if ends else None)
             if feed is not None and feed.push is not None:
                 yield await feed.push  # started during the forward pass
             else:
                 yield await sender.send(request_id, self.kv_cache, output.held_block_ids, target)
         finally:
+            self._num_running -= 1
             if counted:
-                self.queued_tokens -= len(prompt_ids)
+                self.queued_tokens -= num_tokens
             if feed is not None:
                 self._feeds.pop(request_id, None)
                 feed.cancel()

@@ -17,7 +17,7 @@ class PrefillService(prefill_pb2_grpc.PrefillServicer):
     async def Run(self, request: prefill_pb2.PrefillRequest, context):
         params = params_from_proto(request.params)
         events = self.replica.run(request.request_id, list(request.prompt_token_ids), params,
-                                  request.seed, target_from_proto(request.target))
+                                  request.seed, target_from_proto(request.target), list(request.output_token_ids))
         try:
             async for event in events:
                 yield _event_to_proto(event)

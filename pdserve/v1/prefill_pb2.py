@@ -26,7 +26,7 @@ from pdserve.v1 import common_pb2 as pdserve_dot_v1_dot_common__pb2
 from pdserve.v1 import kv_transfer_pb2 as pdserve_dot_v1_dot_kv__transfer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/prefill.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x1cpdserve/v1/kv_transfer.proto\"\x9e\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12$\n\x06target\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVTarget\"\xa8\x01\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12)\n\x07logprob\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_stop_token_id\"a\n\x0cTransferDone\x12(\n\ttransport\x18\x01 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x10\n\x08kv_bytes\x18\x02 \x01(\x04\x12\x15\n\rkv_transfer_s\x18\x03 \x01(\x01\"y\n\x0cPrefillEvent\x12-\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.FirstTokenH\x00\x12\x31\n\rtransfer_done\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.TransferDoneH\x00\x42\x07\n\x05\x65vent\")\n\x13PrefillAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\'\n\x14PrefillAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\x94\x01\n\x07Prefill\x12=\n\x03Run\x12\x1a.pdserve.v1.PrefillRequest\x1a\x18.pdserve.v1.PrefillEvent0\x01\x12J\n\x05\x41\x62ort\x12\x1f.pdserve.v1.PrefillAbortRequest\x1a .pdserve.v1.PrefillAbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/prefill.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x1cpdserve/v1/kv_transfer.proto\"\xb8\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12$\n\x06target\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVTarget\x12\x18\n\x10output_token_ids\x18\x06 \x03(\r\"\xa8\x01\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12)\n\x07logprob\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x10\n\x0e_stop_token_id\"a\n\x0cTransferDone\x12(\n\ttransport\x18\x01 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x10\n\x08kv_bytes\x18\x02 \x01(\x04\x12\x15\n\rkv_transfer_s\x18\x03 \x01(\x01\"y\n\x0cPrefillEvent\x12-\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.FirstTokenH\x00\x12\x31\n\rtransfer_done\x18\x02 \x01(\x0b\x32\x18.pdserve.v1.TransferDoneH\x00\x42\x07\n\x05\x65vent\")\n\x13PrefillAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\'\n\x14PrefillAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\x94\x01\n\x07Prefill\x12=\n\x03Run\x12\x1a.pdserve.v1.PrefillRequest\x1a\x18.pdserve.v1.PrefillEvent0\x01\x12J\n\x05\x41\x62ort\x12\x1f.pdserve.v1.PrefillAbortRequest\x1a .pdserve.v1.PrefillAbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,17 +34,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.prefill_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREFILLREQUEST']._serialized_start=96
-  _globals['_PREFILLREQUEST']._serialized_end=254
-  _globals['_FIRSTTOKEN']._serialized_start=257
-  _globals['_FIRSTTOKEN']._serialized_end=425
-  _globals['_TRANSFERDONE']._serialized_start=427
-  _globals['_TRANSFERDONE']._serialized_end=524
-  _globals['_PREFILLEVENT']._serialized_start=526
-  _globals['_PREFILLEVENT']._serialized_end=647
-  _globals['_PREFILLABORTREQUEST']._serialized_start=649
-  _globals['_PREFILLABORTREQUEST']._serialized_end=690
-  _globals['_PREFILLABORTRESPONSE']._serialized_start=692
-  _globals['_PREFILLABORTRESPONSE']._serialized_end=731
-  _globals['_PREFILL']._serialized_start=734
-  _globals['_PREFILL']._serialized_end=882
+  _globals['_PREFILLREQUEST']._serialized_end=280
+  _globals['_FIRSTTOKEN']._serialized_start=283
+  _globals['_FIRSTTOKEN']._serialized_end=451
+  _globals['_TRANSFERDONE']._serialized_start=453
+  _globals['_TRANSFERDONE']._serialized_end=550
+  _globals['_PREFILLEVENT']._serialized_start=552
+  _globals['_PREFILLEVENT']._serialized_end=673
+  _globals['_PREFILLABORTREQUEST']._serialized_start=675
+  _globals['_PREFILLABORTREQUEST']._serialized_end=716
+  _globals['_PREFILLABORTRESPONSE']._serialized_start=718
+  _globals['_PREFILLABORTRESPONSE']._serialized_end=757
+  _globals['_PREFILL']._serialized_start=760
+  _globals['_PREFILL']._serialized_end=908
 # @@protoc_insertion_point(module_scope)

@@ -192,7 +192,7 @@ def test_a_failed_request_leaves_the_session_open(cluster, vocab_size):
     failed = {request_id: outputs[request_id][-1].error for request_id in ("never-reserved", "mismatched", "bad-params")}
     assert failed["never-reserved"].status_code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
     assert failed["mismatched"].status_code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
-    assert "13 prompt tokens, 12 reserved" in failed["mismatched"].message
+    assert "KV of 13 tokens, 12 reserved" in failed["mismatched"].message
     assert failed["bad-params"].status_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "temperature" in failed["bad-params"].message
     assert outputs["good"][-1].finish_reason == common_pb2.FINISH_REASON_LENGTH

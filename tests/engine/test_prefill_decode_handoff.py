@@ -63,6 +63,36 @@ def test_handoff_equals_an_uninterrupted_run(engines, params):
         assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=20, temperature=0.8, top_k=50, ignore_eos=True, presence_penalty=1.0,
+                   frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={120: 3.0}),
+    SamplingParams(max_tokens=20, temperature=0.8, min_tokens=9, stop_token_ids=[2], logit_bias={2: 100.0}),
+], ids=["penalised", "min_tokens"])
+def test_a_request_resumed_with_its_output_so_far_equals_an_uninterrupted_run(engines, params):
+    """What a migration does: prefill computes prompt + the first 6 output tokens as KV, with
+    those tokens counted as output (penalties, min_tokens), samples the 7th, and a decode engine
+    carries on from there."""
+    prefill, decode, reference = engines
+    prompt = list(range(100, 137))
+    seed = 99
+    reference.add_request("r", prompt, params, seed=seed)
+    expected = run_to_end(reference, "r")
+    streamed = expected[:6]
+
+    next_only = dataclasses.replace(params, max_tokens=7, min_tokens=min(params.min_tokens, 7))
+    prefill.add_request("r", prompt, next_only, seed=seed, hold_kv=True, output_token_ids=streamed)
+    output = prefill.step()[0]
+    assert output.finished and output.outputs[0].token_ids == expected[:7]
+
+    reserved = decode.reserve("r", len(prompt) + len(streamed))
+    decode.kv_cache[:, :, reserved] = prefill.kv_cache[:, :, output.held_block_ids]
+    assert prefill.release_kv("r")
+    decode.add_prefilled_request("r", prompt, expected[6], params, seed, output_token_ids=streamed)
+    assert run_to_end(decode, "r") == expected
+    for engine in (prefill, decode, reference):
+        assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
 def test_unused_reservation_is_released(engines):
     _, decode, _ = engines
     decode.reserve("never-joined", 40)

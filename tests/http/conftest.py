@@ -71,6 +71,9 @@ class FakePrompts:
             raise InvalidRequestError("prompt is empty")
         return ids
 
+    async def encode(self, request: GenerateInput) -> list[int]:
+        return self.prompt_ids(request)
+
     def _encode(self, text: str) -> list[int]:
         return [self._ids[piece] for piece in self._pieces.findall(text)]
 
@@ -167,12 +170,13 @@ class Server:
     metrics: GatewayMetrics
 
     def request(
-        self, method: str, path: str, *, json_body: object = None, raw_body: bytes | None = None
+        self, method: str, path: str, *, json_body: object = None, raw_body: bytes | None = None,
+        content_type: str = "application/json",
     ) -> HttpResult:
         """One plain HTTP request (stdlib client); error statuses are returned, not raised."""
         data = raw_body if raw_body is not None else None if json_body is None else json.dumps(json_body).encode()
         request = urllib.request.Request(
-            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+            self.base_url + path, data=data, method=method, headers={"Content-Type": content_type}
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:

@@ -42,7 +42,7 @@ def test_generate_defaults_to_greedy_64_tokens_on_the_local_gateway():
 
 
 def test_up_passes_its_dtype_to_every_replica(tmp_path):
-    from pdserve.up import UpConfig, child_specs
+    from pdserve.up import UpConfig, child_slots
 
     args = cli.build_parser().parse_args(["up", "--dtype", "bfloat16", "--prefill", "2"])
     assert cli.build_parser().parse_args(["up"]).dtype == "auto"
@@ -50,7 +50,7 @@ def test_up_passes_its_dtype_to_every_replica(tmp_path):
         model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
         transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0)
-    replicas = [spec for spec in child_specs(config, tmp_path, "redis://x") if spec.name != "gateway"]
+    replicas = [slot.make_spec() for slot in child_slots(config, tmp_path, "redis://x") if slot.name != "gateway"]
     assert len(replicas) == 3
     for spec in replicas:
         assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
@@ -63,7 +63,7 @@ def test_cli_dtype_names_are_the_engines():
 
 
 def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
-    from pdserve.up import UpConfig, child_specs
+    from pdserve.up import UpConfig, child_slots
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     args = cli.build_parser().parse_args(["up"])
@@ -71,9 +71,13 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
         model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0)
-    argv = {spec.name: spec.argv for spec in child_specs(config, tmp_path, "redis://x")}
+    slots = {slot.name: slot for slot in child_slots(config, tmp_path, "redis://x")}
+    argv = {name: slot.make_spec().argv for name, slot in slots.items()}
     assert argv["prefill-0"][argv["prefill-0"].index("--cpus") + 1] == "0,1"
     assert argv["decode-0"][argv["decode-0"].index("--cpus") + 1] == "2,3"
     assert "--cpus" not in argv["gateway"]
-    on_gpu = child_specs(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x")
-    assert all("--cpus" not in spec.argv for spec in on_gpu)
+    restarted = slots["decode-0"].make_spec().argv  # a restart: its CPUs kept, a fresh port
+    assert restarted[restarted.index("--cpus") + 1] == "2,3"
+    assert restarted[restarted.index("--port") + 1] != argv["decode-0"][argv["decode-0"].index("--port") + 1]
+    on_gpu = child_slots(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x")
+    assert all("--cpus" not in slot.make_spec().argv for slot in on_gpu)

@@ -82,7 +82,7 @@ def with_client(test, timeouts: Timeouts = Timeouts()):
 
 
 def generate(client: DecodeClient, request_id: str):
-    return client.generate(request_id, [1, 2, 3], SamplingParams(max_tokens=8), seed=0, first_token_id=4)
+    return client.generate(request_id, [1, 2, 3], [], SamplingParams(max_tokens=8), seed=0, first_token_id=4)
 
 
 async def collect(steps) -> list[int]:

@@ -1,5 +1,6 @@
 """DisaggregatedRequest against in-memory replica clients: the states it records, when it calls
-decode at all, and that every way of ending gives the reservation back."""
+decode at all, that every way of ending gives the reservation back, and how a request moves off
+a replica that went away."""
 import asyncio
 from dataclasses import dataclass, field
 
@@ -9,9 +10,12 @@ import pytest
 from engine.sampling_params import SamplingParams
 from gateway.backend_errors import BackendError
 from gateway.completion_text import CompletionText, SampledToken
+from gateway.frontend_types import UnavailableError
 from gateway.decode_session import DecodeStep
+from gateway.backend_errors import SessionBrokenError
 from gateway.disaggregated import DisaggregatedRequest, Route
 from gateway.metrics import GatewayMetrics
+from gateway.migration import MigrationLimitError, Migrations
 from gateway.replica_clients import KVTransferDone
 from gateway.request_state import RequestState
 from pdserve.v1 import common_pb2
@@ -31,16 +35,22 @@ class FakeStore:
 
 
 class FakePrefill:
-    replica_id = "p0"
+    """Samples `first`; or fails with `error` before it (as a replica that dies does)."""
 
-    def __init__(self, first: SampledToken):
+    def __init__(self, first: SampledToken | None, replica_id: str = "p0", error: Exception | None = None):
         self.first = first
+        self.replica_id = replica_id
+        self.error = error
+        self.runs = []  # (request id, output ids) of each run
         self.aborted = False
 
-    def run(self, request_id, prompt_ids, params, seed, target):
+    def run(self, request_id, prompt_ids, output_ids, params, seed, target):
+        self.runs.append((request_id, output_ids))
         return self
 
     async def first_token(self) -> SampledToken:
+        if self.error is not None:
+            raise self.error
         return self.first
 
     async def transfer_done(self) -> KVTransferDone:
@@ -56,17 +66,18 @@ class FakePrefill:
 class FakeDecode:
     """Streams `steps`, then ends the stream, or raises `error_at_end` (as an aborted replica does)."""
 
-    replica_id = "d0"
-
-    def __init__(self, steps: list[DecodeStep], error_at_end: Exception | None = None):
+    def __init__(self, steps: list[DecodeStep], error_at_end: Exception | None = None, replica_id: str = "d0"):
         self.steps = steps
         self.error_at_end = error_at_end
+        self.replica_id = replica_id
         self.generated = self.stream_closed = self.aborted = False
+        self.reserved = []  # (request id, num tokens) of each reservation
 
-    async def reserve(self, request_id, num_prompt_tokens, transport):
+    async def reserve(self, request_id, num_tokens, transport):
+        self.reserved.append((request_id, num_tokens))
         return "target"
 
-    async def generate(self, request_id, prompt_ids, params, seed, first_token_id):
+    async def generate(self, request_id, prompt_ids, output_ids, params, seed, first_token_id):
         self.generated = True
         try:
             for step in self.steps:
@@ -88,14 +99,22 @@ def steps(*tokens: SampledToken) -> list[DecodeStep]:
     return [DecodeStep([t], num_preemptions=0) for t in tokens]
 
 
-def make_request(tokenizer, decode, prefill, store, **params) -> DisaggregatedRequest:
-    async def route(num_prompt_tokens):
-        return Route(decode, prefill, common_pb2.TRANSPORT_SHM)
+def make_request(tokenizer, decode, prefill, store, migration_limit=3, **params) -> DisaggregatedRequest:
+    """A request routed to `decode` and `prefill`, or, if they are lists, to the first of each
+    that has not been excluded."""
+    decodes, prefills = (r if isinstance(r, list) else [r] for r in (decode, prefill))
+
+    async def route(num_tokens, excluded_replica_ids):
+        live_decodes = [d for d in decodes if d.replica_id not in excluded_replica_ids]
+        live_prefills = [p for p in prefills if p.replica_id not in excluded_replica_ids]
+        if not live_decodes or not live_prefills:
+            raise UnavailableError("no live replica")
+        return Route(live_decodes[0], live_prefills[0], common_pb2.TRANSPORT_SHM)
 
     sampling = SamplingParams(**params)
     prompt_ids = tokenizer.encode("prompt", add_special_tokens=False)
     return DisaggregatedRequest("r1", prompt_ids, sampling, CompletionText(tokenizer, "r1", prompt_ids, sampling),
-                                route, store, GatewayMetrics("m"))
+                                route, store, GatewayMetrics("m"), Migrations(migration_limit))
 
 
 async def collect(request: DisaggregatedRequest) -> list:
@@ -168,3 +187,62 @@ def test_a_client_that_leaves_aborts_the_request_on_both_replicas(byte_tokenizer
 
     asyncio.run(leave_after_one_chunk())
     assert store.states[-1] is S.ABORTED and decode.aborted and prefill.aborted
+
+
+def broken(replica_id: str) -> SessionBrokenError:
+    return SessionBrokenError(replica_id, f"decode replica {replica_id}: session broke")
+
+
+def test_a_broken_decode_session_moves_the_request_on_with_the_tokens_streamed_so_far(byte_tokenizer):
+    t = byte_tokenizer
+    dying = FakeDecode(steps(token(t, "b")), broken("d0"), replica_id="d0")
+    survivor = FakeDecode(steps(token(t, "d", "length")), replica_id="d1")
+    prefill, store = FakePrefill(token(t, "a")), FakeStore()
+    request = make_request(t, [dying, survivor], prefill, store, max_tokens=4)
+    chunks = asyncio.run(collect(request))
+    assert "".join(chunk.text for chunk in chunks) == "abad"  # the fake prefill samples "a" again
+    assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 4
+    a, b = t.encode("a", add_special_tokens=False)[0], t.encode("b", add_special_tokens=False)[0]
+    num_prompt = len(request.prompt_ids)
+    assert prefill.runs == [("r1", []), ("r1#1", [a, b])]
+    assert survivor.reserved == [("r1#1", num_prompt + 2)]
+    assert store.states == [S.PREFILLING, S.TRANSFERRING, S.DECODING, S.PREFILLING, S.TRANSFERRING,
+                            S.DECODING, S.FINISHED]
+
+
+def test_a_prefill_replica_that_goes_away_is_retried_on_another_and_its_reservation_released(byte_tokenizer):
+    t = byte_tokenizer
+    dead = FakePrefill(None, "p0", BackendError(grpc.StatusCode.UNAVAILABLE, "p0: socket closed", "p0"))
+    live = FakePrefill(token(t, "a", "length"), "p1")
+    decode, store = FakeDecode([]), FakeStore()
+    chunks = asyncio.run(collect(make_request(t, decode, [dead, live], store, max_tokens=1)))
+    assert [(chunk.text, chunk.finish_reason) for chunk in chunks] == [("a", "length")]
+    assert [request_id for request_id, _ in decode.reserved] == ["r1", "r1#1"] and decode.aborted
+    assert live.runs == [("r1#1", [])]
+
+
+def test_past_the_migration_limit_the_request_fails_unavailable(byte_tokenizer):
+    t = byte_tokenizer
+    decodes = [FakeDecode([], broken(f"d{i}"), replica_id=f"d{i}") for i in range(3)]
+    store = FakeStore()
+    with pytest.raises(MigrationLimitError, match="migration limit 1") as failure:
+        asyncio.run(collect(make_request(t, decodes, FakePrefill(token(t, "a")), store, migration_limit=1)))
+    assert failure.value.grpc_code == grpc.StatusCode.UNAVAILABLE
+    assert [d.generated for d in decodes] == [True, True, False] and store.states[-1] is S.FAILED
+
+
+def test_with_no_replica_left_to_move_to_the_request_fails_unavailable(byte_tokenizer):
+    t = byte_tokenizer
+    decode, store = FakeDecode([], broken("d0")), FakeStore()
+    with pytest.raises(UnavailableError, match="no live replica"):
+        asyncio.run(collect(make_request(t, decode, FakePrefill(token(t, "a")), store)))
+    assert store.states[-1] is S.FAILED
+
+
+def test_a_failure_that_is_the_requests_own_does_not_migrate(byte_tokenizer):
+    t = byte_tokenizer
+    refused = BackendError(grpc.StatusCode.RESOURCE_EXHAUSTED, "d0: out of blocks", "d0")
+    decodes = [FakeDecode([], refused, replica_id="d0"), FakeDecode([], replica_id="d1")]
+    with pytest.raises(BackendError, match="out of blocks"):
+        asyncio.run(collect(make_request(t, decodes, FakePrefill(token(t, "a")), FakeStore())))
+    assert not decodes[1].generated

@@ -5,20 +5,24 @@ import math
 import pytest
 
 from engine.errors import InvalidRequestError, PdserveError
-from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.sampling_params import MAX_FLOAT32, MAX_LOGPROBS, MAX_TOKEN_ID, MAX_UINT32, MAX_UINT64, SamplingParams
 
 BAD_FIELDS = [
     ("max_tokens", 0),
     ("max_tokens", -3),
     ("max_tokens", 2.0),
     ("max_tokens", True),
+    ("max_tokens", MAX_UINT32 + 1),
     ("temperature", -0.1),
     ("temperature", math.nan),
     ("temperature", math.inf),
     ("temperature", "1.0"),
-    ("top_k", 0),
-    ("top_k", -1),
+    ("temperature", 1e300),  # finite as a double, inf as the float32 it travels in
+    ("temperature", 10**400),
+    ("top_k", -2),
+    ("top_k", MAX_TOKEN_ID + 1),
     ("top_k", 3.5),
+    ("top_k", False),
     ("top_p", 0.0),
     ("top_p", 1.01),
     ("top_p", math.nan),
@@ -27,11 +31,14 @@ BAD_FIELDS = [
     ("min_p", math.nan),
     ("seed", 1.5),
     ("seed", "42"),
+    ("seed", -1),
+    ("seed", MAX_UINT64 + 1),
     ("stop", ["ok", ""]),
     ("stop", [7]),
     ("stop", 7),
     ("stop_token_ids", [-1]),
     ("stop_token_ids", ["2"]),
+    ("stop_token_ids", [MAX_TOKEN_ID + 1]),
     ("ignore_eos", 1),
     ("logprobs", -1),
     ("logprobs", MAX_LOGPROBS + 1),
@@ -43,6 +50,7 @@ BAD_FIELDS = [
     ("presence_penalty", "1"),
     ("frequency_penalty", 3.0),
     ("frequency_penalty", -math.inf),
+    ("repetition_penalty", 2 * MAX_FLOAT32),
     ("repetition_penalty", 0.0),
     ("repetition_penalty", -1.0),
     ("repetition_penalty", math.inf),
@@ -81,7 +89,14 @@ def test_invalid_request_error_is_a_domain_error_and_a_value_error():
 def test_defaults_and_boundary_values_are_accepted():
     SamplingParams()
     SamplingParams(max_tokens=1, temperature=0, top_k=1, top_p=1e-9, min_p=1.0, logprobs=0)
-    SamplingParams(top_p=1.0, min_p=0.0, logprobs=MAX_LOGPROBS, seed=-5, stop_token_ids=[0])
+    SamplingParams(top_p=1.0, min_p=0.0, logprobs=MAX_LOGPROBS, seed=0, stop_token_ids=[0])
+    SamplingParams(max_tokens=MAX_UINT32, top_k=MAX_TOKEN_ID, seed=MAX_UINT64, stop_token_ids=[MAX_TOKEN_ID],
+                   temperature=MAX_FLOAT32, repetition_penalty=MAX_FLOAT32)
+
+
+@pytest.mark.parametrize("top_k", [0, -1, None])
+def test_vllm_spellings_of_top_k_off_all_mean_off(top_k):
+    assert SamplingParams(top_k=top_k).top_k is None
 
 
 def test_stop_accepts_a_string_or_a_list_and_becomes_a_tuple():
