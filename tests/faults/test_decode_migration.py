@@ -94,7 +94,9 @@ def test_a_migrated_seeded_sampled_request_gives_the_tokens_of_an_uninterrupted_
     assert request_info(cluster, "s-0").decode_replica != run.victim  # s-0 itself was moved
     for outcome, want in zip(outcomes, reference):
         assert outcome.token_ids == want.token_ids
-        assert outcome.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        # A resumed request is re-prefilled in a different batch: fp32 sums reorder, so the
+        # logprobs agree to rounding, not bit for bit.
+        assert outcome.logprobs == pytest.approx(want.logprobs, abs=1e-3)
     wait_until_gone(cluster, "decode", run.victim)
     cluster.assert_all_kv_free()
 
