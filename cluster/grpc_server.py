@@ -21,7 +21,8 @@ MAX_MESSAGE_BYTES = 256 * 2**20
 
 
 class GrpcServer:
-    def __init__(self, bind: str, service_names: Iterable[str]):
+    def __init__(self, bind: str, service_names: Iterable[str], credentials: grpc.ServerCredentials | None = None):
+        """With `credentials` the port speaks TLS only."""
         self.server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -30,7 +31,8 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = list(service_names)
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(bind)
+        self.port = (self.server.add_secure_port(bind, credentials) if credentials is not None
+                     else self.server.add_insecure_port(bind))
         if self.port == 0:
             raise OSError(f"cannot bind gRPC server to {bind}")
         self._names = names

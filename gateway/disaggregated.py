@@ -111,7 +111,7 @@ class DisaggregatedFrontend:
         text = CompletionText(self.tokenizer, request_id, prompt_ids, params)
         driven = DisaggregatedRequest(request_id, prompt_ids, params, text, self.route, self.store, self.metrics,
                                       Migrations(self.config.migration_limit))
-        await self.store.create(request_id, len(prompt_ids))
+        await self.store.create(request_id, len(prompt_ids), owner=request.owner)
         self.metrics.on_request_start()
         self._live[request_id] = driven
         try:

@@ -46,6 +46,7 @@ class GenerateInput:
     # True when the client gave no max_tokens: the frontend then lowers params.max_tokens to the
     # room left in the context (max_model_len - prompt tokens) instead of rejecting the request.
     max_tokens_is_default: bool = False
+    owner: str = ""  # the fingerprint of the caller's API key (gateway.api_keys); "" on an open API
 
     def __post_init__(self) -> None:
         if self.messages is not None and not self.messages:

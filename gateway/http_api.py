@@ -9,9 +9,14 @@ request, driven through the `Frontend` protocol and merged back into one answer 
 Every response carries an `X-Request-Id` header: the client's, when it sent one, else a fresh
 id. It names the answer ("cmpl-<id>", "chatcmpl-<id>") and its engine requests.
 
+With API keys configured (`api_keys`), every route but /health and /metrics needs
+`Authorization: Bearer KEY`, and the caller's fingerprint becomes the owner of the requests it
+creates. A generation holds one admission slot per choice until it ends (gateway.admission).
+
 Invariants:
-- every error is OpenAI's JSON error body: 400 for bad input (the field named), 404 for an
-  unknown model or route, 503 when the frontend is unavailable, 500 only for bugs. Errors before
+- every error is OpenAI's JSON error body: 400 for bad input (the field named), 401 for a
+  missing or unknown API key, 404 for an unknown model or route, 429 (with Retry-After) when the
+  gateway holds its maximum of requests, 503 when the frontend is unavailable, 500 only for bugs. Errors before
   the first token keep their status; once a stream has started they arrive as an SSE error event.
 - a generation never outlives its client: the handler polls the connection while it waits, and
   when the client is gone it cancels the work, which closes the frontend's generator and so
@@ -20,6 +25,7 @@ Invariants:
 """
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import string
@@ -30,6 +36,8 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from aiohttp import web
 
 from engine.errors import InvalidRequestError, PdserveError
+from gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission, OverloadedError
+from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.fan_out import choice_inputs, merge
 from gateway.frontend_types import Frontend, StreamChunk, UnavailableError
 from gateway.json_body import decode_json_body
@@ -61,6 +69,10 @@ REQUEST_ID_HEADER = "X-Request-Id"
 MAX_REQUEST_ID_CHARS = 128
 _REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
 _REQUEST_ID = web.RequestKey("request_id", str)
+_CALLER = web.RequestKey("caller", str)  # the API key's fingerprint (gateway.api_keys)
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+"""Routes served without an API key: probes and scrapers carry none."""
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -74,9 +86,13 @@ class IncompleteStreamError(PdserveError):
 
 
 def create_app(
-    frontend: Frontend, metrics: GatewayMetrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    frontend: Frontend, metrics: GatewayMetrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    api_keys: ApiKeys = ApiKeys(()), admission: Admission | None = None,
 ) -> web.Application:
-    api = _OpenAIApi(frontend, metrics)
+    """`admission`, when shared with another front, bounds both together; by default this app
+    has its own, of DEFAULT_MAX_PENDING_REQUESTS."""
+    admission = admission or Admission(DEFAULT_MAX_PENDING_REQUESTS, metrics.registry, frontend.model_name)
+    api = _OpenAIApi(frontend, metrics, api_keys, admission)
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api.errors_and_metrics])
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
@@ -89,17 +105,27 @@ def create_app(
 
 
 class _OpenAIApi:
-    def __init__(self, frontend: Frontend, metrics: GatewayMetrics) -> None:
+    def __init__(self, frontend: Frontend, metrics: GatewayMetrics, api_keys: ApiKeys, admission: Admission) -> None:
         self._frontend = frontend
         self._metrics = metrics
+        self._api_keys = api_keys
+        self._admission = admission
 
     @web.middleware
     async def errors_and_metrics(self, request: web.Request, handler) -> web.StreamResponse:
         try:
             request[_REQUEST_ID] = _request_id(request)
+            if request.path not in OPEN_PATHS:
+                request[_CALLER] = self._api_keys.caller(request.headers.get("Authorization"))
             response = await handler(request)
         except ApiError as exc:
             response = _error_response(exc)
+        except UnauthenticatedError as exc:
+            response = _error_response(ApiError(401, str(exc), code="invalid_api_key"))
+            response.headers["WWW-Authenticate"] = "Bearer"
+        except OverloadedError as exc:
+            response = _error_response(ApiError(429, str(exc), code="rate_limit_exceeded", error_type="rate_limit_error"))
+            response.headers["Retry-After"] = str(exc.retry_after_s)
         except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
             response = _error_response(ApiError(exc.status, exc.text or exc.reason))
         except Exception:
@@ -162,17 +188,19 @@ class _OpenAIApi:
         request_id = request[_REQUEST_ID]
         shaper = create_shaper(
             parsed, request_id, self._frontend.model_name, int(time.time()), self._frontend.tokenizer.decode)
-        inputs = choice_inputs(parsed.inputs, parsed.n, request_id)
-        with _frontend_errors():
-            chunks = merge([self._frontend.generate(generate_input) for generate_input in inputs])
-        if parsed.stream:
-            answer = _stream(request, chunks, len(inputs), shaper, parsed.include_usage)
-        else:
-            answer = _collect(chunks, len(inputs), shaper)
-        try:
-            return await _while_connected(request, answer)
-        except ClientGoneError:
-            return web.Response(status=CLIENT_CLOSED_REQUEST)
+        inputs = [dataclasses.replace(generate_input, owner=request[_CALLER])
+                  for generate_input in choice_inputs(parsed.inputs, parsed.n, request_id)]
+        with self._admission.admit(len(inputs), "http"):
+            with _frontend_errors():
+                chunks = merge([self._frontend.generate(generate_input) for generate_input in inputs])
+            if parsed.stream:
+                answer = _stream(request, chunks, len(inputs), shaper, parsed.include_usage)
+            else:
+                answer = _collect(chunks, len(inputs), shaper)
+            try:
+                return await _while_connected(request, answer)
+            except ClientGoneError:
+                return web.Response(status=CLIENT_CLOSED_REQUEST)
 
 
 def _request_id(request: web.Request) -> str:

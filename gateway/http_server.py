@@ -8,18 +8,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 
 @contextlib.asynccontextmanager
-async def serving_http(app: web.Application, host: str, port: int) -> AsyncIterator[web.AppRunner]:
-    """Serves `app` on host:port inside the block; leaving it runs the app's cleanup."""
+async def serving_http(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> AsyncIterator[web.AppRunner]:
+    """Serves `app` on host:port (HTTPS with `ssl_context`) inside the block; leaving it runs
+    the app's cleanup."""
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         yield runner
     finally:
         await runner.cleanup()

@@ -1,4 +1,8 @@
-"""`pdserve gateway`: the public gRPC (`pdserve.v1.Gateway`) and OpenAI-compatible HTTP fronts."""
+"""`pdserve gateway`: the public gRPC (`pdserve.v1.Gateway`) and OpenAI-compatible HTTP fronts.
+
+Both fronts share one configuration (gateway.front_config): the same API keys, the same TLS
+certificate, and one admission bound over the requests of both.
+"""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +16,9 @@ from cluster.registry import LiveReplicas
 from cluster.service_args import add_served_model_name_argument, configure_logging, served_model_name
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
+from gateway.admission import Admission
 from gateway.disaggregated import DisaggregatedConfig, DisaggregatedFrontend
+from gateway.front_config import add_front_arguments, front_config_from
 from gateway.http_api import create_app
 from gateway.http_server import serving_http
 from gateway.metrics import GatewayMetrics
@@ -40,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--migration-limit", type=int, default=3,
                         help="times a request may move to other replicas when one it runs on goes away (0: never)")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
+    add_front_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -50,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    front = front_config_from(args)
     model_config = ModelConfig.from_dir(args.model)
     tokenizer = load_tokenizer(args.model)
     model_name = served_model_name(args)
@@ -61,14 +69,19 @@ async def serve(args: argparse.Namespace) -> None:
                             migration_limit=args.migration_limit),
         prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
 
-    server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
-    GatewayService(frontend).add_to_server(server.server)
-    async with serving_http(create_app(frontend, metrics), args.host, args.http_port):
+    admission = Admission(front.max_pending_requests, metrics.registry, model_name)
+    server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
+                        front.tls.grpc_credentials() if front.tls else None)
+    GatewayService(frontend, front.api_keys, admission).add_to_server(server.server)
+    app = create_app(frontend, metrics, api_keys=front.api_keys, admission=admission)
+    async with serving_http(app, args.host, args.http_port, front.tls.ssl_context() if front.tls else None):
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))
         await server.mark_serving()
-        logger.info("gateway serving gRPC on %s:%d and HTTP on http://%s:%d (model %s)",
-                    args.host, server.port, args.host, args.http_port, model_name)
+        logger.info("gateway serving gRPC%s on %s:%d and HTTP on %s://%s:%d (model %s, %s)",
+                    "+TLS" if front.tls else "", args.host, server.port, "https" if front.tls else "http",
+                    args.host, args.http_port, model_name,
+                    "API keys required" if front.api_keys.required else "no API key required")
 
         async def stop_refreshing() -> None:
             health.cancel()

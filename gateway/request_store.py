@@ -1,7 +1,7 @@
 """Request records in Redis, changed only along the lifecycle of gateway.request_state.
 
     req:{id}            hash: state, prompt_tokens, completion_tokens, prefill_replica,
-                        decode_replica, transport, error, kv_bytes, kv_transfer_s, created_unix_s
+                        decode_replica, transport, error, kv_bytes, kv_transfer_s, owner, created_unix_s
     req:{id}:history    list: "STATE@unix_s", one entry per state entered, oldest first
 
 A transition reads the stored state, checks the move with `transition()` and writes the new
@@ -37,6 +37,7 @@ _FIELD_TYPES: dict[str, type] = {
     "error": str,
     "kv_bytes": int,
     "kv_transfer_s": float,
+    "owner": str,  # the fingerprint of the creating caller's API key (gateway.api_keys), never the key
 }
 
 
@@ -64,6 +65,7 @@ class RequestRecord:
     error: str
     kv_bytes: int
     kv_transfer_s: float
+    owner: str
     created_unix_s: float
     history: tuple[tuple[RequestState, float], ...]  # (state entered, unix time), oldest first
 
@@ -76,7 +78,7 @@ class RequestStore:
         self._redis = client
         self._ttl_ms = round(ttl_s * 1000)
 
-    async def create(self, request_id: str, prompt_tokens: int) -> None:
+    async def create(self, request_id: str, prompt_tokens: int, owner: str = "") -> None:
         """Records a new request in QUEUED; raises RequestExistsError if the id is taken."""
         key = _key(request_id)
 
@@ -85,7 +87,7 @@ class RequestStore:
                 raise RequestExistsError(f"request id {request_id!r} is already in use")
             now_unix_s = time.time()
             pipe.multi()
-            pipe.hset(key, mapping=_encode(_initial_fields(prompt_tokens, now_unix_s)))
+            pipe.hset(key, mapping=_encode(_initial_fields(prompt_tokens, now_unix_s) | {"owner": owner}))
             pipe.rpush(_history_key(request_id), _history_entry(RequestState.QUEUED, now_unix_s))
 
         await self._atomically(key, body)

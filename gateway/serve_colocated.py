@@ -15,7 +15,9 @@ from cluster.service_args import (
 )
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
+from gateway.admission import Admission
 from gateway.colocated import ColocatedFrontend
+from gateway.front_config import add_front_arguments, front_config_from
 from gateway.http_api import create_app
 from gateway.http_server import serving_http, wait_for_stop_signal
 from gateway.metrics import GatewayMetrics
@@ -29,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_served_model_name_argument(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
+    add_front_arguments(parser)
+
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "serve")
@@ -38,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    front = front_config_from(args)
     engine = LLMEngine(engine_config_from(args, detokenize=True))
     async_engine = AsyncEngine(engine, asyncio.get_running_loop())
     model_name = served_model_name(args)
@@ -46,8 +51,11 @@ async def serve(args: argparse.Namespace) -> None:
     frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)
     async_engine.on_step = lambda engine: metrics.set_num_requests_waiting(engine.load()["waiting_seqs"])
     async_engine.start()
-    async with serving_http(create_app(frontend, metrics), args.host, args.port):
-        logger.info("serving %s on http://%s:%d/v1 (%d KV blocks)", model_name, args.host, args.port,
-                    engine.allocator.num_blocks)
+    app = create_app(frontend, metrics, api_keys=front.api_keys,
+                     admission=Admission(front.max_pending_requests, metrics.registry, model_name))
+    async with serving_http(app, args.host, args.port, front.tls.ssl_context() if front.tls else None):
+        logger.info("serving %s on %s://%s:%d/v1 (%d KV blocks, %s)", model_name, "https" if front.tls else "http",
+                    args.host, args.port, engine.allocator.num_blocks,
+                    "API keys required" if front.api_keys.required else "no API key required")
         await wait_for_stop_signal()
     await async_engine.stop()

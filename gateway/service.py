@@ -3,9 +3,17 @@
 Every bad request is INVALID_ARGUMENT with a message naming the field, as on the HTTP front
 (the same `SamplingParams` and `GenerateInput` checks give the verdict), bytes that do not
 decode as the method's request message included.
+
+With API keys configured, every method needs metadata `authorization: Bearer KEY`, else
+UNAUTHENTICATED (grpc.health.v1 on the same server stays open, for probes). A request belongs to
+the caller that created it: Abort and GetRequest of a request that another caller owns are
+NOT_FOUND, word for word as for an id that never existed. Generate holds an admission slot
+until its stream ends; past the gateway's maximum it is RESOURCE_EXHAUSTED at once, with a
+`retry-after` trailer in seconds (gateway.admission).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import grpc
@@ -14,9 +22,11 @@ from google.protobuf.message import DecodeError
 from cluster.grpc_errors import grpc_errors
 from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from engine.errors import InvalidRequestError
+from gateway.admission import Admission, OverloadedError
+from gateway.api_keys import ApiKeys
 from gateway.disaggregated import DisaggregatedFrontend
 from gateway.frontend_types import GenerateInput
-from gateway.request_store import RequestNotFoundError
+from gateway.request_store import RequestNotFoundError, RequestRecord
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
@@ -26,9 +36,14 @@ class MalformedRequest:
     reason: str
 
 
+RETRY_AFTER_KEY = "retry-after"
+
+
 class GatewayService(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, frontend: DisaggregatedFrontend):
+    def __init__(self, frontend: DisaggregatedFrontend, api_keys: ApiKeys, admission: Admission):
         self.frontend = frontend
+        self.api_keys = api_keys
+        self.admission = admission
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Serves Gateway on `server` like the generated `add_GatewayServicer_to_server`, except
@@ -53,7 +68,13 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     @grpc_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        chunks = self.frontend.generate(_generate_input(request))
+        generate_input = dataclasses.replace(_generate_input(request), owner=self._caller(context))
+        with self._admitted(context):
+            async for message in self._chunks(generate_input):
+                yield message
+
+    async def _chunks(self, generate_input: GenerateInput):
+        chunks = self.frontend.generate(generate_input)
         try:
             async for chunk in chunks:
                 message = gateway_pb2.GenerateChunk(
@@ -73,15 +94,16 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     @grpc_errors
     async def Abort(self, request: gateway_pb2.AbortRequest, context) -> gateway_pb2.AbortResponse:
+        caller = self._caller(context)
         _require_decoded(request)
+        await self._owned_record(request.request_id, caller)
         return gateway_pb2.AbortResponse(aborted=await self.frontend.abort(request.request_id))
 
     @grpc_errors
     async def GetRequest(self, request: gateway_pb2.GetRequestRequest, context) -> gateway_pb2.RequestInfo:
+        caller = self._caller(context)
         _require_decoded(request)
-        record = await self.frontend.store.get(request.request_id)
-        if record is None:
-            raise RequestNotFoundError(f"no request {request.request_id!r} (unknown or expired)")
+        record = await self._owned_record(request.request_id, caller)
         return gateway_pb2.RequestInfo(
             request_id=record.request_id, state=record.state.value,
             history=[gateway_pb2.StateChange(state=state.value, time_unix_s=unix_s) for state, unix_s in record.history],
@@ -92,9 +114,29 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     @grpc_errors
     async def ListModels(self, request, context) -> gateway_pb2.ListModelsResponse:
+        self._caller(context)
         _require_decoded(request)
         return gateway_pb2.ListModelsResponse(models=[gateway_pb2.ModelCard(
             id=self.frontend.model_name, max_model_len=self.frontend.max_model_len)])
+
+
+    def _caller(self, context) -> str:
+        """The caller's fingerprint; raises UnauthenticatedError without a configured key."""
+        return self.api_keys.caller(dict(context.invocation_metadata() or ()).get("authorization"))
+
+    def _admitted(self, context):
+        try:
+            return self.admission.admit(1, "grpc")
+        except OverloadedError as exc:
+            context.set_trailing_metadata(((RETRY_AFTER_KEY, str(exc.retry_after_s)),))
+            raise
+
+    async def _owned_record(self, request_id: str, caller: str) -> RequestRecord:
+        """The request's record, if `caller` created it; any other caller learns nothing of it."""
+        record = await self.frontend.store.get(request_id)
+        if record is None or record.owner != caller:
+            raise RequestNotFoundError(f"no request {request_id!r} (unknown or expired)")
+        return record
 
 
 def _decoder(message_type):

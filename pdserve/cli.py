@@ -92,7 +92,7 @@ def run_up(args: argparse.Namespace) -> int:
     config = UpConfig(
         model_dir=args.model, num_prefill=args.prefill, num_decode=args.decode,
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
-        grpc_port=args.grpc_port, http_port=args.http_port,
+        grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
@@ -124,6 +124,8 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help=f"gateway gRPC port (default {DEFAULT_GATEWAY_GRPC_PORT})")
     parser.add_argument("--http-port", type=int, default=DEFAULT_GATEWAY_HTTP_PORT,
                         help=f"gateway HTTP port (default {DEFAULT_GATEWAY_HTTP_PORT})")
+    parser.add_argument("--api-key", action="append", metavar="KEY",
+                        help="a key the gateway requires as 'Authorization: Bearer KEY'; repeat for more callers")
     parser.add_argument("--startup-timeout-s", type=float, default=120.0,
                         help="deadline for every process to become healthy (default 120)")
     parser.add_argument("--shutdown-timeout-s", type=float, default=15.0,

@@ -36,6 +36,7 @@ import grpc
 
 from cluster.ports import free_port
 from engine.tiny_model_cache import cache_root, ensure_tiny_model
+from gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.child_process import ChildSpec, UpLog
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
 from pdserve.redis_process import RedisStartError, start_redis
@@ -61,6 +62,7 @@ class UpConfig:
     http_port: int
     startup_timeout_s: float
     shutdown_timeout_s: float
+    api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
 
 
 def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
@@ -81,7 +83,7 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         for slot in child_slots(config, model_dir, redis_url):
             supervisor.start(slot)
         supervisor.wait_ready(time.monotonic() + config.startup_timeout_s, stop)
-        model_id = served_model_id(gateway_target(config), _PROBE_TIMEOUT_S)
+        model_id = served_model_id(gateway_target(config), _PROBE_TIMEOUT_S, _probe_key(config))
         out.write(endpoints_text(config, model_dir, model_id, redis_shown))
         out.flush()
         supervisor.supervise(stop)
@@ -99,13 +101,14 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
             signal.signal(signum, handler)
 
 
-def served_model_id(target: str, timeout_s: float) -> str:
+def served_model_id(target: str, timeout_s: float, api_key: str | None = None) -> str:
     """The id the gateway serves its model under (what OpenAI requests name as "model")."""
     from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
 
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
     with grpc.insecure_channel(target) as channel:
         response = gateway_pb2_grpc.GatewayStub(channel).ListModels(
-            gateway_pb2.ListModelsRequest(), timeout=timeout_s)
+            gateway_pb2.ListModelsRequest(), timeout=timeout_s, metadata=metadata)
     if not response.models:
         raise UpError(f"the gateway at {target} lists no model")
     return response.models[0].id
@@ -133,7 +136,7 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str) -> list[Slot]
         name="gateway",
         argv=(*_PDSERVE, "gateway", *common, "--host", config.host,
               "--grpc-port", str(config.grpc_port), "--http-port", str(config.http_port),
-              "--transport", config.transport),
+              "--transport", config.transport, *(arg for key in config.api_keys for arg in ("--api-key", key))),
         grpc_target=gateway_target(config),
         http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health")
     slots.append(Slot("gateway", lambda: gateway, fatal_if_restart_fails=True))
@@ -162,6 +165,12 @@ def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis: str)
         f"  pdserve generate \"hello\" --gateway {grpc_target}\n"
         f"  curl -s {http_base}/v1/completions -H 'Content-Type: application/json' -d '{body}'\n"
         f"Ctrl-C stops everything.\n")
+
+
+def _probe_key(config: UpConfig) -> str | None:
+    """A key the gateway takes, for up's own call to it."""
+    keys = [*config.api_keys, *os.environ.get(API_KEY_ENV_VAR, "").split(",")]
+    return next((key.strip() for key in keys if key.strip()), None)
 
 
 def _check_port_free(host: str, port: int, flag: str) -> None:

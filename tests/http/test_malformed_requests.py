@@ -14,11 +14,14 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
+from gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
+from gateway.api_keys import ApiKeys
 from gateway.service import GatewayService
 from pdserve.v1 import common_pb2, gateway_pb2
 
-from .conftest import FakeFrontend
+from .conftest import MODEL, FakeFrontend
 
 GENERATE = "/pdserve.v1.Gateway/Generate"
 GOOD_COMPLETION = {"prompt": " Hello", "max_tokens": 2}
@@ -145,7 +148,8 @@ def grpc_gateway():
 
     async def start() -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server()
-        GatewayService(frontend).add_to_server(server)
+        GatewayService(frontend, ApiKeys(()), Admission(DEFAULT_MAX_PENDING_REQUESTS, CollectorRegistry(), MODEL)
+                       ).add_to_server(server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
