@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from engine.errors import InvalidConfigError, ResourceExhaustedError
+from engine.errors import InvalidConfigError, InvalidRequestError, ResourceExhaustedError
 
 DEFAULT_MAX_PENDING_REQUESTS = 4096
 RETRY_AFTER_S = 1
@@ -50,7 +50,11 @@ class Admission:
 
     def admit(self, num_requests: int, front: str) -> contextlib.AbstractContextManager[None]:
         """Slots for `num_requests`, held inside the `with` block the answer opens; raises
-        OverloadedError at once, holding none, when they do not fit."""
+        OverloadedError at once, holding none, when they do not fit now, and
+        InvalidRequestError when they never could."""
+        if num_requests > self.max_pending_requests:
+            raise InvalidRequestError(
+                f"{num_requests} requests at once exceed the gateway's maximum of {self.max_pending_requests}")
         if self.num_pending + num_requests > self.max_pending_requests:
             self._rejected[front].inc()
             raise OverloadedError(

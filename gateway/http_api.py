@@ -190,7 +190,9 @@ class _OpenAIApi:
             parsed, request_id, self._frontend.model_name, int(time.time()), self._frontend.tokenizer.decode)
         inputs = [dataclasses.replace(generate_input, owner=request[_CALLER])
                   for generate_input in choice_inputs(parsed.inputs, parsed.n, request_id)]
-        with self._admission.admit(len(inputs), "http"):
+        with _frontend_errors():
+            slots = self._admission.admit(len(inputs), "http")
+        with slots:
             with _frontend_errors():
                 chunks = merge([self._frontend.generate(generate_input) for generate_input in inputs])
             if parsed.stream:

@@ -81,3 +81,17 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
     assert restarted[restarted.index("--port") + 1] != argv["decode-0"][argv["decode-0"].index("--port") + 1]
     on_gpu = child_slots(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x")
     assert all("--cpus" not in slot.make_spec().argv for slot in on_gpu)
+
+
+def test_up_passes_each_api_key_to_the_gateway_only(tmp_path):
+    from pdserve.up import UpConfig, child_slots
+
+    args = cli.build_parser().parse_args(["up", "--api-key", "k1", "--api-key", "k2"])
+    config = UpConfig(
+        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=1.0, shutdown_timeout_s=1.0, api_keys=tuple(args.api_key))
+    argv = {slot.name: slot.make_spec().argv for slot in child_slots(config, tmp_path, "redis://x")}
+    gateway = list(argv.pop("gateway"))
+    assert [gateway[i + 1] for i, arg in enumerate(gateway) if arg == "--api-key"] == ["k1", "k2"]
+    assert all("--api-key" not in replica for replica in argv.values())

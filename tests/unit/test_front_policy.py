@@ -5,7 +5,7 @@ import argparse
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.errors import InvalidConfigError
+from engine.errors import InvalidConfigError, InvalidRequestError
 from gateway.admission import Admission, OverloadedError
 from gateway.api_keys import ANONYMOUS, ApiKeys, UnauthenticatedError, api_keys_from
 from gateway.front_config import add_front_arguments, front_config_from
@@ -48,6 +48,8 @@ def test_admission_refuses_past_its_bound_at_once_and_frees_each_slot_when_its_b
             with pytest.raises(OverloadedError):
                 admission.admit(1, "grpc")
     assert admission.num_pending == 0
+    with pytest.raises(InvalidRequestError):  # more choices than the bound: no retry would help
+        admission.admit(4, "http")
     with pytest.raises(RuntimeError):
         with admission.admit(3, "grpc"):
             raise RuntimeError("the stream failed")
