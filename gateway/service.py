@@ -25,7 +25,7 @@ from engine.errors import InvalidRequestError
 from gateway.admission import Admission, OverloadedError
 from gateway.api_keys import ApiKeys
 from gateway.disaggregated import DisaggregatedFrontend
-from gateway.frontend_types import GenerateInput
+from gateway.frontend_types import GenerateInput, StreamChunk
 from gateway.request_store import RequestNotFoundError, RequestRecord
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -68,29 +68,15 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     @grpc_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        generate_input = dataclasses.replace(_generate_input(request), owner=self._caller(context))
+        caller = self._caller(context)
+        generate_input = dataclasses.replace(_generate_input(request), owner=caller)
         with self._admitted(context):
-            async for message in self._chunks(generate_input):
-                yield message
-
-    async def _chunks(self, generate_input: GenerateInput):
-        chunks = self.frontend.generate(generate_input)
-        try:
-            async for chunk in chunks:
-                message = gateway_pb2.GenerateChunk(
-                    request_id=chunk.request_id, token_ids=chunk.token_ids, text=chunk.text,
-                    logprobs=[logprobs_to_proto(lp) for lp in chunk.logprobs],
-                    finish_reason=FINISH_REASONS[chunk.finish_reason])
-                if chunk.finish_reason is not None:
-                    message.usage.CopyFrom(gateway_pb2.Usage(
-                        prompt_tokens=chunk.prompt_tokens, completion_tokens=chunk.completion_tokens))
-                    if isinstance(chunk.stop_reason, int):
-                        message.stop_token_id = chunk.stop_reason
-                    elif isinstance(chunk.stop_reason, str):
-                        message.stop_string = chunk.stop_reason
-                yield message
-        finally:
-            await chunks.aclose()
+            chunks = self.frontend.generate(generate_input)
+            try:
+                async for chunk in chunks:
+                    yield _chunk_message(chunk)
+            finally:
+                await chunks.aclose()
 
     @grpc_errors
     async def Abort(self, request: gateway_pb2.AbortRequest, context) -> gateway_pb2.AbortResponse:
@@ -137,6 +123,21 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if record is None or record.owner != caller:
             raise RequestNotFoundError(f"no request {request_id!r} (unknown or expired)")
         return record
+
+
+def _chunk_message(chunk: StreamChunk) -> gateway_pb2.GenerateChunk:
+    message = gateway_pb2.GenerateChunk(
+        request_id=chunk.request_id, token_ids=chunk.token_ids, text=chunk.text,
+        logprobs=[logprobs_to_proto(lp) for lp in chunk.logprobs],
+        finish_reason=FINISH_REASONS[chunk.finish_reason])
+    if chunk.finish_reason is not None:
+        message.usage.CopyFrom(gateway_pb2.Usage(
+            prompt_tokens=chunk.prompt_tokens, completion_tokens=chunk.completion_tokens))
+        if isinstance(chunk.stop_reason, int):
+            message.stop_token_id = chunk.stop_reason
+        elif isinstance(chunk.stop_reason, str):
+            message.stop_string = chunk.stop_reason
+    return message
 
 
 def _decoder(message_type):
