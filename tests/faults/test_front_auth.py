@@ -2,7 +2,8 @@
 UNAUTHENTICATED, HTTP 401 with OpenAI's JSON error body) before it does any work, a call with a
 configured key gets the greedy output of the offline engine, /health and /metrics stay open,
 and a request belongs to the caller that created it: another caller's Abort and GetRequest are
-NOT_FOUND, word for word as for an id that never existed."""
+NOT_FOUND, word for word as for an id that never existed. `pdserve up --api-key` hands its key to
+the gateway."""
 import asyncio
 import json
 
@@ -12,6 +13,7 @@ import redis
 
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.faults.front_clients import bearer, completion_body, greedy_request, http, offline_greedy, scrape
+from tests.faults.up_deployment import start_up, stop_up
 
 KEY_A, KEY_B = "key-of-caller-a", "key-of-caller-b"
 PROMPTS = [[5, 17, 42, 99, 3], [250, 7, 7, 1]]
@@ -129,3 +131,16 @@ def test_another_callers_abort_and_lookup_are_not_found_while_the_owners_work(cl
     assert rest[-1].finish_reason == common_pb2.FINISH_REASON_ABORT  # B's abort did not end it; A's did
     assert 1 + sum(len(chunk.token_ids) for chunk in rest) < 1500
     cluster.assert_all_kv_free()
+
+
+@pytest.mark.timeout(420)
+def test_up_passes_its_api_key_to_the_gateway_and_comes_up_through_it(e2e_model, reference, tmp_path):
+    up = start_up(tmp_path, e2e_model, "--api-key", KEY_A)  # up's own ListModels call presents the key
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            asyncio.run(generate(up.gateway, greedy_request("up-refused", PROMPTS[0], MAX_TOKENS), None))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        tokens = asyncio.run(generate(up.gateway, greedy_request("up-served", PROMPTS[0], MAX_TOKENS), KEY_A))
+        assert tokens == reference[0].token_ids
+    finally:
+        stop_up(up)
