@@ -16,8 +16,9 @@ creates. A generation holds one admission slot per choice until it ends (gateway
 Invariants:
 - every error is OpenAI's JSON error body: 400 for bad input (the field named), 401 for a
   missing or unknown API key, 404 for an unknown model or route, 429 (with Retry-After) when the
-  gateway holds its maximum of requests, 503 when the frontend is unavailable, 500 only for bugs. Errors before
-  the first token keep their status; once a stream has started they arrive as an SSE error event.
+  gateway holds its maximum of requests, 503 when the frontend is unavailable, 500 only for
+  bugs. Errors before the first token keep their status; once a stream has started they arrive
+  as an SSE error event.
 - a generation never outlives its client: the handler polls the connection while it waits, and
   when the client is gone it cancels the work, which closes the frontend's generator and so
   aborts the request. This holds whether or not the server runs with aiohttp's
