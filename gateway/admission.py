@@ -42,8 +42,9 @@ class Admission:
             raise InvalidConfigError(f"max_pending_requests must be at least 1, got {max_pending_requests}")
         self.max_pending_requests = max_pending_requests
         self.num_pending = 0
-        self._pending = Gauge("pdserve:num_requests_pending", "Requests the gateway's fronts hold (admitted, not ended).",
-                              ("model_name",), registry=registry).labels(model_name)
+        self._pending = Gauge(
+            "pdserve:num_requests_pending", "Requests the gateway's fronts hold (admitted, not ended).",
+            ("model_name",), registry=registry).labels(model_name)
         rejected = Counter("pdserve:requests_rejected", "Requests refused because the gateway held its maximum.",
                            ("model_name", "front"), registry=registry)
         self._rejected = {front: rejected.labels(model_name, front) for front in FRONTS}

@@ -32,7 +32,8 @@ class TlsFiles:
         try:
             context.load_cert_chain(self.cert_path, self.key_path)
         except (OSError, ssl.SSLError) as exc:
-            raise InvalidConfigError(f"cannot load --tls-cert {self.cert_path} / --tls-key {self.key_path}: {exc}") from exc
+            raise InvalidConfigError(
+                f"cannot load --tls-cert {self.cert_path} / --tls-key {self.key_path}: {exc}") from exc
         return context
 
     def grpc_credentials(self) -> grpc.ServerCredentials:

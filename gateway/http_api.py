@@ -125,7 +125,8 @@ class _OpenAIApi:
             response = _error_response(ApiError(401, str(exc), code="invalid_api_key"))
             response.headers["WWW-Authenticate"] = "Bearer"
         except OverloadedError as exc:
-            response = _error_response(ApiError(429, str(exc), code="rate_limit_exceeded", error_type="rate_limit_error"))
+            response = _error_response(
+                ApiError(429, str(exc), code="rate_limit_exceeded", error_type="rate_limit_error"))
             response.headers["Retry-After"] = str(exc.retry_after_s)
         except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
             response = _error_response(ApiError(exc.status, exc.text or exc.reason))

@@ -59,7 +59,8 @@ def test_grpc_refuses_a_missing_or_wrong_key_and_serves_each_configured_one(clus
             gateway_pb2_grpc.GatewayStub(channel).ListModels(gateway_pb2.ListModelsRequest(), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     for key, prompt, want in zip((KEY_A, KEY_B), PROMPTS, reference):
-        assert asyncio.run(generate(endpoint, greedy_request(f"served-{key}", prompt, MAX_TOKENS), key)) == want.token_ids
+        served = asyncio.run(generate(endpoint, greedy_request(f"served-{key}", prompt, MAX_TOKENS), key))
+        assert served == want.token_ids
     assert stored_request_ids(cluster, "refused-*") == []  # refused before any record was written
     cluster.assert_all_kv_free()
 

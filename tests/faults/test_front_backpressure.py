@@ -2,8 +2,9 @@
 further request is refused at once, on both fronts (gRPC RESOURCE_EXHAUSTED with a
 `retry-after` trailer, HTTP 429 with Retry-After and a JSON body), before it writes a record to
 Redis or reaches a replica; the admitted requests finish with the tokens of an unloaded run
-(which starts with the offline engine's greedy output), the refusals are counted in /metrics, and afterwards nothing is held: the gauges read 0,
-every KV block is free, and a new request is admitted."""
+(which starts with the offline engine's greedy output), the refusals are counted in /metrics,
+and afterwards nothing is held: the gauges read 0, every KV block is free, and a new request is
+admitted."""
 import asyncio
 import time
 
