@@ -59,7 +59,7 @@ class LLMEngine:
 
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
         num_blocks = self._num_kv_blocks()
-        self.allocator = BlockAllocator(num_blocks, config.block_size)
+        self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
@@ -148,6 +148,8 @@ class LLMEngine:
             "waiting_seqs": len(self.scheduler.waiting),
             "used_slots": sum(request.num_computed_tokens for request in running) + held,
             "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": self.scheduler.num_prefix_queried_tokens,
+            "prefix_cache_hits": self.scheduler.num_prefix_hit_tokens,
         }
 
     def has_unfinished_requests(self) -> bool:
