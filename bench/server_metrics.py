@@ -9,6 +9,8 @@ collected generically, without knowing names in advance:
 - gauges: mean, max and last value over all scrapes.
 When pdserve's KV transfer series are there, the run's KV transfer figures are derived from them:
 bytes moved, transfers, GB/s while transferring, bytes per transfer, overall and per transport.
+When prefix cache counters are there (pdserve's or vLLM's `prefix_cache_queries` / `_hits`, in
+tokens), the run's hit rate is derived from their increases.
 A failed scrape is recorded, never raised: the server's figures are extra, the run goes on.
 """
 from __future__ import annotations
@@ -81,7 +83,19 @@ def summarise(before: Snapshot, during: list[Snapshot], after: Snapshot) -> dict
     gauges = {key: {"mean": sum(values) / len(values), "max": max(values), "last": values[-1]}
               for key, values in sorted(series.items())}
     return {"counters": counters, "histograms": histograms, "gauges": gauges,
-            "kv_transfer": _kv_transfer(counters, histograms)}
+            "kv_transfer": _kv_transfer(counters, histograms), "prefix_cache": _prefix_cache(counters)}
+
+
+def _prefix_cache(counters: dict[str, float]) -> dict | None:
+    """Queried and hit tokens over the run, summed over every series of either server's counters."""
+    def total(suffix: str) -> float | None:
+        values = [value for key, value in counters.items() if key.split("{")[0].endswith(suffix)]
+        return sum(values) if values else None
+
+    queries, hits = total("prefix_cache_queries_total"), total("prefix_cache_hits_total")
+    if queries is None or hits is None:
+        return None
+    return {"queried_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries if queries else None}
 
 
 def _kv_transfer(counters: dict[str, float], histograms: dict[str, dict]) -> dict | None:

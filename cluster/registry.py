@@ -58,11 +58,13 @@ class ReplicaInfo:
     waiting_seqs: int = 0
     used_slots: int = 0  # KV slots holding a token (allocated slots minus paging waste)
     num_preemptions: int = 0  # since the replica started
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since the replica started
+    prefix_cache_hits: int = 0  # of those, tokens found cached
     updated_unix_s: float = 0.0  # when the replica last reported its load
 
 
 LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs",
-                         "used_slots", "num_preemptions"})
+                         "used_slots", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits"})
 
 
 def default_host_id() -> str:

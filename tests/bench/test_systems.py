@@ -37,12 +37,17 @@ def test_static_colocated_and_disaggregated_load_the_asked_dtype(dtype):
     assert (disaggregated.model, disaggregated.dtype) == (Path("/models/tiny"), dtype)
 
 
-def test_vllm_gets_the_dtype_last_so_it_overrides_the_peer_scripts_own(tmp_path):
+def test_vllm_gets_the_dtype_and_prefix_caching_after_the_peer_scripts_own(tmp_path):
     script = tmp_path / "peer"
     script.write_text("#!/bin/sh\n")
     argv = system_spec("vllm", options("bfloat16", script)).argv
     assert argv[:4] == (str(script), "serve", "/models/tiny", argv[3])
-    assert argv[-2:] == ("--dtype", "bfloat16")
+    assert argv[4:] == ("--dtype", "bfloat16", "--enable-prefix-caching")
+
+
+def test_colocated_caches_prefixes_and_colocated_nocache_does_not():
+    assert parse_pdserve(system_spec("colocated", options("float32")).argv).enable_prefix_caching
+    assert not parse_pdserve(system_spec("colocated-nocache", options("float32")).argv).enable_prefix_caching
 
 
 def test_vllm_without_its_peer_script_is_unavailable(tmp_path):
