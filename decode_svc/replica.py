@@ -78,6 +78,9 @@ class DecodeReplica:
         """Figures for the replica registry, read on the engine thread between steps."""
         return await self.engine.call(lambda engine: engine.load())
 
+    async def cached_prefix_hashes(self, limit: int) -> list[bytes]:
+        return await self.engine.call(lambda engine: engine.cached_prefix_hashes(limit))
+
     async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> KVTarget:
         """Raises TransportUnavailableError, OutOfBlocksError, InvalidRequestError. The prefill
         replica checks the target's layout against its own before the first byte moves."""

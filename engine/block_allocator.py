@@ -56,6 +56,11 @@ class BlockAllocator:
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 
+    def cached_hashes(self, limit: int) -> list[BlockHash]:
+        """Up to `limit` hashes of blocks whose KV is kept, the most recently registered first."""
+        newest_first = reversed(self._cached)
+        return [block_hash for block_hash, _ in zip(newest_first, range(limit))]
+
     def block_table(self, request_id: str) -> list[int]:
         return self._tables[request_id]
 

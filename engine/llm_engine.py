@@ -85,6 +85,11 @@ class LLMEngine:
         self.scheduler.add(request)
         return prompt_ids
 
+    def num_cached_tokens(self, request_id: str) -> int:
+        """Tokens of a waiting request that the prefix cache holds now: what it would not compute
+        if it joined the batch at once."""
+        return len(self.scheduler.cached_prefix(self._requests[request_id])) * self.allocator.block_size
+
     def reserve(self, request_id: str, num_prompt_tokens: int) -> list[int]:
         """Allocates blocks for a prompt whose KV will be written from outside; returns them."""
         if request_id in self._requests or request_id in self._kv_owners:
@@ -151,6 +156,10 @@ class LLMEngine:
             "prefix_cache_queries": self.scheduler.num_prefix_queried_tokens,
             "prefix_cache_hits": self.scheduler.num_prefix_hit_tokens,
         }
+
+    def cached_prefix_hashes(self, limit: int) -> list[bytes]:
+        """Hashes of the prefix blocks this engine holds (engine.block_hash), newest first."""
+        return self.allocator.cached_hashes(limit)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished

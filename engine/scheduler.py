@@ -90,7 +90,7 @@ class Scheduler:
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting[0]
-            prefix = self._cached_prefix(request)
+            prefix = self.cached_prefix(request)
             start = max(request.num_computed_tokens, len(prefix) * self.allocator.block_size)
             num_new = min(request.num_tokens - start, budget)
             if not self.allocator.can_allocate(request.request_id, start + num_new, prefix):
@@ -138,7 +138,7 @@ class Scheduler:
                     return request
         return None
 
-    def _cached_prefix(self, request: Request) -> list[int]:
+    def cached_prefix(self, request: Request) -> list[int]:
         """Cached blocks a request with nothing computed can start from (none for the others)."""
         if request.num_computed_tokens or not self.allocator.enable_caching:
             return []
