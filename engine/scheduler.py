@@ -99,8 +99,7 @@ class Scheduler:
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)
             if request.num_computed_tokens == 0:
-                self.num_prefix_queried_tokens += request.num_tokens
-                self.num_prefix_hit_tokens += start
+                self.count_prefix_lookup(request.num_tokens, start)
             request.num_computed_tokens = start
             chunks.append(self._take(request, num_new, prefix))
             budget -= num_new
@@ -137,6 +136,10 @@ class Scheduler:
                     self.allocator.free(request_id)
                     return request
         return None
+
+    def count_prefix_lookup(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        self.num_prefix_queried_tokens += num_queried_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
 
     def cached_prefix(self, request: Request) -> list[int]:
         """Cached blocks a request with nothing computed can start from (none for the others)."""

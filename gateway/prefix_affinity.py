@@ -26,13 +26,13 @@ class PrefixAffinity:
         """`digests` None: load-only routing, every replica holds nothing."""
         self._digests = digests
 
-    async def cached_tokens(self, replicas: Sequence[ReplicaInfo], token_ids: list[int]) -> dict[str, int]:
-        """{replica_id: prompt tokens its cache holds} for the replicas that hold any."""
+    async def cached_tokens(self, replicas: Sequence[ReplicaInfo], token_ids: list[int]) -> dict[str, dict[str, int]]:
+        """{kind: {replica_id: prompt tokens its cache holds}}, for the replicas that hold any."""
+        cached: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
         if self._digests is None or not replicas or len(token_ids) < 2:
-            return {}
+            return cached
         digests = await self._digests.get([(replica.kind, replica.replica_id) for replica in replicas])
         hashes_by_block_size: dict[int, list[bytes]] = {}
-        cached = {}
         for replica in replicas:
             block_size = replica.block_size
             if not block_size:
@@ -41,5 +41,5 @@ class PrefixAffinity:
                 hashes_by_block_size[block_size] = block_hashes(token_ids[:-1], block_size)
             num_blocks = num_cached_blocks(hashes_by_block_size[block_size], digests[(replica.kind, replica.replica_id)])
             if num_blocks:
-                cached[replica.replica_id] = num_blocks * block_size
+                cached[replica.kind][replica.replica_id] = num_blocks * block_size
         return cached

@@ -118,7 +118,8 @@ class PrefillReplica:
             if feed is not None and feed.push is not None:
                 yield await feed.push  # started during the forward pass
             else:
-                yield await sender.send(request_id, self.kv_cache, output.held_block_ids, target)
+                yield await sender.send(request_id, self.kv_cache, output.held_block_ids[target.num_cached_blocks:],
+                                        target)
         finally:
             self._num_running -= 1
             self.queued_tokens -= num_queued
@@ -137,7 +138,7 @@ class PrefillReplica:
             return
         feed, target = self._feeds[request_id]
         sender = self._sender(target.transport)
-        feed.announce(block_ids, layer, lambda ids, layers: sender.send(
+        feed.announce(block_ids[target.num_cached_blocks:], layer, lambda ids, layers: sender.send(
             request_id, self.kv_cache, ids, target, layers_ready=layers))
 
     def _sender(self, transport: int) -> KVSender:
