@@ -77,6 +77,7 @@ class CompareConfig:
     dtype: str = "float32"  # every system loads the weights in it
     goodput_slos_ms: dict[str, float] = field(default_factory=dict)  # "ttft" | "tpot" | "e2el"; {}: no goodput
     prefix_len: int = 0  # tokens every prompt starts with
+    num_decode_replicas: int = 1  # of the disaggregated systems
 
     def workload_dict(self) -> dict:
         return {"dataset": self.dataset, "num_prompts": self.num_prompts, "input_len": self.input_len,
@@ -84,6 +85,7 @@ class CompareConfig:
                 "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
                 "max_concurrency": self.max_concurrency, "seed": self.seed, "ignore_eos": True,
                 "temperature": 0.0, "num_warmup_prompts": self.num_warmup_prompts, "dtype": self.dtype,
+                "num_decode_replicas": self.num_decode_replicas,
                 "goodput_slos_ms": dict(self.goodput_slos_ms)}
 
 
@@ -108,7 +110,8 @@ def run_compare(config: CompareConfig, argv: list[str]) -> dict:
     requests = dataset(config.num_prompts, config.seed)
     warmup = dataset(config.num_warmup_prompts, config.seed + 1) if config.num_warmup_prompts else []
     options = SystemOptions(config.model_dir, config.static_max_batch_size, config.vllm_script,
-                            config.startup_timeout_s, config.vllm_startup_timeout_s, config.dtype)
+                            config.startup_timeout_s, config.vllm_startup_timeout_s, config.dtype,
+                            config.num_decode_replicas)
     combined = {
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -279,6 +282,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
                         help=f"SLOs for goodput, keys {', '.join(SLO_KEYS)} (e.g. ttft:1000 tpot:50): each system's "
                              "rate of requests that meet every one; stated in the report (default: no goodput)")
+    parser.add_argument("--decode-replicas", type=int, default=1, metavar="M",
+                        help="decode replicas of the disaggregated systems (default 1)")
     parser.add_argument("--static-max-batch-size", type=int, default=32)
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
     parser.add_argument("--vllm-startup-timeout-s", type=float, default=600.0)
@@ -304,7 +309,7 @@ def config_from(args: argparse.Namespace) -> CompareConfig:
         static_max_batch_size=args.static_max_batch_size, vllm_script=args.peer_vllm,
         startup_timeout_s=args.startup_timeout_s, vllm_startup_timeout_s=args.vllm_startup_timeout_s,
         request_timeout_s=args.request_timeout_s, dtype=args.dtype, goodput_slos_ms=parse_slos(args.goodput),
-        prefix_len=args.prefix_len)
+        prefix_len=args.prefix_len, num_decode_replicas=args.decode_replicas)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -53,9 +53,13 @@ GOODPUT_RATIO = ("request_goodput", "static", "goodput ÷ static")
 SLO_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL"}
 
 
-def prefix_hit_rate(result: dict) -> float | None:
-    """Prompt tokens found in the server's prefix cache over the run ÷ those looked up."""
-    return ((result.get("server") or {}).get("prefix_cache") or {}).get("hit_rate")
+def prefix_hit_rate(result: dict, role: str | None = None) -> float | None:
+    """Prompt tokens found in the server's prefix caches over the run ÷ those looked up: in all,
+    or in the engines of one `role` ("prefill", "decode")."""
+    figures = (result.get("server") or {}).get("prefix_cache") or {}
+    if role is not None:
+        figures = figures.get("by_role", {}).get(role) or {}
+    return figures.get("hit_rate")
 
 
 def shown_ratios(results: dict[str, dict]) -> tuple:
@@ -121,8 +125,10 @@ def markdown(combined: dict) -> str:
     results = results_by_system(combined)
     workload, pinning, model, machine = (combined[key] for key in ("workload", "pinning", "model", "machine"))
     concurrency = workload.get("max_concurrency")
-    show_hit_rate = any(prefix_hit_rate(result) is not None for result in results.values())
-    headings = [heading for _, heading, _ in TABLE_COLUMNS] + (["prefix hit rate"] if show_hit_rate else [])
+    hit_rate_roles = [role for role in (None, "decode") if any(prefix_hit_rate(r, role) is not None
+                                                               for r in results.values())]
+    headings = [heading for _, heading, _ in TABLE_COLUMNS] + [
+        "prefix hit rate" if role is None else f"{role} hit rate" for role in hit_rate_roles]
     lines = [
         f"### bench-compare, {combined['date']}",
         "",
@@ -143,8 +149,7 @@ def markdown(combined: dict) -> str:
     ]
     for name, result in results.items():
         cells = [format_cell(result.get(field), spec) for field, _, spec in TABLE_COLUMNS]
-        if show_hit_rate:
-            cells.append(format_cell(prefix_hit_rate(result), "{:.1%}"))
+        cells += [format_cell(prefix_hit_rate(result, role), "{:.1%}") for role in hit_rate_roles]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     shown = shown_ratios(results)
     lines += ["", "| system | " + " | ".join(heading for _, _, heading in shown) + " |",

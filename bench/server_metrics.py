@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -87,15 +88,23 @@ def summarise(before: Snapshot, during: list[Snapshot], after: Snapshot) -> dict
 
 
 def _prefix_cache(counters: dict[str, float]) -> dict | None:
-    """Queried and hit tokens over the run, summed over every series of either server's counters."""
-    def total(suffix: str) -> float | None:
-        values = [value for key, value in counters.items() if key.split("{")[0].endswith(suffix)]
-        return sum(values) if values else None
-
-    queries, hits = total("prefix_cache_queries_total"), total("prefix_cache_hits_total")
-    if queries is None or hits is None:
+    """Queried and hit tokens over the run: in all, and per `role` label where pdserve gives one
+    (its prefill and decode replicas)."""
+    totals: dict[str, list[float]] = {}  # role ("" for all) -> [queried, hit]
+    for key, value in counters.items():
+        name = key.split("{")[0]
+        for index, suffix in enumerate(("prefix_cache_queries_total", "prefix_cache_hits_total")):
+            if name.endswith(suffix):
+                role = re.search(r'role="([^"]*)"', key)
+                for group in ("", *([role.group(1)] if role else [])):
+                    totals.setdefault(group, [0.0, 0.0])[index] += value
+    if "" not in totals:
         return None
-    return {"queried_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries if queries else None}
+
+    def figures(queries: float, hits: float) -> dict:
+        return {"queried_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries if queries else None}
+
+    return {**figures(*totals.pop("")), "by_role": {role: figures(*pair) for role, pair in sorted(totals.items())}}
 
 
 def _kv_transfer(counters: dict[str, float], histograms: dict[str, dict]) -> dict | None:

@@ -10,6 +10,7 @@ from cluster.grpc_server import GrpcServer
 from cluster.prefix_digest import PrefixDigests
 from cluster.redis_client import connect_redis
 from cluster.registry import LiveReplicas
+from cluster.routing_policies import ROUTING_POLICIES
 from cluster.service_args import add_served_model_name_argument, configure_logging, served_model_name
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
@@ -17,7 +18,7 @@ from gateway.disaggregated import DisaggregatedConfig, DisaggregatedFrontend
 from gateway.http_api import create_app
 from gateway.http_server import serving_http
 from gateway.metrics import GatewayMetrics
-from gateway.prefix_affinity import ROUTING_POLICIES, PrefixAffinity
+from gateway.prefix_affinity import PrefixAffinity
 from gateway.request_store import RequestStore
 from gateway.service import GatewayService
 from gateway.tokenization import PromptBuilder

@@ -18,9 +18,6 @@ from engine.block_hash import block_hashes
 if TYPE_CHECKING:
     from cluster.registry import ReplicaInfo
 
-ROUTING_POLICIES = ("cache-aware", "load")
-
-
 class PrefixAffinity:
     def __init__(self, digests: PrefixDigests | None):
         """`digests` None: load-only routing, every replica holds nothing."""

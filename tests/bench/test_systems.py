@@ -1,6 +1,7 @@
 """Each system's command line: every one loads the weights in the comparison's dtype, parsed by the
 real command's own parser."""
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,10 @@ def test_bench_compare_records_the_dtype_and_the_slos(tmp_path):
                                             "--goodput", "ttft:1000", "tpot:50"]))
     workload = config.workload_dict()
     assert (workload["dtype"], workload["goodput_slos_ms"]) == ("bfloat16", {"ttft": 1000.0, "tpot": 50.0})
+
+
+def test_disaggregated_load_routes_by_load_alone_on_the_asked_decode_replicas():
+    many = dataclasses.replace(options("float32"), num_decode_replicas=2)
+    cache_aware, load = (parse_pdserve(system_spec(name, many).argv) for name in ("disaggregated", "disaggregated-load"))
+    assert (cache_aware.routing, load.routing) == ("cache-aware", "load")
+    assert cache_aware.decode == load.decode == 2

@@ -106,7 +106,7 @@ def test_prefix_cache_counters_add_what_each_replica_counted_since_its_last_repo
                                                   prefix_cache_hits=hits, **load)
                                   for name, (queries, hits) in counts.items()])
         figures = samples(metrics.render().decode())
-        return tuple(figures[(f"pdserve:prefix_cache_{kind}_total", (("model_name", "m"),))]
+        return tuple(figures[(f"pdserve:prefix_cache_{kind}_total", (("model_name", "m"), ("role", "prefill")))]
                      for kind in ("queries", "hits"))
 
     assert report(p0=(100, 40), p1=(50, 0)) == (150, 40)

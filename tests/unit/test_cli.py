@@ -1,5 +1,6 @@
 """The `pdserve` command line: cheap to parse, and each service subcommand takes its flags from
 that service's own `add_arguments`."""
+import argparse
 import dataclasses
 import subprocess
 import sys
@@ -81,3 +82,24 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
     assert restarted[restarted.index("--port") + 1] != argv["decode-0"][argv["decode-0"].index("--port") + 1]
     on_gpu = child_slots(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x")
     assert all("--cpus" not in slot.make_spec().argv for slot in on_gpu)
+
+
+def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_the_gateway(tmp_path):
+    from pdserve.up import UpConfig, child_slots
+
+    def children(*flags: str) -> dict[str, argparse.Namespace]:
+        args = cli.build_parser().parse_args(["up", *flags])
+        config = UpConfig(
+            model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+            device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+            startup_timeout_s=1.0, shutdown_timeout_s=1.0, enable_prefix_caching=args.enable_prefix_caching,
+            routing=args.routing, migration_limit=args.migration_limit)
+        return {slot.name: cli.build_parser().parse_args(slot.make_spec().argv[3:])  # after `python -m pdserve`
+                for slot in child_slots(config, tmp_path, "redis://x")}
+
+    default = children()
+    assert default["prefill-0"].enable_prefix_caching and default["decode-0"].enable_prefix_caching
+    assert (default["gateway"].routing, default["gateway"].migration_limit) == ("cache-aware", 3)
+    changed = children("--no-enable-prefix-caching", "--routing", "load", "--migration-limit", "0")
+    assert not changed["prefill-0"].enable_prefix_caching and not changed["decode-0"].enable_prefix_caching
+    assert (changed["gateway"].routing, changed["gateway"].migration_limit) == ("load", 0)
