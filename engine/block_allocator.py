@@ -75,11 +75,14 @@ class BlockAllocator:
         return blocks
 
     def num_new_blocks(self, request_id: str, num_tokens: int, prefix: Sequence[int] = ()) -> int:
-        """Free blocks the request takes to hold `num_tokens` tokens, a new table starting with
-        the blocks `prefix` (from `lookup`), which are counted when they are free."""
-        num_owned = len(self._tables.get(request_id, ())) or len(prefix)
+        """Free blocks the request takes to hold `num_tokens` tokens. A new table starts with the
+        blocks `prefix` (from `lookup`; ignored for a table that exists), free ones among them
+        counted as taken."""
+        table = self._tables.get(request_id)
+        if table is not None:
+            return max(0, num_blocks_for(num_tokens, self.block_size) - len(table))
         num_reclaimed = sum(1 for block in prefix if self._ref_counts[block] == 0)
-        return max(0, num_blocks_for(num_tokens, self.block_size) - num_owned) + num_reclaimed
+        return max(0, num_blocks_for(num_tokens, self.block_size) - len(prefix)) + num_reclaimed
 
     def can_allocate(self, request_id: str, num_tokens: int, prefix: Sequence[int] = ()) -> bool:
         return self.num_new_blocks(request_id, num_tokens, prefix) <= len(self._free)
