@@ -33,6 +33,8 @@ clean:
 # server core; then colocated against disaggregated on two), on prompt-heavy prompts (float32,
 # then bfloat16), on heavy-tailed outputs with goodput under an SLO; then the offline engines'
 # table and the KV transports' bandwidth; last, every goal against them (bench/results/goals.md).
+# Before the offline table: prefix caching on a shared system prompt and on multi-turn chats (on,
+# off, and vLLM with its own on), then cache-aware against load-only routing over 2 decode replicas.
 # PEER_VLLM=SCRIPT adds vLLM (see BENCHMARKS.md).
 PEER_VLLM ?=
 PEER_ARG = $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
@@ -56,6 +58,13 @@ bench: install
 		--dtype bfloat16 --result-dir bench/results/prompt_heavy_bf16
 	$(BENCH_COMPARE) --dataset heavy-tailed --num-prompts 128 --input-len 128 --range-ratio 0.5 --output-len 128 \
 		--max-concurrency 32 --goodput ttft:1000 tpot:50 --result-dir bench/results/heavy_tailed
+	$(BENCH_COMPARE) --systems colocated,colocated-nocache,vllm --dataset random --prefix-len 1024 \
+		--input-len 64 --output-len 32 --num-prompts 96 --max-concurrency 16 --result-dir bench/results/shared_prefix
+	$(BENCH_COMPARE) --systems colocated,colocated-nocache,vllm --dataset multi-turn --prefix-len 256 \
+		--input-len 64 --output-len 64 --num-prompts 96 --max-concurrency 16 --result-dir bench/results/multi_turn
+	$(BIN)/pdserve bench-compare --systems disaggregated,disaggregated-load --decode-replicas 2 \
+		--server-cpus 0,1 --client-cpus 0,1 --dataset multi-turn --prefix-len 256 --input-len 64 --output-len 64 \
+		--num-prompts 96 --request-rate 4 --result-dir bench/results/prefix_routing
 	$(BIN)/python -m bench.offline_compare $(PEER_ARG) --num-prompts 64 --output-len 64 \
 		--result-dir bench/results/offline
 	$(BIN)/python -m bench.kv_transfer --repeats 10 --json bench/results/kv_transfer.json

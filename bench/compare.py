@@ -58,7 +58,7 @@ SCHEMA_VERSION = 1
 class CompareConfig:
     model_dir: Path
     systems: tuple[str, ...]
-    dataset: str  # "random" | "mixed" | "prompt-heavy" | "heavy-tailed"
+    dataset: str  # one of bench.datasets.RANDOM_KINDS
     num_prompts: int
     input_len: int
     output_len: int
@@ -76,13 +76,16 @@ class CompareConfig:
     request_timeout_s: float
     dtype: str = "float32"  # every system loads the weights in it
     goodput_slos_ms: dict[str, float] = field(default_factory=dict)  # "ttft" | "tpot" | "e2el"; {}: no goodput
+    prefix_len: int = 0  # tokens every prompt starts with
+    num_decode_replicas: int = 1  # of the disaggregated systems
 
     def workload_dict(self) -> dict:
         return {"dataset": self.dataset, "num_prompts": self.num_prompts, "input_len": self.input_len,
-                "output_len": self.output_len, "range_ratio": self.range_ratio,
+                "output_len": self.output_len, "range_ratio": self.range_ratio, "prefix_len": self.prefix_len,
                 "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
                 "max_concurrency": self.max_concurrency, "seed": self.seed, "ignore_eos": True,
                 "temperature": 0.0, "num_warmup_prompts": self.num_warmup_prompts, "dtype": self.dtype,
+                "num_decode_replicas": self.num_decode_replicas,
                 "goodput_slos_ms": dict(self.goodput_slos_ms)}
 
 
@@ -101,12 +104,14 @@ def run_compare(config: CompareConfig, argv: list[str]) -> dict:
 
     def dataset(num_prompts: int, seed: int):
         return make_dataset(config.dataset, num_prompts=num_prompts, seed=seed, input_len=config.input_len,
-                            output_len=config.output_len, range_ratio=config.range_ratio, tokenizer=tokenizer)
+                            output_len=config.output_len, range_ratio=config.range_ratio,
+                            prefix_len=config.prefix_len, tokenizer=tokenizer)
 
     requests = dataset(config.num_prompts, config.seed)
     warmup = dataset(config.num_warmup_prompts, config.seed + 1) if config.num_warmup_prompts else []
     options = SystemOptions(config.model_dir, config.static_max_batch_size, config.vllm_script,
-                            config.startup_timeout_s, config.vllm_startup_timeout_s, config.dtype)
+                            config.startup_timeout_s, config.vllm_startup_timeout_s, config.dtype,
+                            config.num_decode_replicas)
     combined = {
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -254,11 +259,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without it the vllm system is skipped")
     parser.add_argument("--dataset", choices=RANDOM_KINDS, default="random",
                         help="prompt-heavy: prompts of 40-550 tokens; heavy-tailed: log-normal output lengths "
-                             "with median --output-len/4 (see bench.datasets)")
+                             "with median --output-len/4; multi-turn: chats resending their history "
+                             "(see bench.datasets)")
     parser.add_argument("--num-prompts", type=int, default=200)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--range-ratio", type=float, default=0.0)
+    parser.add_argument("--prefix-len", type=int, default=0,
+                        help="random tokens every prompt starts with (a shared system prompt)")
     parser.add_argument("--request-rate", type=float, default=math.inf,
                         help="requests/s, Poisson arrivals (default inf: all at once, saturation)")
     parser.add_argument("--max-concurrency", type=int, default=None)
@@ -274,6 +282,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
                         help=f"SLOs for goodput, keys {', '.join(SLO_KEYS)} (e.g. ttft:1000 tpot:50): each system's "
                              "rate of requests that meet every one; stated in the report (default: no goodput)")
+    parser.add_argument("--decode-replicas", type=int, default=1, metavar="M",
+                        help="decode replicas of the disaggregated systems (default 1)")
     parser.add_argument("--static-max-batch-size", type=int, default=32)
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
     parser.add_argument("--vllm-startup-timeout-s", type=float, default=600.0)
@@ -298,7 +308,8 @@ def config_from(args: argparse.Namespace) -> CompareConfig:
         seed=args.seed, num_warmup_prompts=args.num_warmup_prompts, pinning=pinning, result_dir=args.result_dir,
         static_max_batch_size=args.static_max_batch_size, vllm_script=args.peer_vllm,
         startup_timeout_s=args.startup_timeout_s, vllm_startup_timeout_s=args.vllm_startup_timeout_s,
-        request_timeout_s=args.request_timeout_s, dtype=args.dtype, goodput_slos_ms=parse_slos(args.goodput))
+        request_timeout_s=args.request_timeout_s, dtype=args.dtype, goodput_slos_ms=parse_slos(args.goodput),
+        prefix_len=args.prefix_len, num_decode_replicas=args.decode_replicas)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,9 +46,25 @@ RATIOS = (
     ("p99_ttft_ms", "vllm", "p99 TTFT ÷ vLLM"),
     ("p99_itl_ms", "vllm", "p99 ITL ÷ vLLM"),
     ("p99_itl_ms", "colocated", "p99 ITL ÷ colocated"),
+    ("median_ttft_ms", "colocated-nocache", "p50 TTFT ÷ no prefix cache"),
+    ("p99_ttft_ms", "colocated-nocache", "p99 TTFT ÷ no prefix cache"),
 )
 GOODPUT_RATIO = ("request_goodput", "static", "goodput ÷ static")
 SLO_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL"}
+
+
+def prefix_hit_rate(result: dict, role: str | None = None) -> float | None:
+    """Prompt tokens found in the server's prefix caches over the run ÷ those looked up: in all,
+    or in the engines of one `role` ("prefill", "decode")."""
+    figures = (result.get("server") or {}).get("prefix_cache") or {}
+    if role is not None:
+        figures = figures.get("by_role", {}).get(role) or {}
+    return figures.get("hit_rate")
+
+
+def shown_ratios(results: dict[str, dict]) -> tuple:
+    """The ratio columns whose reference system ran."""
+    return tuple(entry for entry in RATIOS if entry[1] in results)
 
 
 def results_by_system(combined: dict) -> dict[str, dict]:
@@ -109,13 +125,17 @@ def markdown(combined: dict) -> str:
     results = results_by_system(combined)
     workload, pinning, model, machine = (combined[key] for key in ("workload", "pinning", "model", "machine"))
     concurrency = workload.get("max_concurrency")
+    hit_rate_roles = [role for role in (None, "decode") if any(prefix_hit_rate(r, role) is not None
+                                                               for r in results.values())]
+    headings = [heading for _, heading, _ in TABLE_COLUMNS] + [
+        "prefix hit rate" if role is None else f"{role} hit rate" for role in hit_rate_roles]
     lines = [
         f"### bench-compare, {combined['date']}",
         "",
         f"- model: {model.get('architectures')}, hidden {model.get('hidden_size')}, "
         f"{model.get('num_hidden_layers')} layers, vocab {model.get('vocab_size')}",
         f"- workload: {workload['dataset']}, {workload['num_prompts']} prompts, "
-        f"input {_lengths_text(workload, 'input')}, output {_lengths_text(workload, 'output')} tokens "
+        f"input {_lengths_text(workload, 'input')}{_prefix_text(workload)}, output {_lengths_text(workload, 'output')} tokens "
         f"(ignore_eos, greedy), {workload.get('dtype', 'float32')}, request rate {workload['request_rate']}"
         f"{f', at most {concurrency} in flight' if concurrency else ''}, seed {workload['seed']}",
         f"- machine: {machine.get('Model name', '?')}, {machine.get('CPU(s)', '?')} CPUs, "
@@ -124,16 +144,18 @@ def markdown(combined: dict) -> str:
         f"client on CPUs {pinning['client_cpus']}",
         f"- command: `{' '.join(shown_command(combined['command']))}`",
         "",
-        "| system | " + " | ".join(heading for _, heading, _ in TABLE_COLUMNS) + " |",
-        "|---|" + "---:|" * len(TABLE_COLUMNS),
+        "| system | " + " | ".join(headings) + " |",
+        "|---|" + "---:|" * len(headings),
     ]
     for name, result in results.items():
         cells = [format_cell(result.get(field), spec) for field, _, spec in TABLE_COLUMNS]
+        cells += [format_cell(prefix_hit_rate(result, role), "{:.1%}") for role in hit_rate_roles]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "| system | " + " | ".join(heading for _, _, heading in RATIOS) + " |",
-              "|---|" + "---:|" * len(RATIOS)]
+    shown = shown_ratios(results)
+    lines += ["", "| system | " + " | ".join(heading for _, _, heading in shown) + " |",
+              "|---|" + "---:|" * len(shown)]
     for name in results:
-        cells = [format_cell(ratio(combined, field, name, reference), "{:.2f}x") for field, reference, _ in RATIOS]
+        cells = [format_cell(ratio(combined, field, name, reference), "{:.2f}x") for field, reference, _ in shown]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     goodput = goodput_lines(combined)
     if goodput:
@@ -149,6 +171,11 @@ def markdown(combined: dict) -> str:
             first_line = (entry.get("note") or "").strip().splitlines()[:1]
             lines.append(f"- {name}: {entry['status']}" + (f" ({first_line[0]})" if first_line else ""))
     return "\n".join(lines) + "\n"
+
+
+def _prefix_text(workload: dict) -> str:
+    prefix_len = workload.get("prefix_len")
+    return f" (the first {prefix_len} shared)" if prefix_len else ""
 
 
 def _lengths_text(workload: dict, which: str) -> str:

@@ -14,6 +14,12 @@ Kinds, as in `vllm bench serve`:
   median `output_len / 4` and sigma `HEAVY_TAIL_SIGMA` (0.9: p90 ~3.2x, p99 ~8x the median),
   rounded and clipped to [1, `HEAVY_TAIL_MAX_OVER_MEDIAN` x median] (= 2 x `output_len`), so
   the mean is ~1.5x the median. `range_ratio` spreads only the prompt lengths here.
+- "multi-turn": chats that resend their history. Conversations of `MULTI_TURN_TURNS` turns
+  behind the shared `prefix_len` ids; each user turn is `input_len` ± `range_ratio` ids and each
+  answer `output_len` ± `range_ratio`. The request for turn t of a conversation is its system
+  prompt, turns 1..t-1 with their answers (random ids standing in for what the model said), and
+  user turn t; it asks for that turn's answer length. Requests go turn by turn: every
+  conversation's first turn, then every second turn, and so on.
 - "jsonl": one JSON object per line, {"prompt": str} or {"prompt_token_ids": [int]}, and
   "output_len" (the `output_len` argument when absent); the first `num_prompts` lines, in order.
 """
@@ -29,13 +35,14 @@ import numpy as np
 
 from bench.errors import BenchConfigError
 
-DATASET_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "jsonl")
-RANDOM_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed")
+DATASET_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn", "jsonl")
+RANDOM_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn")
 LONG_PROMPT_FRACTION = 0.1
 LONG_PROMPT_SCALE = 8
 PROMPT_HEAVY_INPUT_LENS = (40, 550)  # tokens, both ends included
 HEAVY_TAIL_SIGMA = 0.9
 HEAVY_TAIL_MAX_OVER_MEDIAN = 8
+MULTI_TURN_TURNS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +85,27 @@ def make_dataset(kind: str, *, num_prompts: int, seed: int, input_len: int = 102
     input_lens = _input_lens(kind, rng, input_len, range_ratio, num_prompts)
     output_lens = _output_lens(kind, rng, output_len, range_ratio, num_prompts)
     prefix_ids = rng.choice(token_pool, size=prefix_len).tolist()
-    requests = []
-    for own_len, out_len in zip(input_lens.tolist(), output_lens.tolist()):
-        token_ids = prefix_ids + rng.choice(token_pool, size=own_len).tolist()
-        text = tokenizer.decode(token_ids) if tokenizer is not None else None
-        requests.append(BenchRequest(prompt=text, prompt_token_ids=token_ids, output_len=out_len))
-    return requests
+    if kind == "multi-turn":
+        prompts = _multi_turn_prompts(rng, token_pool, prefix_ids, input_lens, output_lens)
+    else:
+        prompts = [prefix_ids + rng.choice(token_pool, size=own_len).tolist() for own_len in input_lens.tolist()]
+    return [BenchRequest(prompt=tokenizer.decode(token_ids) if tokenizer is not None else None,
+                         prompt_token_ids=token_ids, output_len=out_len)
+            for token_ids, out_len in zip(prompts, output_lens.tolist())]
+
+
+def _multi_turn_prompts(rng: np.random.Generator, token_pool: np.ndarray, prefix_ids: list[int],
+                        turn_lens: np.ndarray, answer_lens: np.ndarray) -> list[list[int]]:
+    """Request i is turn i // num_chats + 1 of chat i % num_chats: its history, then its turn."""
+    num_chats = -(-len(turn_lens) // MULTI_TURN_TURNS)
+    histories = [list(prefix_ids) for _ in range(num_chats)]
+    prompts = []
+    for i, (turn_len, answer_len) in enumerate(zip(turn_lens.tolist(), answer_lens.tolist())):
+        history = histories[i % num_chats]
+        history += rng.choice(token_pool, size=turn_len).tolist()
+        prompts.append(list(history))
+        history += rng.choice(token_pool, size=answer_len).tolist()
+    return prompts
 
 
 def _token_pool(tokenizer: Any, vocab_size: int | None) -> np.ndarray:  # [num_allowed_ids]

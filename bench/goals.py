@@ -99,6 +99,32 @@ def _offline(dtype: str) -> Callable[[Results], Row]:
     return check
 
 
+def _prefix_ttft(goal: str, run: str, max_ratio: float) -> Callable[[Results], Row]:
+    def check(results: Results) -> Row:
+        median = _ratio(results, run, "colocated", "colocated-nocache", "median_ttft_ms")
+        p99 = _ratio(results, run, "colocated", "colocated-nocache", "p99_ttft_ms")
+        if median is None or p99 is None:
+            return Row(goal, run, "not run", None)
+        return Row(goal, run, f"p50 TTFT {median:.2f}x, p99 {p99:.2f}x", median <= max_ratio and p99 <= max_ratio)
+    return check
+
+
+def _routing_hit_rate(goal: str, run: str) -> Callable[[Results], Row]:
+    def check(results: Results) -> Row:
+        rates = [_decode_hit_rate(_system(results, run, name)) for name in ("disaggregated", "disaggregated-load")]
+        if None in rates:
+            return Row(goal, run, "not run", None)
+        return Row(goal, run, f"decode hit rate {rates[0]:.1%} vs {rates[1]:.1%}", rates[0] > rates[1])
+    return check
+
+
+def _decode_hit_rate(result: dict | None) -> float | None:
+    if result is None:
+        return None
+    by_role = ((result.get("server") or {}).get("prefix_cache") or {}).get("by_role", {})
+    return (by_role.get("decode") or {}).get("hit_rate")
+
+
 COLOCATED_VS_VLLM = "colocated ≥ 1.2x vLLM output tok/s, p99 TTFT ≤ vLLM's"
 DISAGGREGATED_VS_COLOCATED = "disaggregated ≥ 0.9x colocated output tok/s, p99 TTFT ≤ 1.5x colocated's"
 CHECKS: list[Callable[[Results], Row]] = [
@@ -114,6 +140,12 @@ CHECKS: list[Callable[[Results], Row]] = [
     _transfer("grpc ≥ 1 GB/s on loopback", "kvtransfer TRANSPORT_GRPC",
               lambda row, copy: (f"{row['gb_per_s']:.2f} GB/s", row["gb_per_s"] >= 1.0)),
     _goodput("continuous (colocated) ÷ static goodput ≥ 2x, heavy-tailed outputs", "heavy_tailed", 2.0),
+    _prefix_ttft("prefix caching: TTFT ≤ 0.3x without, shared system prompt", "shared_prefix", 0.3),
+    _prefix_ttft("prefix caching: TTFT ≤ 0.3x without, multi-turn chats", "multi_turn", 0.3),
+    *(_throughput_and_ttft("prefix caching: colocated ≥ 1.2x vLLM output tok/s, both caching, p99 TTFT ≤ vLLM's",
+                           run, "colocated", "vllm", 1.2, 1.0) for run in ("shared_prefix", "multi_turn")),
+    _routing_hit_rate("cache-aware routing: decode hit rate above load-only routing's, 2 decode replicas",
+                      "prefix_routing"),
     _offline("float32"),
     _offline("bfloat16"),
 ]

@@ -9,12 +9,15 @@ collected generically, without knowing names in advance:
 - gauges: mean, max and last value over all scrapes.
 When pdserve's KV transfer series are there, the run's KV transfer figures are derived from them:
 bytes moved, transfers, GB/s while transferring, bytes per transfer, overall and per transport.
+When prefix cache counters are there (pdserve's or vLLM's `prefix_cache_queries` / `_hits`, in
+tokens), the run's hit rate is derived from their increases.
 A failed scrape is recorded, never raised: the server's figures are extra, the run goes on.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -81,7 +84,27 @@ def summarise(before: Snapshot, during: list[Snapshot], after: Snapshot) -> dict
     gauges = {key: {"mean": sum(values) / len(values), "max": max(values), "last": values[-1]}
               for key, values in sorted(series.items())}
     return {"counters": counters, "histograms": histograms, "gauges": gauges,
-            "kv_transfer": _kv_transfer(counters, histograms)}
+            "kv_transfer": _kv_transfer(counters, histograms), "prefix_cache": _prefix_cache(counters)}
+
+
+def _prefix_cache(counters: dict[str, float]) -> dict | None:
+    """Queried and hit tokens over the run: in all, and per `role` label where pdserve gives one
+    (its prefill and decode replicas)."""
+    totals: dict[str, list[float]] = {}  # role ("" for all) -> [queried, hit]
+    for key, value in counters.items():
+        name = key.split("{")[0]
+        for index, suffix in enumerate(("prefix_cache_queries_total", "prefix_cache_hits_total")):
+            if name.endswith(suffix):
+                role = re.search(r'role="([^"]*)"', key)
+                for group in ("", *([role.group(1)] if role else [])):
+                    totals.setdefault(group, [0.0, 0.0])[index] += value
+    if "" not in totals:
+        return None
+
+    def figures(queries: float, hits: float) -> dict:
+        return {"queried_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries if queries else None}
+
+    return {**figures(*totals.pop("")), "by_role": {role: figures(*pair) for role, pair in sorted(totals.items())}}
 
 
 def _kv_transfer(counters: dict[str, float], histograms: dict[str, dict]) -> dict | None:

@@ -4,13 +4,18 @@ Every system is one OpenAI-compatible HTTP server on loopback, started as its ow
 
     static          python -m bench.static_server --model DIR --port P --dtype D  (padded HF generate)
     colocated       python -m pdserve serve --model DIR --port P --dtype D        (continuous batching)
-    disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P --dtype D
-                    (its own Redis, 1 prefill, 1 decode, the gateway; the gateway's HTTP front;
-                    on two or more server CPUs, prefill and decode each pinned to their share)
-    vllm            PEER_SCRIPT serve DIR P --dtype D                             (vLLM's CPU build)
+    colocated-nocache  the same with --no-enable-prefix-caching
+    disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P --dtype D --decode M
+                    (its own Redis, 1 prefill, M decode (--decode-replicas, default 1), the
+                    gateway; the gateway's HTTP front; on two or more server CPUs, each replica
+                    pinned to its share)
+    disaggregated-load  the same with --routing load (the gateway ignores prefix caches)
+    vllm            PEER_SCRIPT serve DIR P --dtype D --enable-prefix-caching     (vLLM's CPU build)
 
-Every system loads the weights in the same dtype D. The peer script passes its own `--dtype`
-before the extra arguments, and vLLM's parser keeps the last value, so the appended one wins.
+Every system loads the weights in the same dtype D, and every system but colocated-nocache
+caches prefixes, as pdserve and vLLM do by default. The peer script passes its own `--dtype` and
+`--no-enable-prefix-caching` before the extra arguments, and vLLM's parser keeps the last value,
+so the appended ones win.
 
 Invariant: every process a system runs sits on the same `Pinning.server_cpus` and sees the same
 thread-count environment (`Pinning.server_env`), so the systems differ in software only. The
@@ -36,7 +41,7 @@ from cluster.ports import free_port
 from engine.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
-SYSTEMS = ("static", "colocated", "disaggregated", "vllm")
+SYSTEMS = ("static", "colocated", "colocated-nocache", "disaggregated", "disaggregated-load", "vllm")
 DTYPES = ("float32", "bfloat16")
 _POLL_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 2.0
@@ -131,6 +136,7 @@ class SystemOptions:
     startup_timeout_s: float
     vllm_startup_timeout_s: float
     dtype: str = "float32"  # one of DTYPES: what every system loads the weights in
+    num_decode_replicas: int = 1  # of the disaggregated systems
 
 
 def system_spec(name: str, options: SystemOptions) -> SystemSpec:
@@ -145,24 +151,31 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
                           port, options.startup_timeout_s,
                           f"static batching: padded transformers generate, batches of up to "
                           f"{options.static_max_batch_size}")
-    if name == "colocated":
-        return SystemSpec(name, (python, "-m", "pdserve", "serve", "--model", model, "--port", str(port), *dtype),
+    if name in ("colocated", "colocated-nocache"):
+        caching = () if name == "colocated" else ("--no-enable-prefix-caching",)
+        return SystemSpec(name, (python, "-m", "pdserve", "serve", "--model", model, "--port", str(port), *dtype,
+                                 *caching),
                           port, options.startup_timeout_s,
-                          "pdserve serve: one engine, continuous batching with chunked prefill")
-    if name == "disaggregated":
+                          "pdserve serve: one engine, continuous batching with chunked prefill, prefix caching "
+                          + ("on" if name == "colocated" else "off"))
+    if name in ("disaggregated", "disaggregated-load"):
+        routing = "cache-aware" if name == "disaggregated" else "load"
         return SystemSpec(name, (python, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(free_port(LOOPBACK)), "--http-port", str(port),
-                                 "--startup-timeout-s", str(options.startup_timeout_s), *dtype),
+                                 "--startup-timeout-s", str(options.startup_timeout_s), *dtype,
+                                 "--decode", str(options.num_decode_replicas), "--routing", routing),
                           port, options.startup_timeout_s,
-                          "pdserve up: gateway + 1 prefill + 1 decode + Redis, KV over shared memory")
+                          f"pdserve up: gateway ({routing} routing) + 1 prefill + {options.num_decode_replicas} "
+                          "decode + Redis, KV over shared memory")
     if name == "vllm":
         if options.vllm_script is None:
             raise SystemUnavailable("no --peer-vllm script given")
         if not options.vllm_script.is_file():
             raise SystemUnavailable(f"peer script {options.vllm_script} not found")
-        return SystemSpec(name, (str(options.vllm_script), "serve", model, str(port), *dtype),
+        return SystemSpec(name, (str(options.vllm_script), "serve", model, str(port), *dtype,
+                                 "--enable-prefix-caching"),
                           port, options.vllm_startup_timeout_s,
-                          "vLLM CPU build, OpenAI server, prefix caching off")
+                          "vLLM CPU build, OpenAI server, prefix caching on")
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
 
 

@@ -3,6 +3,8 @@
     replica:{kind}:{replica_id}   JSON of a ReplicaInfo, with a TTL of ttl_s (ids hold no ':')
     replicas:{kind}               sorted set of replica ids, scored by their last heartbeat's
                                   expiry (unix s): the index LiveReplicas reads
+    prefixes:{kind}:{replica_id}  the replica's cached prefixes (cluster.prefix_digest), with the
+                                  TTL of its key, when it reports any
 
 A replica's ReplicaHeartbeat rewrites its key every interval_s (< ttl_s) with a fresh TTL, so
 the key lives while the replica keeps beating: `stop()` deletes it, and a killed
@@ -31,6 +33,7 @@ from typing import Literal
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
+from cluster.prefix_digest import digest_key, encode_digest
 from cluster.redis_client import connect_redis
 from engine.errors import InvalidConfigError
 
@@ -58,11 +61,13 @@ class ReplicaInfo:
     waiting_seqs: int = 0
     used_slots: int = 0  # KV slots holding a token (allocated slots minus paging waste)
     num_preemptions: int = 0  # since the replica started
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since the replica started
+    prefix_cache_hits: int = 0  # of those, tokens found cached
     updated_unix_s: float = 0.0  # when the replica last reported its load
 
 
 LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs",
-                         "used_slots", "num_preemptions"})
+                         "used_slots", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits"})
 
 
 def default_host_id() -> str:
@@ -101,6 +106,8 @@ class ReplicaHeartbeat:
         self._ttl_ms = round(ttl_s * 1000)
         self._interval_s = interval_s
         self._info = ReplicaInfo(replica_id, kind, endpoint, host_id, device)
+        self._digest_key = digest_key(kind, replica_id)
+        self._digest: str | None = None  # None: never reported
         self._client: redis.Redis | None = None
         self._task: asyncio.Task | None = None
 
@@ -124,6 +131,10 @@ class ReplicaHeartbeat:
             raise TypeError(f"not load fields: {sorted(unknown)}")
         self._info = dataclasses.replace(self._info, **load, updated_unix_s=time.time())
 
+    def update_prefixes(self, block_hashes: list[bytes]) -> None:
+        """Records the replica's cached prefix blocks, newest first; the next beat publishes them."""
+        self._digest = encode_digest(block_hashes)
+
     async def stop(self) -> None:
         """Stops beating and deletes the key, so the gateway stops routing here at once."""
         if self._task is not None:
@@ -136,7 +147,7 @@ class ReplicaHeartbeat:
         if self._client is not None:
             try:
                 async with self._client.pipeline(transaction=True) as pipe:
-                    pipe.delete(self._key)
+                    pipe.delete(self._key, self._digest_key)
                     pipe.zrem(self._index, self._info.replica_id)
                     await pipe.execute()
             finally:
@@ -156,6 +167,8 @@ class ReplicaHeartbeat:
         now_unix_s = time.time()
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.set(self._key, json.dumps(dataclasses.asdict(self._info)), px=self._ttl_ms)
+            if self._digest is not None:
+                pipe.set(self._digest_key, self._digest, px=self._ttl_ms)
             pipe.zadd(self._index, {self._info.replica_id: now_unix_s + self._ttl_s})
             pipe.zremrangebyscore(self._index, "-inf", now_unix_s - INDEX_GRACE_S)
             await pipe.execute()

@@ -20,13 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
 from redis.exceptions import RedisError
 
 from cluster.grpc_server import GrpcServer
+from cluster.prefix_digest import MAX_DIGEST_HASHES
 from cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
 from cluster.service_args import replica_id_from
 
@@ -41,6 +42,7 @@ class Replica(Protocol):
     def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def load(self) -> dict[str, int]: ...
+    async def cached_prefix_hashes(self, limit: int) -> list[bytes]: ...
     def num_in_flight(self) -> int: ...
 
 
@@ -62,7 +64,7 @@ async def serve_replica(
     # Registered with its load: a replica listed with none would look full to the router.
     heartbeat.update_load(**_load_fields(await replica.load()))
     await heartbeat.start()
-    reporter = asyncio.create_task(_report_load(heartbeat, replica.load))
+    reporter = asyncio.create_task(_report_load(heartbeat, replica))
     await server.mark_serving()
     logger.info("%s replica %s serving on %s", kind, replica_id, endpoint)
 
@@ -99,10 +101,11 @@ async def drain(num_in_flight: Callable[[], int], timeout_s: float) -> bool:
     return num_in_flight() == 0
 
 
-async def _report_load(heartbeat: ReplicaHeartbeat, load: Callable[[], Awaitable[dict[str, int]]]) -> None:
+async def _report_load(heartbeat: ReplicaHeartbeat, replica: Replica) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         while True:
-            heartbeat.update_load(**_load_fields(await load()))
+            heartbeat.update_load(**_load_fields(await replica.load()))
+            heartbeat.update_prefixes(await replica.cached_prefix_hashes(MAX_DIGEST_HASHES))
             await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
 
 

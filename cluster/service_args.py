@@ -39,6 +39,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--kv-cache-bytes", type=int, default=None)
     parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV of full blocks of prompts seen before")
     parser.add_argument("--cpus", type=parse_cpu_list, default=None, metavar="LIST",
                         help="pin to these CPUs (e.g. 0-3,6) and run as many torch threads")
     parser.add_argument("--log-level", default="INFO")
@@ -79,7 +81,7 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks, kv_cache_bytes=args.kv_cache_bytes,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        detokenize=detokenize)
+        detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching)
 
 
 def replica_id_from(args: argparse.Namespace, kind: str) -> str:

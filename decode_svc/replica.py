@@ -78,17 +78,22 @@ class DecodeReplica:
         """Figures for the replica registry, read on the engine thread between steps."""
         return await self.engine.call(lambda engine: engine.load())
 
-    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int) -> KVTarget:
+    async def cached_prefix_hashes(self, limit: int) -> list[bytes]:
+        return await self.engine.call(lambda engine: engine.cached_prefix_hashes(limit))
+
+    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int,
+                      token_ids: list[int]) -> KVTarget:
         """Raises TransportUnavailableError, OutOfBlocksError, InvalidRequestError. The prefill
         replica checks the target's layout against its own before the first byte moves."""
         pool_fields = target_fields(self.pool, transport)
-        block_ids = await self.engine.call(lambda engine: engine.reserve(request_id, num_prompt_tokens))
-        entry = self.reservations.add(request_id, block_ids, num_prompt_tokens, time.monotonic())
+        table, num_cached = await self.engine.call(lambda engine: engine.reserve(request_id, num_prompt_tokens, token_ids))
+        # Only the blocks after the cached prefix take writes; the shared ones are never written.
+        entry = self.reservations.add(request_id, table[num_cached:], num_prompt_tokens, time.monotonic())
         remaining_s = entry.deadline_s - time.monotonic()
         return KVTarget(
-            request_id=request_id, block_ids=tuple(block_ids), layout=self.layout, transport=transport,
+            request_id=request_id, block_ids=tuple(entry.block_ids), layout=self.layout, transport=transport,
             decode_replica=self.config.replica_id, kv_endpoint=self.config.kv_endpoint,
-            deadline_unix_s=time.time() + remaining_s, **pool_fields)
+            deadline_unix_s=time.time() + remaining_s, num_cached_blocks=num_cached, **pool_fields)
 
     # The two methods below are the KVReceiver's view of the reservations.
     def block_ids(self, request_id: str) -> list[int] | None:

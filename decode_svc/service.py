@@ -31,7 +31,8 @@ class DecodeService(decode_pb2_grpc.DecodeServicer):
 
     @grpc_errors
     async def Reserve(self, request: decode_pb2.ReserveRequest, context) -> kv_transfer_pb2.KVTarget:
-        target = await self.replica.reserve(request.request_id, request.num_prompt_tokens, request.transport)
+        target = await self.replica.reserve(request.request_id, request.num_prompt_tokens, request.transport,
+                                            list(request.token_ids))
         return target_to_proto(target)
 
     @grpc_errors

@@ -24,6 +24,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's max positions
     detokenize: bool = True  # False: emit token ids only; stop strings are the caller's job
+    enable_prefix_caching: bool = True  # reuse the KV of full blocks of a prefix seen before
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

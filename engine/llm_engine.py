@@ -11,7 +11,8 @@ For disaggregation the same engine plays both sides:
   output's `held_block_ids`) until `release_kv`, so they can be pushed to a decode replica;
   a `kv_layer_listener(request_id, block_ids, layer)` hears as soon as each layer of such a
   request's KV is complete, during the step that computes its last prompt chunk;
-- decode: `reserve` allocates blocks for a prompt whose KV another replica computes, and
+- decode: `reserve` allocates blocks for a prompt whose KV another replica computes (starting
+  from the cached blocks of its prefix, whose KV need not come), and
   `add_prefilled_request` joins it to the batch with that KV in place and its first token known.
   `release_kv` gives back a reservation that is never used.
 Not thread-safe: one thread drives it (see `AsyncEngine`).
@@ -25,6 +26,7 @@ import torch
 
 from engine.admission import draw_seed, validate_prompt
 from engine.block_allocator import BlockAllocator, OutOfBlocksError
+from engine.block_hash import block_hashes
 from engine.config import ModelConfig
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidConfigError, InvalidRequestError
@@ -59,7 +61,7 @@ class LLMEngine:
 
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
         num_blocks = self._num_kv_blocks()
-        self.allocator = BlockAllocator(num_blocks, config.block_size)
+        self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
@@ -85,15 +87,29 @@ class LLMEngine:
         self.scheduler.add(request)
         return prompt_ids
 
-    def reserve(self, request_id: str, num_prompt_tokens: int) -> list[int]:
-        """Allocates blocks for a prompt whose KV will be written from outside; returns them."""
+    def num_cached_tokens(self, request_id: str) -> int:
+        """Tokens of a waiting request that the prefix cache holds now: what it would not compute
+        if it joined the batch at once."""
+        return len(self.scheduler.cached_prefix(self._requests[request_id])) * self.allocator.block_size
+
+    def reserve(self, request_id: str, num_prompt_tokens: int, token_ids: Sequence[int] = ()) -> tuple[list[int], int]:
+        """Allocates blocks for a prompt whose KV will be written from outside. Given the prompt's
+        `token_ids`, the table starts with the cached blocks of their longest prefix (all but the
+        last token at most, so that something lands). Returns the table and how many of its
+        leading blocks were cached."""
         if request_id in self._requests or request_id in self._kv_owners:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        if not self.allocator.can_allocate(request_id, num_prompt_tokens):
+        if token_ids and len(token_ids) != num_prompt_tokens:
+            raise InvalidRequestError(f"{len(token_ids)} token ids for a reservation of {num_prompt_tokens} tokens")
+        prefix = []
+        if token_ids and self.allocator.enable_caching:
+            prefix = self.allocator.lookup(block_hashes(token_ids[:-1], self.allocator.block_size))
+            self.scheduler.count_prefix_lookup(num_prompt_tokens, len(prefix) * self.allocator.block_size)
+        if not self.allocator.can_allocate(request_id, num_prompt_tokens, prefix):
             raise OutOfBlocksError(
                 f"cannot reserve {num_prompt_tokens} tokens: {self.allocator.num_free_blocks} blocks free")
         self._kv_owners.add(request_id)
-        return list(self.allocator.allocate(request_id, num_prompt_tokens))
+        return list(self.allocator.allocate(request_id, num_prompt_tokens, prefix)), len(prefix)
 
     def add_prefilled_request(self, request_id: str, prompt_ids: list[int], first_token_id: int,
                               params: SamplingParams, seed: int, output_token_ids: Sequence[int] = ()) -> None:
@@ -148,7 +164,13 @@ class LLMEngine:
             "waiting_seqs": len(self.scheduler.waiting),
             "used_slots": sum(request.num_computed_tokens for request in running) + held,
             "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": self.scheduler.num_prefix_queried_tokens,
+            "prefix_cache_hits": self.scheduler.num_prefix_hit_tokens,
         }
+
+    def cached_prefix_hashes(self, limit: int) -> list[bytes]:
+        """Hashes of the prefix blocks this engine holds (engine.block_hash), newest first."""
+        return self.allocator.cached_hashes(limit)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished

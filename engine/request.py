@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.block_hash import BlockHash, extend_block_hashes
 from engine.errors import IllegalTransitionError
 from engine.sampling_params import SamplingParams
 
@@ -46,6 +47,7 @@ class Request:
     num_computed_tokens: int = 0
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of its full blocks, as far as known
 
     @property
     def num_tokens(self) -> int:
@@ -63,6 +65,10 @@ class Request:
         if start >= num_prompt:
             return self.output_token_ids[start - num_prompt:stop - num_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[:stop - num_prompt]
+
+    def full_block_hashes(self, num_tokens: int, block_size: int) -> list[BlockHash]:
+        """Hashes of the full blocks among the request's first `num_tokens` tokens."""
+        return extend_block_hashes(self.block_hashes, self.token_ids, num_tokens // block_size, block_size)
 
     def transition(self, to: RequestStatus) -> None:
         if to not in _ALLOWED.get(self.status, ()):

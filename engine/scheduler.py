@@ -6,7 +6,9 @@ Every step spends a token budget (`max_num_batched_tokens`):
    request's new tokens, the newest running request is preempted (its blocks freed, to be
    recomputed later) until it can.
 2. Then waiting requests, in arrival order (preempted ones first), join while the budget,
-   `max_num_seqs` and the pool allow. A prompt longer than what is left of the budget is
+   `max_num_seqs` and the pool allow. A request that joins with nothing computed starts with the
+   cached blocks of its longest cached prefix (at most all but its last token, which it computes
+   to sample), so only the rest is computed. A prompt longer than what is left of the budget is
    prefilled in chunks over several steps.
 No step admits new requests after preempting one, so a preempted request is not starved by
 newcomers. The caller feeds back sampled tokens through `update` and ends requests through
@@ -15,6 +17,7 @@ newcomers. The caller feeds back sampled tokens through `update` and ends reques
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.block_allocator import BlockAllocator
@@ -53,6 +56,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_prefix_queried_tokens = 0  # tokens of joining requests looked up in the prefix cache
+        self.num_prefix_hit_tokens = 0  # of those, tokens found cached
 
     @property
     def has_unfinished(self) -> bool:
@@ -85,13 +90,18 @@ class Scheduler:
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.allocator.can_allocate(request.request_id, request.num_computed_tokens + num_new):
+            prefix = self.cached_prefix(request)
+            start = max(request.num_computed_tokens, len(prefix) * self.allocator.block_size)
+            num_new = min(request.num_tokens - start, budget)
+            if not self.allocator.can_allocate(request.request_id, start + num_new, prefix):
                 break
             self.waiting.popleft()
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)
-            chunks.append(self._take(request, num_new))
+            if request.num_computed_tokens == 0:
+                self.count_prefix_lookup(request.num_tokens, start)
+            request.num_computed_tokens = start
+            chunks.append(self._take(request, num_new, prefix))
             budget -= num_new
 
         chunks.sort(key=lambda chunk: chunk.num_new_tokens != 1)
@@ -104,6 +114,9 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue
             request.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            if self.allocator.enable_caching:
+                self.allocator.cache_blocks(request.request_id, request.full_block_hashes(
+                    request.num_computed_tokens, self.allocator.block_size))
             if chunk.samples:
                 request.output_token_ids.append(sampled[request.request_id])
 
@@ -124,9 +137,19 @@ class Scheduler:
                     return request
         return None
 
-    def _take(self, request: Request, num_new: int) -> ScheduledChunk:
+    def count_prefix_lookup(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        self.num_prefix_queried_tokens += num_queried_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
+
+    def cached_prefix(self, request: Request) -> list[int]:
+        """Cached blocks a request with nothing computed can start from (none for the others)."""
+        if request.num_computed_tokens or not self.allocator.enable_caching:
+            return []
+        return self.allocator.lookup(request.full_block_hashes(request.num_tokens - 1, self.allocator.block_size))
+
+    def _take(self, request: Request, num_new: int, prefix: Sequence[int] = ()) -> ScheduledChunk:
         start = request.num_computed_tokens
-        table = self.allocator.allocate(request.request_id, start + num_new)
+        table = self.allocator.allocate(request.request_id, start + num_new, prefix)
         return ScheduledChunk(request=request, start=start, num_new_tokens=num_new, block_table=table)
 
     def _preempt(self, request: Request) -> None:

@@ -2,7 +2,8 @@
 prefill replica, found in the registry.
 
     1. tokenize, fit parameters, record QUEUED                              (DisaggregatedFrontend)
-    2. route: decode = most free KV blocks, prefill = fewest queued prompt tokens; pick transport
+    2. route: decode = most free KV blocks, prefill = fewest queued prompt tokens, each counting
+       the prompt's blocks it holds cached in its favour (gateway.router); pick transport
     3. Decode.Reserve → KVTarget (blocks reserved on D)                      state PREFILLING
     4. Prefill.Run(prompt, KVTarget): first token streams back at once      state TRANSFERRING
        and P pushes the KV into D's blocks; the call ends when D has it
@@ -39,6 +40,7 @@ from gateway.completion_text import CompletionText, SampledToken
 from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
 from gateway.metrics import GatewayMetrics, RequestTimeline
 from gateway.migration import Migrations
+from gateway.prefix_affinity import PrefixAffinity
 from gateway.replica_clients import DecodeClient, PrefillClient, Timeouts
 from gateway.request_state import RequestState
 from gateway.request_store import RequestStore
@@ -71,7 +73,7 @@ class Route:
 
 class DisaggregatedFrontend:
     def __init__(self, config: DisaggregatedConfig, prompts: PromptBuilder, replicas: LiveReplicas,
-                 store: RequestStore, metrics: GatewayMetrics):
+                 store: RequestStore, metrics: GatewayMetrics, affinity: PrefixAffinity | None = None):
         self.config = config
         self.model_name = config.model_name
         self.prompts = prompts
@@ -81,6 +83,7 @@ class DisaggregatedFrontend:
         self.store = store
         self.metrics = metrics
         self.router = Router()
+        self.affinity = affinity or PrefixAffinity(None)  # None: load-only routing
         self.channels = ChannelPool()
         self._decode_clients: dict[tuple[str, str], DecodeClient] = {}  # (replica id, endpoint): its session
         self._live: dict[str, DisaggregatedRequest] = {}
@@ -121,15 +124,18 @@ class DisaggregatedFrontend:
         finally:
             self._live.pop(request_id, None)
 
-    async def route(self, num_tokens: int, excluded_replica_ids: set[str]) -> Route:
-        """Picks the replicas (none of `excluded_replica_ids`) and the transport for `num_tokens`
+    async def route(self, token_ids: list[int], excluded_replica_ids: set[str]) -> Route:
+        """Picks the replicas (none of `excluded_replica_ids`) and the transport for `token_ids`
         to prefill, and counts them against the replicas' load."""
+        num_tokens = len(token_ids)
         decodes, prefills = await asyncio.gather(self.replicas.list("decode"), self.replicas.list("prefill"))
         decodes = [replica for replica in decodes if replica.replica_id not in excluded_replica_ids]
         prefills = [replica for replica in prefills if replica.replica_id not in excluded_replica_ids]
+        cached = await self.affinity.cached_tokens(prefills + decodes, token_ids)
+        # No await from here on: each pick sees every dispatch this gateway made before it.
         try:
-            decode = self.router.pick_decode(decodes, num_tokens)
-            prefill = self.router.pick_prefill(prefills)
+            decode = self.router.pick_decode(decodes, num_tokens, cached["decode"])
+            prefill = self.router.pick_prefill(prefills, cached["prefill"])
         except NoReplicaError as exc:
             raise UnavailableError(str(exc)) from exc
         try:
@@ -137,8 +143,8 @@ class DisaggregatedFrontend:
                                          self.config.forced_transport)
         except TransportUnavailableError as exc:
             raise BackendError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
-        self.router.note_dispatched(decode, num_tokens)
-        self.router.note_dispatched(prefill, num_tokens)
+        self.router.note_dispatched(decode, num_tokens - cached["decode"].get(decode.replica_id, 0))
+        self.router.note_dispatched(prefill, num_tokens - cached["prefill"].get(prefill.replica_id, 0))
         return Route(self._decode_client(decode.replica_id, decode.endpoint),
                      PrefillClient(prefill.replica_id, self.channels.get(prefill.endpoint), self.config.timeouts),
                      transport)
@@ -160,7 +166,7 @@ class DisaggregatedRequest:
     """One request while the gateway drives it: the order of its states, and its abort flag."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, text: CompletionText,
-                 route: Callable[[int, set[str]], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics,
+                 route: Callable[[list[int], set[str]], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics,
                  migrations: Migrations):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
@@ -217,9 +223,9 @@ class DisaggregatedRequest:
     async def _attempt(self) -> AsyncIterator[StreamChunk]:
         """Steps 2-5 from the tokens streamed so far (none on the first attempt) to the end."""
         request_id, prompt_ids, output_ids = self._replica_request_id, self.prompt_ids, list(self.text.token_ids)
-        num_tokens = len(prompt_ids) + len(output_ids)
-        route = self._route = await self._find_route(num_tokens, self._migrations.excluded_replica_ids)
-        target = await route.decode.reserve(request_id, num_tokens, route.transport)
+        token_ids = prompt_ids + output_ids
+        route = self._route = await self._find_route(token_ids, self._migrations.excluded_replica_ids)
+        target = await route.decode.reserve(request_id, token_ids, route.transport)
         await self._enter(RequestState.PREFILLING, prefill_replica=route.prefill.replica_id,
                           decode_replica=route.decode.replica_id, transport=transport_name(route.transport))
         if self._timeline.scheduled_s is None:

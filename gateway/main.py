@@ -11,8 +11,10 @@ import contextlib
 import logging
 
 from cluster.grpc_server import GrpcServer
+from cluster.prefix_digest import PrefixDigests
 from cluster.redis_client import connect_redis
 from cluster.registry import LiveReplicas
+from cluster.routing_policies import ROUTING_POLICIES
 from cluster.service_args import add_served_model_name_argument, configure_logging, served_model_name
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
@@ -22,6 +24,7 @@ from gateway.front_config import add_front_arguments, front_config_from
 from gateway.http_api import create_app
 from gateway.http_server import serving_http
 from gateway.metrics import GatewayMetrics
+from gateway.prefix_affinity import PrefixAffinity
 from gateway.request_store import RequestStore
 from gateway.service import GatewayService
 from gateway.tokenization import PromptBuilder
@@ -45,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV transport between prefill and decode (auto: from the replicas' host and device)")
     parser.add_argument("--migration-limit", type=int, default=3,
                         help="times a request may move to other replicas when one it runs on goes away (0: never)")
+    parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",
+                        help="cache-aware: weigh the prompt tokens a replica holds cached against its load; "
+                             "load: load alone")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     add_front_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -67,7 +73,8 @@ async def serve(args: argparse.Namespace) -> None:
     frontend = DisaggregatedFrontend(
         DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
                             migration_limit=args.migration_limit),
-        prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
+        prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics,
+        PrefixAffinity(PrefixDigests(redis) if args.routing == "cache-aware" else None))
 
     admission = Admission(front.max_pending_requests, metrics.registry, model_name)
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],

@@ -87,6 +87,11 @@ class GatewayMetrics:
         self._prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self._generation_tokens = counter("generation_tokens", "Tokens generated.")
         self._preemptions = counter("num_preemptions", "Times a decode replica preempted a request.")
+        engine_role = model + ("role",)  # "prefill", "decode", or "engine" for the front's own
+        self._prefix_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the engines' prefix caches.", engine_role)
+        self._prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the engines' prefix caches.", engine_role)
+        self._prefix_counts_seen: dict[tuple[str, str], tuple[int, int]] = {}  # replica -> (queries, hits)
         self._migrations = counter(
             "request_migrations", "Times a request moved off a replica that went away, by the replica's kind.",
             model + ("reason",)
@@ -183,6 +188,18 @@ class GatewayMetrics:
         """For a front over one engine: its scheduler's waiting queue (any thread may call)."""
         self._waiting.labels(self._model_name).set(num_waiting)
 
+    def on_prefix_cache_counts(self, source: tuple[str, str], num_queried_tokens: int, num_hit_tokens: int) -> None:
+        """An engine's prefix cache counts since it started, from `source`: a replica's
+        `(kind, replica_id)`, or `("engine", "")` for the front's own. The counters grow by what is
+        new since its last report; a count that went down is a restarted engine counting from zero."""
+        last_queries, last_hits = self._prefix_counts_seen.get(source, (0, 0))
+        if num_queried_tokens < last_queries:
+            last_queries, last_hits = 0, 0
+        role = source[0]
+        self._prefix_queries.labels(self._model_name, role).inc(num_queried_tokens - last_queries)
+        self._prefix_hits.labels(self._model_name, role).inc(max(0, num_hit_tokens - last_hits))
+        self._prefix_counts_seen[source] = (num_queried_tokens, num_hit_tokens)
+
     def on_preemptions(self, num_preemptions: int) -> None:
         self._preemptions.labels(self._model_name).inc(num_preemptions)
 
@@ -212,6 +229,8 @@ class GatewayMetrics:
             }
             for field, value in values.items():
                 self._replica_gauges[field].labels(replica.kind, replica.replica_id).set(value)
+            self.on_prefix_cache_counts((replica.kind, replica.replica_id), replica.prefix_cache_queries,
+                                        replica.prefix_cache_hits)
 
     def on_http_response(self, route: str, status_code: int) -> None:
         """`route` is the matched route pattern (bounded cardinality), never the raw path."""

@@ -43,10 +43,11 @@ class DecodeClient:
         self._timeouts = timeouts
         self._session: DecodeSession | None = None
 
-    async def reserve(self, request_id: str, num_tokens: int, transport: int) -> kv_transfer_pb2.KVTarget:
+    async def reserve(self, request_id: str, token_ids: list[int], transport: int) -> kv_transfer_pb2.KVTarget:
         """Reserves blocks for the KV prefill computes (the prompt, and a resumed request's output
-        so far); returns where prefill writes it."""
-        request = decode_pb2.ReserveRequest(request_id=request_id, num_prompt_tokens=num_tokens, transport=transport)
+        so far); returns where prefill writes it, less the blocks the replica holds cached."""
+        request = decode_pb2.ReserveRequest(request_id=request_id, num_prompt_tokens=len(token_ids),
+                                            token_ids=token_ids, transport=transport)
         try:
             return await self._stub.Reserve(request, timeout=self._timeouts.rpc_s)
         except grpc.aio.AioRpcError as exc:

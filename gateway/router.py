@@ -4,6 +4,12 @@ Decode: the replica with the most free KV blocks, ties to the fewest running seq
 the smallest replica_id; replicas whose free blocks cannot hold the prompt are passed over while
 any replica can. Prefill: the fewest queued prompt tokens, ties to the smallest replica_id.
 
+Cache-aware (gateway.prefix_affinity), the prompt tokens a replica already holds count in its
+favour, at the rate of the work they save, as Dynamo's KV router weighs overlap against load:
+on prefill they are tokens it will not compute, so its cost is queued tokens minus cached
+tokens; on decode they are blocks it will not fill, so they count as free blocks. With no hits
+anywhere both rules are the load-only ones above.
+
 Reported load lags the replica by up to one heartbeat, so a burst arriving between two reports
 would all land on the same replica. `Router` adds on top of each replica's report what this
 gateway sent it since then: a dispatch counts until the replica reports load measured after it
@@ -16,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,27 +34,34 @@ if TYPE_CHECKING:
     from cluster.registry import ReplicaInfo
 
 
+_NONE_CACHED: Mapping[str, int] = MappingProxyType({})
+
+
 class NoReplicaError(PdserveError, LookupError):
     """No live replica of the kind a request needs."""
 
 
-def pick_decode(replicas: Sequence[ReplicaInfo], num_prompt_tokens: int) -> ReplicaInfo:
+def pick_decode(replicas: Sequence[ReplicaInfo], num_prompt_tokens: int,
+                cached_tokens: Mapping[str, int] = _NONE_CACHED) -> ReplicaInfo:
+    """`cached_tokens`: {replica_id: prompt tokens already in that replica's cache}."""
     if not replicas:
         raise NoReplicaError("no live decode replica")
-    fitting = [replica for replica in replicas if _fits(replica, num_prompt_tokens)]
-    return min(fitting or replicas, key=lambda r: (-r.free_blocks, r.running_seqs, r.replica_id))
+    usable = {r.replica_id: r.free_blocks + _num_blocks(r, cached_tokens.get(r.replica_id, 0)) for r in replicas}
+    fitting = [r for r in replicas if r.block_size == 0 or usable[r.replica_id] >= _num_blocks(r, num_prompt_tokens)]
+    return min(fitting or replicas, key=lambda r: (-usable[r.replica_id], r.running_seqs, r.replica_id))
 
 
-def pick_prefill(replicas: Sequence[ReplicaInfo]) -> ReplicaInfo:
+def pick_prefill(replicas: Sequence[ReplicaInfo], cached_tokens: Mapping[str, int] = _NONE_CACHED) -> ReplicaInfo:
+    """`cached_tokens`: {replica_id: prompt tokens already in that replica's cache}."""
     if not replicas:
         raise NoReplicaError("no live prefill replica")
-    return min(replicas, key=lambda r: (r.queued_tokens, r.replica_id))
+    return min(replicas, key=lambda r: (r.queued_tokens - cached_tokens.get(r.replica_id, 0), r.replica_id))
 
 
-def _fits(replica: ReplicaInfo, num_prompt_tokens: int) -> bool:
-    """Whether the replica's free blocks hold the prompt; a replica that reports no block size
-    cannot be judged and is not passed over."""
-    return replica.block_size == 0 or replica.free_blocks >= num_blocks_for(num_prompt_tokens, replica.block_size)
+def _num_blocks(replica: ReplicaInfo, num_tokens: int) -> int:
+    """Blocks of the replica's size for `num_tokens`; 0 for a replica that reports no block
+    size (it cannot be judged, so it is not passed over)."""
+    return num_blocks_for(num_tokens, replica.block_size) if replica.block_size else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +78,15 @@ class Router:
         self._clock = clock  # wall-clock seconds, comparable with the replicas' updated_unix_s
         self._pending: dict[tuple[str, str], list[_Dispatch]] = {}
 
-    def pick_decode(self, replicas: Sequence[ReplicaInfo], num_prompt_tokens: int) -> ReplicaInfo:
+    def pick_decode(self, replicas: Sequence[ReplicaInfo], num_prompt_tokens: int,
+                    cached_tokens: Mapping[str, int] = _NONE_CACHED) -> ReplicaInfo:
         """The chosen replica, with its load as counted here (report plus pending dispatches)."""
-        return pick_decode([self._adjusted(replica) for replica in replicas], num_prompt_tokens)
+        return pick_decode([self._adjusted(replica) for replica in replicas], num_prompt_tokens, cached_tokens)
 
-    def pick_prefill(self, replicas: Sequence[ReplicaInfo]) -> ReplicaInfo:
+    def pick_prefill(self, replicas: Sequence[ReplicaInfo],
+                     cached_tokens: Mapping[str, int] = _NONE_CACHED) -> ReplicaInfo:
         """The chosen replica, with its load as counted here (report plus pending dispatches)."""
-        return pick_prefill([self._adjusted(replica) for replica in replicas])
+        return pick_prefill([self._adjusted(replica) for replica in replicas], cached_tokens)
 
     def note_dispatched(self, replica: ReplicaInfo, num_prompt_tokens: int) -> None:
         """Counts a prompt sent to `replica` (queued tokens for prefill, blocks and a sequence

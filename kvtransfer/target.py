@@ -14,7 +14,7 @@ from kvtransfer.layout import KVLayout
 @dataclass(frozen=True, slots=True)
 class KVTarget:
     request_id: str
-    block_ids: tuple[int, ...]  # the reserved decode blocks, in the prompt's block order
+    block_ids: tuple[int, ...]  # the reserved decode blocks to fill, in the prompt's block order
     layout: KVLayout  # the decode replica's
     transport: int  # common_pb2.Transport
     decode_replica: str = ""
@@ -24,3 +24,4 @@ class KVTarget:
     shm_name: str = ""  # TRANSPORT_SHM: the pool's shared-memory segment
     cuda_ipc_handle: bytes = b""  # TRANSPORT_CUDA_IPC: the pool's exported memory
     cuda_device: int = 0  # TRANSPORT_CUDA_IPC: the pool's device index
+    num_cached_blocks: int = 0  # the prompt's leading blocks decode holds already; block_ids follow them

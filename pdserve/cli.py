@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from cluster.routing_policies import ROUTING_POLICIES
 from kvtransfer.names import TRANSPORT_NAMES
 
 DEFAULT_GATEWAY_GRPC_PORT = 50051
@@ -93,7 +94,8 @@ def run_up(args: argparse.Namespace) -> int:
         model_dir=args.model, num_prefill=args.prefill, num_decode=args.decode,
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
-        startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s)
+        startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
+        enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -118,6 +120,13 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: the checkpoint's; bfloat16 for a "
                              "float32 checkpoint on a GPU)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="the replicas reuse the KV of prompt prefixes they have seen (default on)")
+    parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",
+                        help="the gateway's: weigh the prompt tokens a replica holds cached against its "
+                             "load, or load alone (default cache-aware)")
+    parser.add_argument("--migration-limit", type=int, default=3,
+                        help="the gateway's: times a request may move off replicas that went away (default 3)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the gateway binds (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GATEWAY_GRPC_PORT,

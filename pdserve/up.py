@@ -63,6 +63,9 @@ class UpConfig:
     startup_timeout_s: float
     shutdown_timeout_s: float
     api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
+    enable_prefix_caching: bool = True
+    routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
+    migration_limit: int = 3  # the gateway's
 
 
 def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
@@ -129,14 +132,17 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str) -> list[Slot]
     for i, (kind, index) in enumerate(replicas):
         name = f"{kind}-{index}"  # also its replica id, kept across restarts
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
+        caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", config.device, "--dtype", config.dtype,
-                *pinning)
+                caching, *pinning)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv)))
     gateway = ChildSpec(
         name="gateway",
         argv=(*_PDSERVE, "gateway", *common, "--host", config.host,
               "--grpc-port", str(config.grpc_port), "--http-port", str(config.http_port),
-              "--transport", config.transport, *(arg for key in config.api_keys for arg in ("--api-key", key))),
+              "--transport", config.transport, "--routing", config.routing,
+              "--migration-limit", str(config.migration_limit),
+              *(arg for key in config.api_keys for arg in ("--api-key", key))),
         grpc_target=gateway_target(config),
         http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health")
     slots.append(Slot("gateway", lambda: gateway, fatal_if_restart_fails=True))

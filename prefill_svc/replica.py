@@ -60,7 +60,7 @@ class PrefillReplica:
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
         self.kv_spec = engine.kv_spec
         self.kv_cache = engine.kv_cache
-        self.queued_tokens = 0  # prompt tokens accepted but not yet prefilled
+        self.queued_tokens = 0  # prompt tokens accepted but not yet prefilled, less those found cached
         self._num_running = 0  # `run`s between their start and their push's end
         self._senders: dict[int, KVSender] = {}
 
@@ -79,6 +79,9 @@ class PrefillReplica:
         """Figures for the replica registry: the engine's, read between steps, plus queued tokens."""
         return {**await self.engine.call(lambda engine: engine.load()), "queued_tokens": self.queued_tokens}
 
+    async def cached_prefix_hashes(self, limit: int) -> list[bytes]:
+        return await self.engine.call(lambda engine: engine.cached_prefix_hashes(limit))
+
     async def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int,
                   target: KVTarget, output_ids: list[int]) -> AsyncIterator[FirstToken | TransferResult]:
         """Yields the token after prompt + `output_ids` (the first token unless resumed), then the
@@ -93,17 +96,20 @@ class PrefillReplica:
         if sender.streams_layers:
             feed = LayerFeed(self.kv_spec.num_layers, self.config.prefill_timeout_s)
             self._feeds[request_id] = (feed, target)
-        self.queued_tokens += num_tokens
+        def add(engine: LLMEngine) -> int:
+            engine.add_request(request_id, prompt_ids, one_token, seed=seed, hold_kv=True, output_token_ids=output_ids)
+            return num_tokens - engine.num_cached_tokens(request_id)
+
         self._num_running += 1
-        counted = True
+        num_queued = 0  # tokens to compute, counted in queued_tokens until the first token
         try:
-            await self.engine.call(lambda engine: engine.add_request(
-                request_id, prompt_ids, one_token, seed=seed, hold_kv=True, output_token_ids=output_ids))
+            num_queued = await self.engine.call(add)
+            self.queued_tokens += num_queued
             output = await asyncio.wait_for(stream.get(), self.config.prefill_timeout_s)
             if isinstance(output, Exception):
                 raise output
-            self.queued_tokens -= num_tokens
-            counted = False
+            self.queued_tokens -= num_queued
+            num_queued = 0
             completion = output.outputs[0]
             # Sampled under a budget of one more token, "length" ends the request only if that is its own.
             ends = completion.finish_reason == "stop" or params.max_tokens == num_output
@@ -112,11 +118,11 @@ class PrefillReplica:
             if feed is not None and feed.push is not None:
                 yield await feed.push  # started during the forward pass
             else:
-                yield await sender.send(request_id, self.kv_cache, output.held_block_ids, target)
+                yield await sender.send(request_id, self.kv_cache, output.held_block_ids[target.num_cached_blocks:],
+                                        target)
         finally:
             self._num_running -= 1
-            if counted:
-                self.queued_tokens -= num_tokens
+            self.queued_tokens -= num_queued
             if feed is not None:
                 self._feeds.pop(request_id, None)
                 feed.cancel()
@@ -132,7 +138,7 @@ class PrefillReplica:
             return
         feed, target = self._feeds[request_id]
         sender = self._sender(target.transport)
-        feed.announce(block_ids, layer, lambda ids, layers: sender.send(
+        feed.announce(block_ids[target.num_cached_blocks:], layer, lambda ids, layers: sender.send(
             request_id, self.kv_cache, ids, target, layers_ready=layers))
 
     def _sender(self, transport: int) -> KVSender:

@@ -65,3 +65,20 @@ def test_the_workload_line_states_the_real_lengths_and_the_dtype():
     text = markdown(combined(SLOS_MS))
     assert "input 8, output 1–3 (mean 2.5, median 3) tokens (ignore_eos, greedy), bfloat16" in text
     assert "at most 4 in flight" in text
+
+
+def test_the_hit_rate_column_and_the_no_cache_ratios_appear_when_there_is_something_to_show():
+    assert "prefix hit rate" not in markdown(combined({}))
+    assert "÷ no prefix cache" not in markdown(combined({}))  # no colocated-nocache system ran
+
+    run = combined({})
+    run["systems"]["colocated"]["result"]["server"] = {"prefix_cache": {"hit_rate": 0.8125}}
+    assert "decode hit rate" not in markdown(run)
+    run["systems"]["colocated-nocache"] = {"status": "ok", "result": system_result(STATIC, 2.0, {})}
+    text = markdown(run)
+    assert "prefix hit rate" in text and "81.2%" in text
+    assert ratios(run)["colocated"]["median_ttft_ms/colocated-nocache"] == pytest.approx(0.3 / 1.5)  # medians of the TTFTs above
+    assert "p50 TTFT ÷ no prefix cache" in text
+
+    run["systems"]["colocated"]["result"]["server"]["prefix_cache"]["by_role"] = {"decode": {"hit_rate": 0.5}}
+    assert "| decode hit rate |" in markdown(run) and "| 81.2% | 50.0% |" in markdown(run)

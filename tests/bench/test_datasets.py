@@ -1,5 +1,6 @@
 """Datasets: lengths as asked, the seed fixes the prompts, "mixed" has its long minority,
-"prompt-heavy" its spread of prompts, "heavy-tailed" its long tail of outputs; jsonl parses."""
+"prompt-heavy" its spread of prompts, "heavy-tailed" its long tail of outputs, "multi-turn"
+resends each chat's history; jsonl parses."""
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ from bench.datasets import (
     HEAVY_TAIL_MAX_OVER_MEDIAN,
     LONG_PROMPT_FRACTION,
     LONG_PROMPT_SCALE,
+    MULTI_TURN_TURNS,
     PROMPT_HEAVY_INPUT_LENS,
     BenchRequest,
     make_dataset,
@@ -123,10 +125,27 @@ def test_heavy_tailed_outputs_have_a_quarter_length_median_and_a_clipped_tail():
     assert {len(request.prompt_token_ids) for request in requests} == {32}
 
 
-@pytest.mark.parametrize("kind", ["prompt-heavy", "heavy-tailed"])
+@pytest.mark.parametrize("kind", ["prompt-heavy", "heavy-tailed", "multi-turn"])
 def test_new_kinds_are_fixed_by_their_seed(kind):
     def make(seed):
         return make_dataset(kind, num_prompts=20, seed=seed, input_len=16, output_len=32, vocab_size=100)
 
     assert make(7) == make(7)
     assert make(7) != make(8)
+
+
+def test_multi_turn_requests_extend_their_chats_history_turn_by_turn():
+    num_chats = 3
+    requests = make_dataset("multi-turn", num_prompts=num_chats * MULTI_TURN_TURNS, seed=1, input_len=5,
+                            output_len=7, prefix_len=11, vocab_size=1000)
+    prompts = [request.prompt_token_ids for request in requests]
+    system = prompts[0][:11]
+    for i, prompt in enumerate(prompts):
+        turn = i // num_chats
+        assert prompt[:11] == system
+        assert len(prompt) == 11 + 5 * (turn + 1) + 7 * turn  # every earlier turn and answer, then this turn
+        if turn:
+            earlier = prompts[i - num_chats]
+            assert prompt[:len(earlier)] == earlier  # the chat's previous request, resent
+    assert all(request.output_len == 7 for request in requests)
+    assert prompts[0][11:] != prompts[1][11:]  # chats differ after the system prompt

@@ -67,3 +67,27 @@ def test_a_static_goodput_of_zero_is_met_by_any_continuous_goodput(tmp_path):
                                          "static": system(1, 1, request_goodput=0.0)}, slos={"ttft": 1000})
     row = rows_by_run(tmp_path)["continuous", "heavy_tailed"]
     assert (row.measured, row.met) == ("goodput 2.00 vs 0.00 req/s (ttft ≤ 1000 ms)", True)
+
+
+def test_prefix_caching_rows(tmp_path):
+    def cached(median_ttft_ms, p99_ttft_ms, output_throughput=100.0, decode_hit_rate=None):
+        entry = system(output_throughput, p99_ttft_ms)
+        entry["result"]["median_ttft_ms"] = median_ttft_ms
+        if decode_hit_rate is not None:
+            entry["result"]["server"] = {"prefix_cache": {"by_role": {"decode": {"hit_rate": decode_hit_rate}}}}
+        return entry
+
+    write_run(tmp_path, "shared_prefix", {"colocated": cached(20, 50, 130), "colocated-nocache": cached(100, 200),
+                                          "vllm": cached(30, 60, 100)})
+    write_run(tmp_path, "prefix_routing", {"disaggregated": cached(1, 1, decode_hit_rate=0.8),
+                                           "disaggregated-load": cached(1, 1, decode_hit_rate=0.5)})
+    results = read_results(tmp_path)
+    rows = {(row.goal.split(":")[1].split(",")[0].strip(), row.run): row for row in (check(results) for check in CHECKS)
+            if row.goal.startswith(("prefix caching", "cache-aware"))}
+    ttft = rows["TTFT ≤ 0.3x without", "shared_prefix"]
+    assert (ttft.measured, ttft.met) == ("p50 TTFT 0.20x, p99 0.25x", True)
+    versus_vllm = rows["colocated ≥ 1.2x vLLM output tok/s", "shared_prefix"]
+    assert (versus_vllm.measured, versus_vllm.met) == ("output tok/s 1.30x, p99 TTFT 0.83x", True)
+    assert rows["TTFT ≤ 0.3x without", "multi_turn"].met is None
+    routing = rows["decode hit rate above load-only routing's", "prefix_routing"]
+    assert (routing.measured, routing.met) == ("decode hit rate 80.0% vs 50.0%", True)

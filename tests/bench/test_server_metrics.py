@@ -57,3 +57,31 @@ def test_a_server_without_kv_transfers_has_no_kv_figures():
     figures = summarise(snapshot, [], snapshot)
     assert figures["kv_transfer"] is None
     assert figures["gauges"] == {"vllm:kv_cache_usage_perc": {"mean": 0.25, "max": 0.25, "last": 0.25}}
+
+
+@pytest.mark.parametrize("prefix", ["pdserve:", "vllm:"])
+def test_the_prefix_cache_hit_rate_is_hit_over_queried_tokens_during_the_run(prefix):
+    def snapshot(queries: int, hits: int):
+        return parse_exposition(f"# TYPE {prefix}prefix_cache_queries_total counter\n"
+                                f"{prefix}prefix_cache_queries_total{{model_name=\"m\"}} {queries}\n"
+                                f"# TYPE {prefix}prefix_cache_hits_total counter\n"
+                                f"{prefix}prefix_cache_hits_total{{model_name=\"m\"}} {hits}\n")
+
+    figures = summarise(snapshot(100, 10), [], snapshot(1100, 760))
+    assert figures["prefix_cache"] == {"queried_tokens": 1000, "hit_tokens": 750, "hit_rate": 0.75, "by_role": {}}
+
+
+def test_pdserve_prefix_cache_figures_come_per_role_too():
+    def snapshot(decode_hits: int):
+        return parse_exposition(
+            "# TYPE pdserve:prefix_cache_queries_total counter\n"
+            'pdserve:prefix_cache_queries_total{model_name="m",role="prefill"} 400\n'
+            'pdserve:prefix_cache_queries_total{model_name="m",role="decode"} 400\n'
+            "# TYPE pdserve:prefix_cache_hits_total counter\n"
+            'pdserve:prefix_cache_hits_total{model_name="m",role="prefill"} 300\n'
+            f'pdserve:prefix_cache_hits_total{{model_name="m",role="decode"}} {decode_hits}\n')
+
+    figures = summarise(parse_exposition(""), [], snapshot(100))["prefix_cache"]
+    assert figures["hit_rate"] == 0.5
+    assert figures["by_role"]["prefill"]["hit_rate"] == 0.75 and figures["by_role"]["decode"]["hit_rate"] == 0.25
+    assert summarise(parse_exposition(""), [], parse_exposition(""))["prefix_cache"] is None

@@ -1,6 +1,7 @@
 """Each system's command line: every one loads the weights in the comparison's dtype, parsed by the
 real command's own parser."""
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,17 @@ def test_static_colocated_and_disaggregated_load_the_asked_dtype(dtype):
     assert (disaggregated.model, disaggregated.dtype) == (Path("/models/tiny"), dtype)
 
 
-def test_vllm_gets_the_dtype_last_so_it_overrides_the_peer_scripts_own(tmp_path):
+def test_vllm_gets_the_dtype_and_prefix_caching_after_the_peer_scripts_own(tmp_path):
     script = tmp_path / "peer"
     script.write_text("#!/bin/sh\n")
     argv = system_spec("vllm", options("bfloat16", script)).argv
     assert argv[:4] == (str(script), "serve", "/models/tiny", argv[3])
-    assert argv[-2:] == ("--dtype", "bfloat16")
+    assert argv[4:] == ("--dtype", "bfloat16", "--enable-prefix-caching")
+
+
+def test_colocated_caches_prefixes_and_colocated_nocache_does_not():
+    assert parse_pdserve(system_spec("colocated", options("float32")).argv).enable_prefix_caching
+    assert not parse_pdserve(system_spec("colocated-nocache", options("float32")).argv).enable_prefix_caching
 
 
 def test_vllm_without_its_peer_script_is_unavailable(tmp_path):
@@ -61,3 +67,10 @@ def test_bench_compare_records_the_dtype_and_the_slos(tmp_path):
                                             "--goodput", "ttft:1000", "tpot:50"]))
     workload = config.workload_dict()
     assert (workload["dtype"], workload["goodput_slos_ms"]) == ("bfloat16", {"ttft": 1000.0, "tpot": 50.0})
+
+
+def test_disaggregated_load_routes_by_load_alone_on_the_asked_decode_replicas():
+    many = dataclasses.replace(options("float32"), num_decode_replicas=2)
+    cache_aware, load = (parse_pdserve(system_spec(name, many).argv) for name in ("disaggregated", "disaggregated-load"))
+    assert (cache_aware.routing, load.routing) == ("cache-aware", "load")
+    assert cache_aware.decode == load.decode == 2

@@ -50,7 +50,7 @@ def test_handoff_equals_an_uninterrupted_run(engines, params):
     assert output.finished and output.held_block_ids
     first_token = output.outputs[0].token_ids[0]
 
-    reserved = decode.reserve("r", len(prompt))
+    reserved, _ = decode.reserve("r", len(prompt))
     decode.kv_cache[:, :, reserved] = prefill.kv_cache[:, :, output.held_block_ids]
     assert prefill.release_kv("r")
     decode.add_prefilled_request("r", prompt, first_token, params, seed)
@@ -84,13 +84,33 @@ def test_a_request_resumed_with_its_output_so_far_equals_an_uninterrupted_run(en
     output = prefill.step()[0]
     assert output.finished and output.outputs[0].token_ids == expected[:7]
 
-    reserved = decode.reserve("r", len(prompt) + len(streamed))
+    reserved, _ = decode.reserve("r", len(prompt) + len(streamed))
     decode.kv_cache[:, :, reserved] = prefill.kv_cache[:, :, output.held_block_ids]
     assert prefill.release_kv("r")
     decode.add_prefilled_request("r", prompt, expected[6], params, seed, output_token_ids=streamed)
     assert run_to_end(decode, "r") == expected
     for engine in (prefill, decode, reference):
         assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_a_decode_reservation_starts_from_its_cached_prefix_and_receives_only_the_rest(engines):
+    prefill, decode, reference = engines
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    system = list(range(300, 340))  # two full blocks and 8 tokens
+    for request_id, prompt, want_cached in (("first", system + [1, 2, 3], 0), ("second", system + [7, 8, 9, 10], 2)):
+        reference.add_request(request_id, prompt, params)
+        expected = run_to_end(reference, request_id)
+        prefill.add_request(request_id, prompt, dataclasses.replace(params, max_tokens=1), hold_kv=True)
+        output = prefill.step()[0]
+
+        table, num_cached = decode.reserve(request_id, len(prompt), prompt)
+        assert num_cached == want_cached
+        assert decode.load()["prefix_cache_hits"] >= num_cached * 16
+        decode.kv_cache[:, :, table[num_cached:]] = prefill.kv_cache[:, :, output.held_block_ids[num_cached:]]
+        assert prefill.release_kv(request_id)
+        decode.add_prefilled_request(request_id, prompt, output.outputs[0].token_ids[0], params, seed=0)
+        assert run_to_end(decode, request_id) == expected
+    assert decode.allocator.num_free_blocks == decode.allocator.num_blocks
 
 
 def test_unused_reservation_is_released(engines):

@@ -82,7 +82,7 @@ def test_phases_a_request_never_reached_are_not_observed():
 def test_requests_waiting_are_those_in_the_live_replicas_queues():
     metrics = GatewayMetrics("m")
     replica = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0,
-                   queued_tokens=0, num_preemptions=0)
+                   queued_tokens=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0)
     metrics.on_replica_loads([
         SimpleNamespace(kind="prefill", replica_id="p0", waiting_seqs=3, **replica),
         SimpleNamespace(kind="decode", replica_id="d0", waiting_seqs=2, **replica),
@@ -94,6 +94,24 @@ def test_requests_waiting_are_those_in_the_live_replicas_queues():
     assert samples(metrics.render().decode())[waiting] == 0
     metrics.set_num_requests_waiting(4)
     assert samples(metrics.render().decode())[waiting] == 4
+
+
+def test_prefix_cache_counters_add_what_each_replica_counted_since_its_last_report():
+    metrics = GatewayMetrics("m")
+    load = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0, waiting_seqs=0,
+                queued_tokens=0, num_preemptions=0)
+
+    def report(**counts):  # replica id -> (queried tokens, hit tokens) since it started
+        metrics.on_replica_loads([SimpleNamespace(kind="prefill", replica_id=name, prefix_cache_queries=queries,
+                                                  prefix_cache_hits=hits, **load)
+                                  for name, (queries, hits) in counts.items()])
+        figures = samples(metrics.render().decode())
+        return tuple(figures[(f"pdserve:prefix_cache_{kind}_total", (("model_name", "m"), ("role", "prefill")))]
+                     for kind in ("queries", "hits"))
+
+    assert report(p0=(100, 40), p1=(50, 0)) == (150, 40)
+    assert report(p0=(100, 40), p1=(80, 16)) == (180, 56)  # the same report of p0 again adds nothing
+    assert report(p0=(30, 30), p1=(80, 16)) == (210, 86)  # p0 restarted: counting from zero again
 
 
 def test_each_instance_has_its_own_registry():

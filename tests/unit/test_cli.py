@@ -1,5 +1,6 @@
 """The `pdserve` command line: cheap to parse, and each service subcommand takes its flags from
 that service's own `add_arguments`."""
+import argparse
 import dataclasses
 import subprocess
 import sys
@@ -95,3 +96,24 @@ def test_up_passes_each_api_key_to_the_gateway_only(tmp_path):
     gateway = list(argv.pop("gateway"))
     assert [gateway[i + 1] for i, arg in enumerate(gateway) if arg == "--api-key"] == ["k1", "k2"]
     assert all("--api-key" not in replica for replica in argv.values())
+
+
+def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_the_gateway(tmp_path):
+    from pdserve.up import UpConfig, child_slots
+
+    def children(*flags: str) -> dict[str, argparse.Namespace]:
+        args = cli.build_parser().parse_args(["up", *flags])
+        config = UpConfig(
+            model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+            device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+            startup_timeout_s=1.0, shutdown_timeout_s=1.0, enable_prefix_caching=args.enable_prefix_caching,
+            routing=args.routing, migration_limit=args.migration_limit)
+        return {slot.name: cli.build_parser().parse_args(slot.make_spec().argv[3:])  # after `python -m pdserve`
+                for slot in child_slots(config, tmp_path, "redis://x")}
+
+    default = children()
+    assert default["prefill-0"].enable_prefix_caching and default["decode-0"].enable_prefix_caching
+    assert (default["gateway"].routing, default["gateway"].migration_limit) == ("cache-aware", 3)
+    changed = children("--no-enable-prefix-caching", "--routing", "load", "--migration-limit", "0")
+    assert not changed["prefill-0"].enable_prefix_caching and not changed["decode-0"].enable_prefix_caching
+    assert (changed["gateway"].routing, changed["gateway"].migration_limit) == ("load", 0)

@@ -1,5 +1,6 @@
-"""Routing policy: decode by free KV blocks, prefill by queued tokens, and a burst between two
-load reports spread by the gateway's own count of what it dispatched."""
+"""Routing policy: decode by free KV blocks, prefill by queued tokens, cached prompt tokens
+weighed against both, and a burst between two load reports spread by the gateway's own count of
+what it dispatched."""
 import itertools
 
 import pytest
@@ -116,3 +117,18 @@ def test_prefill_and_decode_replicas_with_the_same_id_are_counted_apart():
     router.note_dispatched(prefill("r0", 0), 500)
     assert router.pick_decode([decode("r0", 100)], 16).free_blocks == 100
     assert router.pick_prefill([prefill("r0", 0)]).queued_tokens == 500
+
+
+def test_prefill_weighs_the_tokens_a_replica_holds_cached_against_its_queue():
+    replicas = [prefill("a", 100), prefill("b", 400)]
+    assert pick_prefill(replicas).replica_id == "a"
+    assert pick_prefill(replicas, {"b": 256}).replica_id == "a"  # saves less than its extra queue
+    assert pick_prefill(replicas, {"b": 320}).replica_id == "b"  # saves more than its extra queue
+
+
+def test_decode_counts_cached_prompt_blocks_as_free_ones():
+    replicas = [decode("a", 40), decode("b", 30)]
+    assert pick_decode(replicas, 160).replica_id == "a"
+    assert pick_decode(replicas, 160, {"b": 16 * 11}).replica_id == "b"  # 30 + 11 blocks beat 40
+    tight = [decode("a", 4), decode("b", 8)]  # only "a" holds the 10-block prompt, thanks to its cache
+    assert pick_decode(tight, 160, {"a": 16 * 8}).replica_id == "a"

@@ -1,0 +1,7 @@
+"""The names of the gateway's routing policies (gateway.router), in a leaf module that the CLI
+imports without loading anything else.
+
+    cache-aware   a replica's cached prompt tokens count in its favour against its load
+    load          load alone
+"""
+ROUTING_POLICIES = ("cache-aware", "load")
