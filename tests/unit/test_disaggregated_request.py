@@ -71,10 +71,10 @@ class FakeDecode:
         self.error_at_end = error_at_end
         self.replica_id = replica_id
         self.generated = self.stream_closed = self.aborted = False
-        self.reserved = []  # (request id, num tokens) of each reservation
+        self.reserved = []  # (request id, token ids) of each reservation
 
-    async def reserve(self, request_id, num_tokens, transport):
-        self.reserved.append((request_id, num_tokens))
+    async def reserve(self, request_id, token_ids, transport):
+        self.reserved.append((request_id, token_ids))
         return "target"
 
     async def generate(self, request_id, prompt_ids, output_ids, params, seed, first_token_id):
@@ -104,7 +104,7 @@ def make_request(tokenizer, decode, prefill, store, migration_limit=3, **params)
     that has not been excluded."""
     decodes, prefills = (r if isinstance(r, list) else [r] for r in (decode, prefill))
 
-    async def route(num_tokens, excluded_replica_ids):
+    async def route(token_ids, excluded_replica_ids):
         live_decodes = [d for d in decodes if d.replica_id not in excluded_replica_ids]
         live_prefills = [p for p in prefills if p.replica_id not in excluded_replica_ids]
         if not live_decodes or not live_prefills:
@@ -203,9 +203,8 @@ def test_a_broken_decode_session_moves_the_request_on_with_the_tokens_streamed_s
     assert "".join(chunk.text for chunk in chunks) == "abad"  # the fake prefill samples "a" again
     assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 4
     a, b = t.encode("a", add_special_tokens=False)[0], t.encode("b", add_special_tokens=False)[0]
-    num_prompt = len(request.prompt_ids)
     assert prefill.runs == [("r1", []), ("r1#1", [a, b])]
-    assert survivor.reserved == [("r1#1", num_prompt + 2)]
+    assert survivor.reserved == [("r1#1", request.prompt_ids + [a, b])]
     assert store.states == [S.PREFILLING, S.TRANSFERRING, S.DECODING, S.PREFILLING, S.TRANSFERRING,
                             S.DECODING, S.FINISHED]
 
