@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from cluster.internal_auth import InternalAuth
 from cluster.registry import LiveReplicas
 from engine.admission import draw_seed
 from engine.errors import PdserveError
@@ -60,6 +61,7 @@ class DisaggregatedConfig:
     forced_transport: int | None = None  # None: choose from the replicas' host and device
     timeouts: Timeouts = field(default_factory=Timeouts)
     migration_limit: int = 3  # times one request may move off replicas that went away
+    internal_auth: InternalAuth = InternalAuth.open()  # what calls to the replicas present
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,7 @@ class DisaggregatedFrontend:
         self.store = store
         self.metrics = metrics
         self.router = Router()
-        self.channels = ChannelPool()
+        self.channels = ChannelPool(config.internal_auth)
         self._decode_clients: dict[tuple[str, str], DecodeClient] = {}  # (replica id, endpoint): its session
         self._live: dict[str, DisaggregatedRequest] = {}
         self._has_replicas = False

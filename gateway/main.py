@@ -9,7 +9,8 @@ import logging
 from cluster.grpc_server import GrpcServer
 from cluster.redis_client import connect_redis
 from cluster.registry import LiveReplicas
-from cluster.service_args import add_served_model_name_argument, configure_logging, served_model_name
+from cluster.service_args import (add_internal_auth_arguments, add_served_model_name_argument, configure_logging,
+                                  internal_auth_from, served_model_name)
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
 from gateway.disaggregated import DisaggregatedConfig, DisaggregatedFrontend
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="times a request may move to other replicas when one it runs on goes away (0: never)")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     parser.add_argument("--log-level", default="INFO")
+    add_internal_auth_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,12 +56,13 @@ async def serve(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(args.model)
     model_name = served_model_name(args)
     redis = connect_redis(args.redis_url, timeout_s=REDIS_TIMEOUT_S)
+    internal_auth = internal_auth_from(args, "gateway")
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)
     frontend = DisaggregatedFrontend(
         DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
-                            migration_limit=args.migration_limit),
-        prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
+                            migration_limit=args.migration_limit, internal_auth=internal_auth),
+        prompts, LiveReplicas(redis, internal_auth.secret), RequestStore(redis, ttl_s=args.request_ttl_s), metrics)
 
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
     GatewayService(frontend).add_to_server(server.server)

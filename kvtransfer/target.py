@@ -24,3 +24,4 @@ class KVTarget:
     shm_name: str = ""  # TRANSPORT_SHM: the pool's shared-memory segment
     cuda_ipc_handle: bytes = b""  # TRANSPORT_CUDA_IPC: the pool's exported memory
     cuda_device: int = 0  # TRANSPORT_CUDA_IPC: the pool's device index
+    write_token: bytes = b""  # the reservation's capability, carried by every write into it

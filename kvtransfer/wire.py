@@ -25,6 +25,7 @@ def target_to_proto(target: KVTarget) -> kv_transfer_pb2.KVTarget:
         block_ids=target.block_ids, layout=layout_to_proto(target.layout), transport=target.transport,
         shm_name=target.shm_name, cuda_ipc_handle=target.cuda_ipc_handle, cuda_device=target.cuda_device,
         pool_num_blocks=target.pool_num_blocks, deadline_unix_s=target.deadline_unix_s or 0.0,
+        write_token=target.write_token,
     )
 
 
@@ -34,4 +35,5 @@ def target_from_proto(msg: kv_transfer_pb2.KVTarget) -> KVTarget:
         transport=msg.transport, decode_replica=msg.decode_replica, kv_endpoint=msg.kv_endpoint,
         pool_num_blocks=msg.pool_num_blocks, deadline_unix_s=msg.deadline_unix_s or None,
         shm_name=msg.shm_name, cuda_ipc_handle=msg.cuda_ipc_handle, cuda_device=msg.cuda_device,
+        write_token=msg.write_token,
     )
