@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from engine.engine_config import EngineConfig
 
 SECRET_ENV = "PDSERVE_INTERNAL_SECRET"
+REDIS_URL_ENV = "PDSERVE_REDIS_URL"
 
 
 def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -26,12 +27,19 @@ def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port)")
     parser.add_argument("--advertise-host", default=None,
                         help="host other processes use to reach this replica (default: --host)")
-    parser.add_argument("--redis-url", required=True)
+    add_redis_url_argument(parser)
     parser.add_argument("--replica-id", default=None, help=f"default: {kind}-<random>")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long in-flight requests may take to finish before the replica stops")
     add_internal_auth_arguments(parser)
     add_engine_arguments(parser)
+
+
+def add_redis_url_argument(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get(REDIS_URL_ENV)
+    parser.add_argument("--redis-url", default=default, required=default is None,
+                        help=f"redis://[:password@]host:port/db (default: ${REDIS_URL_ENV}, which keeps a "
+                             "password off the command line)")
 
 
 def add_internal_auth_arguments(parser: argparse.ArgumentParser) -> None:

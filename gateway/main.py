@@ -9,8 +9,8 @@ import logging
 from cluster.grpc_server import GrpcServer
 from cluster.redis_client import connect_redis
 from cluster.registry import LiveReplicas
-from cluster.service_args import (add_internal_auth_arguments, add_served_model_name_argument, configure_logging,
-                                  internal_auth_from, served_model_name)
+from cluster.service_args import (add_internal_auth_arguments, add_redis_url_argument, add_served_model_name_argument,
+                                  configure_logging, internal_auth_from, served_model_name)
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
 from gateway.disaggregated import DisaggregatedConfig, DisaggregatedFrontend
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--grpc-port", type=int, default=50051)
     parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--redis-url", required=True)
+    add_redis_url_argument(parser)
     parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="KV transport between prefill and decode (auto: from the replicas' host and device)")
     parser.add_argument("--migration-limit", type=int, default=3,
