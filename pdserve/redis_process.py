@@ -8,7 +8,7 @@ answers with its own pid, and dies with the process that started it (parent_deat
 port given it takes a free one; if the server exits at once (another process took that port
 before it could bind), it tries a fresh port, up to three in all. With a password it refuses
 clients that do not authenticate (`requirepass`, from a config file only its owner reads, never
-from argv); `url` then carries it (redis://:password@host:port/0), `shown_url` masks it.
+from argv); `url` then carries it (redis://:password@host:port/0).
 """
 from __future__ import annotations
 
@@ -81,7 +81,6 @@ class RedisProcess:
         self.data_dir = data_dir
         self.password = password
         self.url = f"redis://{f':{password}@' if password else ''}{_HOST}:{port}/0"
-        self.shown_url = f"redis://{':***@' if password else ''}{_HOST}:{port}/0"
 
     @property
     def pid(self) -> int:

@@ -85,7 +85,8 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         if redis_url is None:
             supervisor.redis = redis = start_redis(data_dir=run_dir / "redis", timeout_s=_REDIS_START_TIMEOUT_S,
                                                    password=secrets.token_hex(16))
-            redis_url, redis_shown = redis.url, f"{redis.shown_url}  ({redis.server})"
+            # Shown to whoever started `up` (its stdout), to inspect the deployment with.
+            redis_url, redis_shown = redis.url, f"{redis.url}  ({redis.server})"
         for slot in child_slots(config, model_dir, redis_url, secrets.token_hex(32)):
             supervisor.start(slot)
         supervisor.wait_ready(time.monotonic() + config.startup_timeout_s, stop)

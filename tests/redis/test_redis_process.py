@@ -42,7 +42,6 @@ def test_a_server_with_a_password_refuses_clients_without_it(tmp_path, redis_exe
 
     with start_redis(data_dir=tmp_path, timeout_s=10.0, executable=redis_executable, password="pw-1234") as server:
         assert server.url == f"redis://:pw-1234@127.0.0.1:{server.port}/0"
-        assert "pw-1234" not in server.shown_url
         with redis.Redis(port=server.port, socket_timeout=5.0, retry=None) as stranger:
             with pytest.raises(redis.AuthenticationError):
                 stranger.set("k", "v")
