@@ -196,8 +196,8 @@ class LiveReplicas:
             return replica
         if replica_id not in self._rejected_ids:
             self._rejected_ids.add(replica_id)
-            logger.warning("ignoring the registry entry of %s replica %r: not signed with the deployment secret",
-                           kind, replica_id)
+            logger.warning("ignoring the registry entry of %s replica %r: malformed, under another replica's key, "
+                           "or not signed with the deployment secret", kind, replica_id)
         return None
 
 
