@@ -1,7 +1,8 @@
 """A gRPC server the way every pdserve service runs one.
 
 Health (`grpc.health.v1`) reports NOT_SERVING until the service says it is ready; reflection is
-on. `serve_until_signal` is the plain stop: SIGTERM/SIGINT switch health to NOT_SERVING, stop
+on. An internal service passes its `InternalAuth`, whose interceptor refuses callers without the
+deployment secret (cluster/internal_auth.py); the public gateway passes none. `serve_until_signal` is the plain stop: SIGTERM/SIGINT switch health to NOT_SERVING, stop
 accepting calls, give in-flight calls `grace_s` to finish, then stop. A service that drains
 first (a replica) composes `wait_for_signal`, `mark_not_serving` and `stop` itself.
 """
@@ -16,14 +17,18 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cluster.internal_auth import InternalAuth
+
 logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 256 * 2**20
 
 
 class GrpcServer:
-    def __init__(self, bind: str, service_names: Iterable[str], credentials: grpc.ServerCredentials | None = None):
-        """With `credentials` the port speaks TLS only."""
-        self.server = grpc.aio.server(options=[
+    def __init__(self, bind: str, service_names: Iterable[str], auth: InternalAuth | None = None,
+                 credentials: grpc.ServerCredentials | None = None):
+        """`auth`: callers must present the deployment secret (internal services). With
+        `credentials` the port speaks TLS only (the public front)."""
+        self.server = grpc.aio.server(interceptors=auth.server_interceptors() if auth else None, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ])

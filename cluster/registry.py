@@ -1,6 +1,7 @@
 """The live replica set in Redis: replicas announce themselves, the gateway reads who is alive.
 
-    replica:{kind}:{replica_id}   JSON of a ReplicaInfo, with a TTL of ttl_s (ids hold no ':')
+    replica:{kind}:{replica_id}   JSON of a ReplicaInfo, signed with the deployment secret
+                                  (cluster/registry_signing.py), with a TTL of ttl_s (ids hold no ':')
     replicas:{kind}               sorted set of replica ids, scored by their last heartbeat's
                                   expiry (unix s): the index LiveReplicas reads
     prefixes:{kind}:{replica_id}  the replica's cached prefixes (cluster.prefix_digest), with the
@@ -16,13 +17,13 @@ Liveness is the key alone; the index only says which keys to read, so listing co
 trips however many other keys (request records) Redis holds. An index member whose key has
 expired is skipped, and every heartbeat drops members of its kind silent for over
 INDEX_GRACE_S; a member dropped while alive (a replica whose clock runs that far behind) is back
-at its next beat.
+at its next beat. With a signing key, `LiveReplicas` leaves out every entry whose signature does
+not verify, or that sits under another replica's key, and logs each such replica id once.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import socket
 import time
@@ -35,6 +36,7 @@ from redis.exceptions import RedisError
 
 from cluster.prefix_digest import digest_key, encode_digest
 from cluster.redis_client import connect_redis
+from cluster.registry_signing import sign_entry, verified_fields
 from engine.errors import InvalidConfigError
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class ReplicaHeartbeat:
         device: str,
         ttl_s: float = 3.0,
         interval_s: float = 1.0,
+        signing_key: bytes | None = None,  # the deployment secret; None: entries go unsigned
     ):
         if kind not in _KINDS:
             raise InvalidConfigError(f"replica kind must be one of {_KINDS}, got {kind!r}")
@@ -108,6 +111,7 @@ class ReplicaHeartbeat:
         self._info = ReplicaInfo(replica_id, kind, endpoint, host_id, device)
         self._digest_key = digest_key(kind, replica_id)
         self._digest: str | None = None  # None: never reported
+        self._signing_key = signing_key
         self._client: redis.Redis | None = None
         self._task: asyncio.Task | None = None
 
@@ -166,7 +170,7 @@ class ReplicaHeartbeat:
     async def _write(self) -> None:
         now_unix_s = time.time()
         async with self._client.pipeline(transaction=True) as pipe:
-            pipe.set(self._key, json.dumps(dataclasses.asdict(self._info)), px=self._ttl_ms)
+            pipe.set(self._key, sign_entry(dataclasses.asdict(self._info), self._signing_key), px=self._ttl_ms)
             if self._digest is not None:
                 pipe.set(self._digest_key, self._digest, px=self._ttl_ms)
             pipe.zadd(self._index, {self._info.replica_id: now_unix_s + self._ttl_s})
@@ -177,9 +181,12 @@ class ReplicaHeartbeat:
 class LiveReplicas:
     """The gateway's side: reads the replicas whose heartbeat keys have not expired."""
 
-    def __init__(self, client: redis.Redis):
-        """`client` must decode replies (cluster.redis_client.connect_redis makes one)."""
+    def __init__(self, client: redis.Redis, signing_key: bytes | None = None):
+        """`client` must decode replies (cluster.redis_client.connect_redis makes one);
+        `signing_key`: the deployment secret, which every entry taken must be signed with."""
         self._redis = client
+        self._signing_key = signing_key
+        self._rejected_ids: set[str] = set()  # logged once each
 
     async def list(self, kind: ReplicaKind) -> list[ReplicaInfo]:
         """The live replicas of `kind`, ordered by replica_id."""
@@ -188,8 +195,23 @@ class LiveReplicas:
             return []
         # An indexed replica whose key has expired reads as None and is left out.
         values = await self._redis.mget([_replica_key(kind, replica_id) for replica_id in replica_ids])
-        replicas = [ReplicaInfo(**json.loads(value)) for value in values if value is not None]
+        replicas = [replica for replica_id, value in zip(replica_ids, values, strict=True)
+                    if value is not None and (replica := self._verified(kind, replica_id, value)) is not None]
         return sorted(replicas, key=lambda replica: replica.replica_id)
+
+    def _verified(self, kind: str, replica_id: str, value: str) -> ReplicaInfo | None:
+        fields = verified_fields(value, self._signing_key)
+        try:
+            replica = None if fields is None else ReplicaInfo(**fields)
+        except TypeError:
+            replica = None
+        if replica is not None and (replica.kind, replica.replica_id) == (kind, replica_id):
+            return replica
+        if replica_id not in self._rejected_ids:
+            self._rejected_ids.add(replica_id)
+            logger.warning("ignoring the registry entry of %s replica %r: malformed, under another replica's key, "
+                           "or not signed with the deployment secret", kind, replica_id)
+        return None
 
 
 def _replica_key(kind: str, replica_id: str) -> str:

@@ -3,6 +3,9 @@
     bind the gRPC port → build the replica (loads the model) → add its servicers → start
     → heartbeat into the registry → SERVING → ... SIGTERM → drain → stop
 
+The server refuses callers without the deployment secret, and the heartbeat signs the replica's
+registry entry with it (cluster/internal_auth.py, cluster/registry.py).
+
 Draining, in this order, so that no request is sent to a replica that refuses it:
 1. Deregister: the heartbeat key goes, and gateways read the registry on every request they
    route, so new requests go elsewhere at once.
@@ -29,7 +32,8 @@ from redis.exceptions import RedisError
 from cluster.grpc_server import GrpcServer
 from cluster.prefix_digest import MAX_DIGEST_HASHES
 from cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
-from cluster.service_args import replica_id_from
+from cluster.internal_auth import InternalAuth
+from cluster.service_args import internal_auth_from, replica_id_from
 
 logger = logging.getLogger(__name__)
 LOAD_REPORT_INTERVAL_S = 0.5
@@ -50,17 +54,19 @@ async def serve_replica(
     args: argparse.Namespace,
     kind: str,
     service_names: list[str],
-    build: Callable[[str, str], Replica],  # (replica_id, endpoint) -> replica
+    build: Callable[[str, str, InternalAuth], Replica],  # (replica_id, endpoint, auth) -> replica
     add_servicers: Callable[[Replica, grpc.aio.Server], None],
 ) -> None:
     replica_id = replica_id_from(args, kind)
-    server = GrpcServer(f"{args.host}:{args.port}", service_names)
+    auth = internal_auth_from(args, kind)
+    server = GrpcServer(f"{args.host}:{args.port}", service_names, auth)
     endpoint = f"{args.advertise_host or args.host}:{server.port}"
-    replica = build(replica_id, endpoint)
+    replica = build(replica_id, endpoint, auth)
     add_servicers(replica, server.server)
     await server.start()
     replica.start()
-    heartbeat = ReplicaHeartbeat(args.redis_url, kind, replica_id, endpoint, default_host_id(), args.device)
+    heartbeat = ReplicaHeartbeat(args.redis_url, kind, replica_id, endpoint, default_host_id(), args.device,
+                                 signing_key=auth.secret)
     # Registered with its load: a replica listed with none would look full to the router.
     heartbeat.update_load(**_load_fields(await replica.load()))
     await heartbeat.start()

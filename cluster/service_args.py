@@ -11,10 +11,15 @@ import os
 import uuid
 from typing import TYPE_CHECKING
 
+from cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
 from engine.engine_config import DTYPES
+from engine.errors import InvalidConfigError
 
 if TYPE_CHECKING:
     from engine.engine_config import EngineConfig
+
+SECRET_ENV = "PDSERVE_INTERNAL_SECRET"
+REDIS_URL_ENV = "PDSERVE_REDIS_URL"
 
 
 def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -22,11 +27,43 @@ def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0: any free port)")
     parser.add_argument("--advertise-host", default=None,
                         help="host other processes use to reach this replica (default: --host)")
-    parser.add_argument("--redis-url", required=True)
+    add_redis_url_argument(parser)
     parser.add_argument("--replica-id", default=None, help=f"default: {kind}-<random>")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long in-flight requests may take to finish before the replica stops")
+    add_internal_auth_arguments(parser)
     add_engine_arguments(parser)
+
+
+def add_redis_url_argument(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get(REDIS_URL_ENV)
+    parser.add_argument("--redis-url", default=default, required=default is None,
+                        help=f"redis://[:password@]host:port/db (default: ${REDIS_URL_ENV}, which keeps a "
+                             "password off the command line)")
+
+
+def add_internal_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--internal-secret-file", default=None, metavar="PATH",
+                        help=f"file holding the deployment secret that internal calls and registry entries carry "
+                             f"(default: ${SECRET_ENV}; neither: internal services run open)")
+
+
+def internal_auth_from(args: argparse.Namespace, kind: str) -> InternalAuth:
+    """The deployment secret from --internal-secret-file, else $PDSERVE_INTERNAL_SECRET (never from
+    argv, where any local user reads it), and a fresh caller id; warns once if there is none."""
+    secret = None
+    if args.internal_secret_file:
+        try:
+            secret = open(args.internal_secret_file, "rb").read().strip()
+        except OSError as error:
+            raise InvalidConfigError(f"--internal-secret-file: {error}") from error
+        if not secret:
+            raise InvalidConfigError(f"--internal-secret-file {args.internal_secret_file} is empty")
+    elif os.environ.get(SECRET_ENV):
+        secret = os.environ[SECRET_ENV].encode()
+    auth = InternalAuth(secret, new_caller_id(kind))
+    warn_if_open(auth, kind)
+    return auth
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from cluster.internal_auth import InternalAuth
 from cluster.replica_server import serve_replica
 from cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
 from decode_svc.replica import DecodeReplica, DecodeReplicaConfig
@@ -21,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_replica_arguments(parser, "decode")
     parser.add_argument("--reservation-timeout-s", type=float, default=30.0,
                         help="release reserved KV blocks that receive no KV (or no generate command) in time")
+    parser.add_argument("--max-reserved-fraction-per-caller", type=_fraction, default=0.5,
+                        help="share of the KV pool one caller (gateway) may hold in reservations not yet joined")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,13 +36,21 @@ def run(args: argparse.Namespace) -> int:
 async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
 
-    def build(replica_id: str, endpoint: str) -> DecodeReplica:
+    def build(replica_id: str, endpoint: str, auth: InternalAuth) -> DecodeReplica:
         return DecodeReplica(DecodeReplicaConfig(
             engine=engine_config_from(args, detokenize=False), replica_id=replica_id, kv_endpoint=endpoint,
-            reservation_timeout_s=args.reservation_timeout_s), loop)
+            reservation_timeout_s=args.reservation_timeout_s,
+            max_reserved_fraction_per_caller=args.max_reserved_fraction_per_caller), loop)
 
     def add_servicers(replica: DecodeReplica, server) -> None:
         decode_pb2_grpc.add_DecodeServicer_to_server(DecodeService(replica), server)
         KVReceiver(replica.pool, replica.layout, replica).add_to_server(server)
 
     await serve_replica(args, "decode", SERVICE_NAMES, build, add_servicers)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value

@@ -1,11 +1,14 @@
 """A decode replica: the engine, its shareable KV pool and the reservations on it.
 
-1. Reserve: blocks are allocated for a prompt and entered in the reservation table.
+1. Reserve: blocks are allocated for a prompt (at most the model's context length, and within
+   the caller's cap on blocks held in reservations) and entered in the reservation table with a
+   fresh write token, which only the caller learns, in the KVTarget.
 2. Transfer: a prefill replica writes the prompt's KV into them (in place, or through the
-   KVTransfer service) and the reservation is marked LANDED.
+   KVTransfer service), presenting the token, and the reservation is marked LANDED.
 3. Generate: on a gateway's `DecodeSession`, the request joins the running batch with its
    first token; its tokens go out with the session's other requests, one message per step.
-4. Finish / abort / session end / expiry: the engine frees the blocks.
+4. Finish / abort / session end / expiry: the engine frees the blocks, once no write into them
+   is in progress (decode_svc/reservations.py: fencing).
 
 All engine access goes through `AsyncEngine`; the reservation table and the open sessions live
 on the event loop. In flight, for a drain: every reservation not yet joined plus every request
@@ -16,23 +19,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from decode_svc.reservations import ReservationTable
+from decode_svc.reservations import Reservation, ReservationTable
 from decode_svc.session import DecodeSession, ReplicaStoppingError
 from engine.async_engine import AsyncEngine
 from engine.config import model_id
+from engine.block_allocator import num_blocks_for
 from engine.engine_config import EngineConfig
+from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
 from kvtransfer.layout import make_layout
 from kvtransfer.pool import KVPool
 from kvtransfer.target import KVTarget
 from kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.v1 import common_pb2
 
 logger = logging.getLogger(__name__)
 REAP_INTERVAL_S = 0.5
+WRITE_TOKEN_BYTES = 16  # 128 bits
+IN_PLACE_TRANSPORTS = (common_pb2.TRANSPORT_SHM, common_pb2.TRANSPORT_CUDA_IPC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,9 @@ class DecodeReplicaConfig:
     replica_id: str
     kv_endpoint: str  # host:port where prefill replicas reach this replica's KVTransfer service
     reservation_timeout_s: float = 30.0
+    # Of the pool, the share one caller may hold in reservations not yet joined.
+    max_reserved_fraction_per_caller: float = 0.5
+    in_place_grace_s: float = 5.0  # expired in-place reservations keep their blocks this much longer
 
 
 class DecodeReplica:
@@ -51,7 +63,12 @@ class DecodeReplica:
         engine = LLMEngine(config.engine, kv_allocator=self._allocate_pool)
         self.engine = AsyncEngine(engine, loop)
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
-        self.reservations = ReservationTable(config.reservation_timeout_s)
+        self.max_model_len = engine.max_model_len
+        self.block_size = engine.allocator.block_size
+        self.reservations = ReservationTable(
+            config.reservation_timeout_s,
+            max_blocks_per_caller=max(1, int(config.max_reserved_fraction_per_caller * engine.allocator.num_blocks)),
+            in_place_grace_s=config.in_place_grace_s)
         self._reaper: asyncio.Task | None = None
         self._sessions: set[DecodeSession] = set()
 
@@ -81,26 +98,41 @@ class DecodeReplica:
     async def cached_prefix_hashes(self, limit: int) -> list[bytes]:
         return await self.engine.call(lambda engine: engine.cached_prefix_hashes(limit))
 
-    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int,
+    async def reserve(self, request_id: str, num_prompt_tokens: int, transport: int, caller: str,
                       token_ids: list[int]) -> KVTarget:
-        """Raises TransportUnavailableError, OutOfBlocksError, InvalidRequestError. The prefill
-        replica checks the target's layout against its own before the first byte moves."""
+        """Raises TransportUnavailableError, OutOfBlocksError, CallerQuotaError, InvalidRequestError.
+        The prefill replica checks the target's layout against its own before the first byte moves."""
+        if not 0 < num_prompt_tokens <= self.max_model_len:
+            raise InvalidRequestError(
+                f"num_prompt_tokens must be in [1, {self.max_model_len}] (the model's context length), "
+                f"got {num_prompt_tokens}")
         pool_fields = target_fields(self.pool, transport)
-        table, num_cached = await self.engine.call(lambda engine: engine.reserve(request_id, num_prompt_tokens, token_ids))
+        self.reservations.check_quota(caller, num_blocks_for(num_prompt_tokens, self.block_size))
+        table, num_cached = await self.engine.call(
+            lambda engine: engine.reserve(request_id, num_prompt_tokens, token_ids))
+        write_token = secrets.token_bytes(WRITE_TOKEN_BYTES)
         # Only the blocks after the cached prefix take writes; the shared ones are never written.
-        entry = self.reservations.add(request_id, table[num_cached:], num_prompt_tokens, time.monotonic())
+        entry = self.reservations.add(request_id, table[num_cached:], num_prompt_tokens, time.monotonic(),
+                                      caller=caller, write_token=write_token,
+                                      in_place=transport in IN_PLACE_TRANSPORTS)
         remaining_s = entry.deadline_s - time.monotonic()
         return KVTarget(
             request_id=request_id, block_ids=tuple(entry.block_ids), layout=self.layout, transport=transport,
             decode_replica=self.config.replica_id, kv_endpoint=self.config.kv_endpoint,
-            deadline_unix_s=time.time() + remaining_s, num_cached_blocks=num_cached, **pool_fields)
+            deadline_unix_s=time.time() + remaining_s, write_token=write_token, num_cached_blocks=num_cached,
+            **pool_fields)
 
-    # The two methods below are the KVReceiver's view of the reservations.
-    def block_ids(self, request_id: str) -> list[int] | None:
-        return self.reservations.writable_block_ids(request_id)
+    # The three methods below are the KVReceiver's view of the reservations.
+    def begin_write(self, request_id: str, write_token: bytes) -> list[int]:
+        return self.reservations.begin_write(request_id, write_token, time.monotonic())
 
-    def mark_landed(self, request_id: str, num_bytes: int) -> None:
-        self.reservations.mark_landed(request_id, num_bytes, time.monotonic())
+    def end_write(self, request_id: str) -> None:
+        ended = self.reservations.end_write(request_id)
+        if ended is not None:
+            self._release(ended, "ended during a KV write")
+
+    def mark_landed(self, request_id: str, write_token: bytes, num_bytes: int) -> None:
+        self.reservations.mark_landed(request_id, write_token, num_bytes, time.monotonic())
 
     @contextlib.contextmanager
     def session(self) -> Iterator[DecodeSession]:
@@ -114,14 +146,17 @@ class DecodeReplica:
             session.close()
 
     async def abort(self, request_id: str) -> bool:
-        self.reservations.remove(request_id)
+        if not self.reservations.remove(request_id):
+            return True  # a KV write still holds its blocks; its end releases them
         return await self.engine.abort(request_id)
 
     async def _reap_expired(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
             for entry in self.reservations.pop_expired(time.monotonic()):
-                logger.warning("reservation of %s expired (%s); releasing %d blocks",
-                               entry.request_id, entry.state.value, len(entry.block_ids))
-                self.engine.submit(lambda engine, rid=entry.request_id: engine.release_kv(rid))
+                self._release(entry, f"expired ({entry.state.value})")
+
+    def _release(self, entry: Reservation, why: str) -> None:
+        logger.warning("reservation of %s %s; releasing %d blocks", entry.request_id, why, len(entry.block_ids))
+        self.engine.submit(lambda engine: engine.release_kv(entry.request_id))
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from cluster.grpc_errors import grpc_errors, status_for
+from cluster.internal_auth import caller_of
 from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from decode_svc.replica import DecodeReplica
 from decode_svc.session import DecodeSession, SessionClosedError
@@ -32,7 +33,7 @@ class DecodeService(decode_pb2_grpc.DecodeServicer):
     @grpc_errors
     async def Reserve(self, request: decode_pb2.ReserveRequest, context) -> kv_transfer_pb2.KVTarget:
         target = await self.replica.reserve(request.request_id, request.num_prompt_tokens, request.transport,
-                                            list(request.token_ids))
+                                            caller_of(context), list(request.token_ids))
         return target_to_proto(target)
 
     @grpc_errors

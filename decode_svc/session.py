@@ -72,11 +72,13 @@ class DecodeSession:
         self._group.fail(request_id, error)
 
     def abort(self, request_id: str) -> None:
-        """Ends the request (or releases its reservation); nothing more comes for it."""
-        self._reservations.remove(request_id)
+        """Ends the request (or releases its reservation, once no KV write holds it); nothing
+        more comes for it."""
+        releasable = self._reservations.remove(request_id)
         self._request_ids.discard(request_id)
         self._engine.close_stream(request_id)
-        self._engine.submit(lambda engine: engine.abort_request(request_id))
+        if releasable:
+            self._engine.submit(lambda engine: engine.abort_request(request_id))
 
     async def next_step(self) -> list[GroupEntry]:
         """The entries of the next engine step (or refused command) that concern a member.

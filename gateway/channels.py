@@ -1,18 +1,21 @@
-"""One gRPC channel per replica endpoint, opened on first use and closed with the gateway."""
+"""One gRPC channel per replica endpoint, opened on first use and closed with the gateway; each
+presents the gateway's internal credentials (the deployment secret, its caller id)."""
 from __future__ import annotations
 
 import grpc
 
 from cluster.grpc_server import MAX_MESSAGE_BYTES
+from cluster.internal_auth import InternalAuth
 
 
 class ChannelPool:
-    def __init__(self):
+    def __init__(self, auth: InternalAuth | None = None):
+        self._auth = auth or InternalAuth.open()
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def get(self, endpoint: str) -> grpc.aio.Channel:
         if endpoint not in self._channels:
-            self._channels[endpoint] = grpc.aio.insecure_channel(endpoint, options=[
+            self._channels[endpoint] = self._auth.channel(endpoint, options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ])

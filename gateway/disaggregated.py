@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from cluster.internal_auth import InternalAuth
 from cluster.registry import LiveReplicas
 from engine.admission import draw_seed
 from engine.errors import PdserveError
@@ -62,6 +63,7 @@ class DisaggregatedConfig:
     forced_transport: int | None = None  # None: choose from the replicas' host and device
     timeouts: Timeouts = field(default_factory=Timeouts)
     migration_limit: int = 3  # times one request may move off replicas that went away
+    internal_auth: InternalAuth = InternalAuth.open()  # what calls to the replicas present
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ class DisaggregatedFrontend:
         self.metrics = metrics
         self.router = Router()
         self.affinity = affinity or PrefixAffinity(None)  # None: load-only routing
-        self.channels = ChannelPool()
+        self.channels = ChannelPool(config.internal_auth)
         self._decode_clients: dict[tuple[str, str], DecodeClient] = {}  # (replica id, endpoint): its session
         self._live: dict[str, DisaggregatedRequest] = {}
         self._has_replicas = False

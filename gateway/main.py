@@ -15,7 +15,8 @@ from cluster.prefix_digest import PrefixDigests
 from cluster.redis_client import connect_redis
 from cluster.registry import LiveReplicas
 from cluster.routing_policies import ROUTING_POLICIES
-from cluster.service_args import add_served_model_name_argument, configure_logging, served_model_name
+from cluster.service_args import (add_internal_auth_arguments, add_redis_url_argument, add_served_model_name_argument,
+                                  configure_logging, internal_auth_from, served_model_name)
 from engine.config import ModelConfig
 from engine.tokenizer import load_tokenizer
 from gateway.admission import Admission
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--grpc-port", type=int, default=50051)
     parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--redis-url", required=True)
+    add_redis_url_argument(parser)
     parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="KV transport between prefill and decode (auto: from the replicas' host and device)")
     parser.add_argument("--migration-limit", type=int, default=3,
@@ -54,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     add_front_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
+    add_internal_auth_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,17 +70,18 @@ async def serve(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(args.model)
     model_name = served_model_name(args)
     redis = connect_redis(args.redis_url, timeout_s=REDIS_TIMEOUT_S)
+    internal_auth = internal_auth_from(args, "gateway")
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, model_config.vocab_size, model_config.max_position_embeddings)
     frontend = DisaggregatedFrontend(
         DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
-                            migration_limit=args.migration_limit),
-        prompts, LiveReplicas(redis), RequestStore(redis, ttl_s=args.request_ttl_s), metrics,
+                            migration_limit=args.migration_limit, internal_auth=internal_auth),
+        prompts, LiveReplicas(redis, internal_auth.secret), RequestStore(redis, ttl_s=args.request_ttl_s), metrics,
         PrefixAffinity(PrefixDigests(redis) if args.routing == "cache-aware" else None))
 
     admission = Admission(front.max_pending_requests, metrics.registry, model_name)
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
-                        front.tls.grpc_credentials() if front.tls else None)
+                        credentials=front.tls.grpc_credentials() if front.tls else None)
     GatewayService(frontend, front.api_keys, admission).add_to_server(server.server)
     app = create_app(frontend, metrics, api_keys=front.api_keys, admission=admission)
     async with serving_http(app, args.host, args.http_port, front.tls.ssl_context() if front.tls else None):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 
+import grpc
 import torch
 
 from engine.kv_cache import KVCacheSpec
@@ -20,6 +21,7 @@ from kvtransfer.errors import TransferError, TransportUnavailableError
 from kvtransfer.in_place import InPlaceSender, copy_blocks
 from kvtransfer.layout import KVLayout
 from kvtransfer.pool import KVPool
+from kvtransfer.rpc import ChannelFactory
 from kvtransfer.target import KVTarget
 from pdserve.v1 import common_pb2
 
@@ -113,12 +115,12 @@ def open_cuda_pool(handle: bytes) -> torch.Tensor:
 class CudaIpcSender(InPlaceSender):
     transport = common_pb2.TRANSPORT_CUDA_IPC
 
-    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float):
+    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float, open_channel: ChannelFactory = grpc.aio.insecure_channel):
         if not torch.cuda.is_available():
             raise TransportUnavailableError(
                 "TRANSPORT_CUDA_IPC needs a CUDA device, and this process sees none"
             )
-        super().__init__(local_layout, rpc_timeout_s)
+        super().__init__(local_layout, rpc_timeout_s, open_channel)
 
     def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
         if not kv_cache.is_cuda:

@@ -2,7 +2,7 @@
 
 Torch-free and grpc-free, so that pure policy (transport choice) can raise them too.
 """
-from engine.errors import PreconditionError, UnavailableError
+from engine.errors import PdserveError, PreconditionError, UnavailableError
 
 
 class LayoutMismatchError(PreconditionError, ValueError):
@@ -11,6 +11,10 @@ class LayoutMismatchError(PreconditionError, ValueError):
 
 class TransferError(UnavailableError, RuntimeError):
     """A KV transfer did not complete: the decode side refused it, was unreachable or timed out."""
+
+
+class WriteTokenError(PdserveError):
+    """A KV write does not carry its reservation's write token; nothing is written."""
 
 
 class TransportUnavailableError(PreconditionError, RuntimeError):

@@ -11,14 +11,17 @@ layer is sent as soon as it is announced, so the transfer overlaps the prefill c
 following it.
 
 Decode end (`receive_push`, served by kvtransfer/receiver.py), per chunk: request id consistent
--> layout (first chunk, FAILED_PRECONDITION) -> reservation still held (NOT_FOUND, checked on
-every chunk, so an expiry mid-stream stops the writes) -> layer and block ids inside the
-reservation (INVALID_ARGUMENT / PERMISSION_DENIED) -> byte sizes (INVALID_ARGUMENT) -> write.
-A stream that ends or breaks before `last` lands nothing.
+-> layout (first chunk, FAILED_PRECONDITION) -> reservation still there (NOT_FOUND) and the
+chunk's write token its own (PERMISSION_DENIED), both checked on every chunk, so an expiry
+mid-stream stops the writes -> layer and block ids inside the reservation (INVALID_ARGUMENT /
+PERMISSION_DENIED) -> byte sizes (INVALID_ARGUMENT) -> write, holding the reservation until the
+bytes are in (even if the push is cancelled meanwhile), so its blocks cannot be reused under the
+write. A stream that ends or breaks before `last` lands nothing. No refusal names block ids.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -34,7 +37,7 @@ from kvtransfer.chunk_wire import MalformedChunk, ReceivedChunk, encode_chunk
 from kvtransfer.errors import TransferError
 from kvtransfer.layout import KVLayout
 from kvtransfer.pool import KVPool
-from kvtransfer.rpc import KVTransferClient, Refusal
+from kvtransfer.rpc import ChannelFactory, KVTransferClient, Refusal
 from kvtransfer.target import KVTarget
 from kvtransfer.wire import layout_from_proto, layout_to_proto
 from pdserve.v1 import common_pb2, kv_transfer_pb2
@@ -55,10 +58,11 @@ class GrpcSender:
     transport = common_pb2.TRANSPORT_GRPC
     streams_layers = True
 
-    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
+    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float, open_channel: ChannelFactory = grpc.aio.insecure_channel,
+                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES):
         self._layout = local_layout
         self._spec = KVCacheSpec.from_layout(local_layout)
-        self._client = KVTransferClient(rpc_timeout_s)
+        self._client = KVTransferClient(rpc_timeout_s, open_channel)
         self._max_chunk_bytes = max_chunk_bytes
 
     async def send(
@@ -71,7 +75,8 @@ class GrpcSender:
     ) -> TransferResult:
         start_s = time.perf_counter()
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
-        chunks = self._chunks(request_id, kv_cache, list(block_ids), list(target.block_ids), layers_ready)
+        chunks = self._chunks(request_id, kv_cache, list(block_ids), list(target.block_ids), target.write_token,
+                              layers_ready)
         await self._client.push(request_id, target, chunks)
         num_bytes = len(block_ids) * self._spec.bytes_per_block
         seconds = time.perf_counter() - start_s
@@ -80,7 +85,7 @@ class GrpcSender:
 
     async def _chunks(
         self, request_id: str, kv_cache: torch.Tensor, src_block_ids: list[int], dst_block_ids: list[int],
-        layers_ready: AsyncIterator[int] | None,
+        write_token: bytes, layers_ready: AsyncIterator[int] | None,
     ) -> AsyncIterator[bytes]:
         """The encoded `KVChunk`s of the request, each layer's as soon as it is ready."""
         blocks_per_chunk = max(1, self._max_chunk_bytes // self._spec.bytes_per_layer_block)
@@ -104,6 +109,7 @@ class GrpcSender:
                 layer=layer,
                 block_ids=dst_block_ids[start : start + blocks_per_chunk],
                 last=index == len(spans) - 1,
+                write_token=write_token,
             )
             src_ids = src_block_ids[start : start + blocks_per_chunk]
             yield await asyncio.to_thread(_encode_chunk, header, kv_cache, layer, src_ids)
@@ -126,9 +132,10 @@ class DecodeEnd(Protocol):
 
     def check_layout(self, remote: KVLayout | None) -> None: ...
 
-    def reserved(self, request_id: str) -> list[int]: ...
+    def writing(self, request_id: str, write_token: bytes) -> contextlib.AbstractContextManager[list[int]]:
+        """The reserved blocks, held for a write while the block runs."""
 
-    def land(self, request_id: str, num_bytes: int) -> None: ...
+    def land(self, request_id: str, write_token: bytes, num_bytes: int) -> None: ...
 
 
 async def receive_push(
@@ -158,14 +165,14 @@ async def receive_push(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"push for request {request_id} carries a chunk of request {chunk.request_id}",
             )
-        reserved = end.reserved(request_id)
-        _check_chunk(spec, request_id, chunk, key, value, set(reserved))
-        await asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), key, value)
+        with end.writing(request_id, chunk.write_token) as reserved:
+            _check_chunk(spec, request_id, chunk, key, value, set(reserved))
+            await _finish_even_if_cancelled(asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), key, value))
         written_block_ids[chunk.layer].update(chunk.block_ids)
         num_bytes += key.nbytes + value.nbytes
         if chunk.last:
             _check_complete(request_id, reserved, written_block_ids)
-            end.land(request_id, num_bytes)
+            end.land(request_id, chunk.write_token, num_bytes)
             return kv_transfer_pb2.KVAck(request_id=request_id, num_bytes=num_bytes)
     raise Refusal(
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -183,11 +190,10 @@ def _check_chunk(
         )
     if len(set(chunk.block_ids)) != len(chunk.block_ids):
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"request {request_id}: repeated block ids in a chunk")
-    foreign = sorted(set(chunk.block_ids) - reserved)
-    if foreign:
+    if not reserved.issuperset(chunk.block_ids):
         raise Refusal(
             grpc.StatusCode.PERMISSION_DENIED,
-            f"request {request_id}: blocks {foreign} are not reserved for it",
+            f"request {request_id}: the chunk names blocks not reserved for it",
         )
     expected_bytes = len(chunk.block_ids) * spec.bytes_per_layer_block // 2  # K (or V) alone
     if key.nbytes != expected_bytes or value.nbytes != expected_bytes:
@@ -204,9 +210,21 @@ def _check_complete(request_id: str, reserved: list[int], written_block_ids: lis
         if written != reserved_set:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"request {request_id}: last chunk arrived with layer {layer} missing blocks "
-                f"{sorted(reserved_set - written)}",
+                f"request {request_id}: last chunk arrived with layer {layer} missing "
+                f"{len(reserved_set - written)} of its {len(reserved_set)} blocks",
             )
+
+
+async def _finish_even_if_cancelled(write) -> None:
+    """Awaits `write`; if the caller is cancelled meanwhile, still waits for the write to end
+    before the cancellation goes on (a thread cannot be stopped mid-copy)."""
+    task = asyncio.ensure_future(write)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await asyncio.wait([task])
+        raise
 
 
 def _write(pool: KVPool, layer: int, block_ids: list[int], key: memoryview, value: memoryview) -> None:

@@ -1,12 +1,15 @@
 """The senders that write straight into the decode pool's memory (shm, cuda_ipc), and then say so.
 
     validate → check the target's blocks and deadline → open the decode pool (once per pool)
-             → copy the blocks on a worker thread → KVTransfer.Commit
+             → copy the blocks on a worker thread → check the deadline again
+             → KVTransfer.Commit, with the target's write token
 
 A subclass says how to open a target's pool (`_open_pool`, which may refuse the source pool too)
 and how to copy into it (`_copy`, usually `copy_blocks`). Invariant: Commit is sent only after
 the copy has finished, so the decode replica never reads a half-written block; a send that raises
-commits nothing.
+commits nothing. The blocks written are those of the target, which only the caller of Reserve
+got, and only before the reservation's deadline; the decode replica keeps them from anyone else
+for a grace period past it (decode_svc/reservations.py), and refuses the commit once it passed.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+import grpc
 import numpy as np
 import torch
 
@@ -23,7 +27,7 @@ from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.choice import transport_name
 from kvtransfer.errors import TransferError
 from kvtransfer.layout import KVLayout
-from kvtransfer.rpc import KVTransferClient
+from kvtransfer.rpc import ChannelFactory, KVTransferClient
 from kvtransfer.target import KVTarget
 
 logger = logging.getLogger(__name__)
@@ -33,10 +37,10 @@ class InPlaceSender:
     transport: int  # common_pb2.Transport
     streams_layers = False
 
-    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float):
+    def __init__(self, local_layout: KVLayout, rpc_timeout_s: float, open_channel: ChannelFactory = grpc.aio.insecure_channel):
         self._layout = local_layout
         self._spec = KVCacheSpec.from_layout(local_layout)
-        self._client = KVTransferClient(rpc_timeout_s)
+        self._client = KVTransferClient(rpc_timeout_s, open_channel)
         self._pools: dict[str | bytes, torch.Tensor] = {}  # pool handle -> the decode pool, opened
 
     def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -58,6 +62,7 @@ class InPlaceSender:
         _check_in_place_target(request_id, target)
         decode_pool = self._open_pool(target, kv_cache)
         await asyncio.to_thread(self._copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
+        _check_deadline(request_id, target, "the copy ended")
         num_bytes = len(block_ids) * self._spec.bytes_per_block
         await self._client.commit(request_id, target, self._layout, num_bytes)
         seconds = time.perf_counter() - start_s
@@ -77,8 +82,12 @@ def _check_in_place_target(request_id: str, target: KVTarget) -> None:
         raise TransferError(
             f"request {request_id}: decode block ids outside the pool's {target.pool_num_blocks} blocks"
         )
+    _check_deadline(request_id, target, "the transfer")
+
+
+def _check_deadline(request_id: str, target: KVTarget, event: str) -> None:
     if target.deadline_unix_s is not None and time.time() >= target.deadline_unix_s:
-        raise TransferError(f"request {request_id}: the decode reservation expired before the transfer")
+        raise TransferError(f"request {request_id}: the decode reservation expired before {event}")
 
 
 def copy_blocks(

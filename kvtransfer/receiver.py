@@ -1,20 +1,26 @@
 """The decode replica's side of a KV transfer: the `KVTransfer` gRPC service over its pool.
 
-Invariant: bytes land only in blocks reserved for the request that sends them, only while the
-reservation lasts, and only after the sender's layout matched ours; `mark_landed` is called
-once every layer of every reserved block has been written (Push, whose chunks kvtransfer/
-grpc_stream.py checks and writes) or declared written in place (Commit, from shm or cuda_ipc).
+Invariant: bytes land only in blocks reserved for the request that sends them, only from a
+sender that presents the reservation's write token (else PERMISSION_DENIED, nothing written),
+only while the reservation lasts, and only after the sender's layout matched ours; a Push holds
+the reservation while each chunk is written, so its blocks cannot be handed to another request
+under the write. `mark_landed` is called once every layer of every reserved block has been
+written (Push, whose chunks kvtransfer/grpc_stream.py checks and writes) or declared written in
+place (Commit, from shm or cuda_ipc, checked against the reservation as it is then). No refusal
+names block ids: they are not the caller's to learn.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Protocol
 
 import grpc
 
-from engine.errors import PdserveError
+from engine.errors import NotFoundError, PreconditionError
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.chunk_wire import decode_chunk_or_malformed
-from kvtransfer.errors import LayoutMismatchError
+from kvtransfer.errors import LayoutMismatchError, WriteTokenError
 from kvtransfer.grpc_stream import receive_push
 from kvtransfer.layout import KVLayout, check_layout
 from kvtransfer.pool import KVPool
@@ -26,11 +32,14 @@ from pdserve.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc
 class ReservationView(Protocol):
     """The decode replica's reservations, as the receiver needs them; thread-safe on its side."""
 
-    def block_ids(self, request_id: str) -> list[int] | None:
-        """The blocks reserved for `request_id`, or None if it holds no reservation."""
+    def begin_write(self, request_id: str, write_token: bytes) -> list[int]:
+        """The blocks reserved for `request_id`, held until `end_write`. Raises NotFoundError (no
+        such reservation, or expired), PreconditionError (not awaiting KV), WriteTokenError."""
 
-    def mark_landed(self, request_id: str, num_bytes: int) -> None:
-        """The request's KV is complete in its reserved blocks."""
+    def end_write(self, request_id: str) -> None: ...
+
+    def mark_landed(self, request_id: str, write_token: bytes, num_bytes: int) -> None:
+        """The request's KV is complete in its reserved blocks; raises as `begin_write`."""
 
 
 class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
@@ -66,15 +75,15 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
     async def Commit(self, request: kv_transfer_pb2.KVCommit, context: grpc.aio.ServicerContext) -> kv_transfer_pb2.KVAck:
         try:
             self.check_layout(layout_from_proto(request.layout) if request.HasField("layout") else None)
-            reserved = self.reserved(request.request_id)
-            expected_bytes = len(reserved) * self._pool.spec.bytes_per_block
+            with self.writing(request.request_id, request.write_token) as reserved:
+                expected_bytes = len(reserved) * self._pool.spec.bytes_per_block
             if request.num_bytes != expected_bytes:
                 raise Refusal(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"request {request.request_id}: commit of {request.num_bytes} bytes, its "
                     f"{len(reserved)} reserved blocks hold {expected_bytes}",
                 )
-            self.land(request.request_id, request.num_bytes)
+            self.land(request.request_id, request.write_token, request.num_bytes)
         except Refusal as refusal:
             await context.abort(refusal.code, str(refusal))
         return kv_transfer_pb2.KVAck(request_id=request.request_id, num_bytes=request.num_bytes)
@@ -88,17 +97,29 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
         except LayoutMismatchError as error:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from error
 
-    def reserved(self, request_id: str) -> list[int]:
-        reserved = self._reservations.block_ids(request_id)
-        if reserved is None:
-            raise Refusal(
-                grpc.StatusCode.NOT_FOUND,
-                f"request {request_id} holds no KV reservation here (unknown, expired or released)",
-            )
-        return reserved
-
-    def land(self, request_id: str, num_bytes: int) -> None:
+    @contextlib.contextmanager
+    def writing(self, request_id: str, write_token: bytes) -> Iterator[list[int]]:
+        with _refused_as_status():
+            reserved = self._reservations.begin_write(request_id, write_token)
         try:
-            self._reservations.mark_landed(request_id, num_bytes)
-        except PdserveError as error:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from error
+            yield reserved
+        finally:
+            self._reservations.end_write(request_id)
+
+    def land(self, request_id: str, write_token: bytes, num_bytes: int) -> None:
+        with _refused_as_status():
+            self._reservations.mark_landed(request_id, write_token, num_bytes)
+
+
+@contextlib.contextmanager
+def _refused_as_status() -> Iterator[None]:
+    """A reservation that is gone is NOT_FOUND, one in the wrong state FAILED_PRECONDITION, and a
+    wrong write token PERMISSION_DENIED."""
+    try:
+        yield
+    except NotFoundError as error:
+        raise Refusal(grpc.StatusCode.NOT_FOUND, str(error)) from error
+    except WriteTokenError as error:
+        raise Refusal(grpc.StatusCode.PERMISSION_DENIED, str(error)) from error
+    except PreconditionError as error:
+        raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(error)) from error

@@ -1,10 +1,11 @@
-"""The KVTransfer wire. Client side: one channel per decode endpoint, every call bounded by a
-deadline, every failure a TransferError that names the endpoint and the gRPC status. Service
-side: a `Refusal` is the status a decode end answers a sender with."""
+"""The KVTransfer wire. Client side: one channel per decode endpoint, opened by the process's
+`open_channel` (which adds its internal credentials), every call bounded by a deadline, every failure a TransferError that names
+the endpoint and the gRPC status. Service side: a `Refusal` is the status a decode end answers a
+sender with."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -14,6 +15,8 @@ from kvtransfer.target import KVTarget
 from kvtransfer.wire import layout_to_proto
 from pdserve.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc
 
+
+ChannelFactory = Callable[[str], grpc.aio.Channel]  # endpoint -> a channel to it
 
 # Push with the chunks' bytes as they are: the sender encodes them itself (kvtransfer/grpc_stream.py).
 _PUSH_METHOD = f"/{kv_transfer_pb2.DESCRIPTOR.services_by_name['KVTransfer'].full_name}/Push"
@@ -28,15 +31,16 @@ class Refusal(Exception):
 
 
 class KVTransferClient:
-    def __init__(self, rpc_timeout_s: float):
+    def __init__(self, rpc_timeout_s: float, open_channel: ChannelFactory = grpc.aio.insecure_channel):
         self._rpc_timeout_s = rpc_timeout_s
+        self._open_channel = open_channel
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         if not endpoint:
             raise TransferError("KV target has no kv_endpoint")
         if endpoint not in self._channels:
-            self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
+            self._channels[endpoint] = self._open_channel(endpoint)
         return self._channels[endpoint]
 
     def _timeout_s(self, request_id: str, target: KVTarget) -> float:
@@ -52,7 +56,8 @@ class KVTransferClient:
         self, request_id: str, target: KVTarget, layout: KVLayout, num_bytes: int
     ) -> None:
         """Tells the decode replica that the blocks written in place are complete."""
-        request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout_to_proto(layout), num_bytes=num_bytes)
+        request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout_to_proto(layout), num_bytes=num_bytes,
+                                           write_token=target.write_token)
         try:
             stub = kv_transfer_pb2_grpc.KVTransferStub(self._channel(target.kv_endpoint))
             await stub.Commit(request, timeout=self._timeout_s(request_id, target))

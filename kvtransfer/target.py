@@ -25,3 +25,4 @@ class KVTarget:
     cuda_ipc_handle: bytes = b""  # TRANSPORT_CUDA_IPC: the pool's exported memory
     cuda_device: int = 0  # TRANSPORT_CUDA_IPC: the pool's device index
     num_cached_blocks: int = 0  # the prompt's leading blocks decode holds already; block_ids follow them
+    write_token: bytes = b""  # the reservation's capability, carried by every write into it

@@ -5,6 +5,7 @@ this module only picks one by its `common_pb2.Transport` number.
 """
 from __future__ import annotations
 
+import grpc
 import torch
 
 from engine.kv_cache import KVCacheSpec
@@ -14,6 +15,7 @@ from kvtransfer.choice import transport_name
 from kvtransfer.errors import TransportUnavailableError
 from kvtransfer.layout import KVLayout
 from kvtransfer.pool import KVPool
+from kvtransfer.rpc import ChannelFactory
 from pdserve.v1 import common_pb2
 
 DEFAULT_RPC_TIMEOUT_S = 30.0
@@ -46,9 +48,13 @@ def target_fields(pool: KVPool, transport: int) -> dict[str, object]:
     return fields_of(pool)
 
 
-def create_sender(transport: int, local_layout: KVLayout, rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> KVSender:
-    """Raises TransportUnavailableError if `transport` cannot work in this process."""
+def create_sender(
+    transport: int, local_layout: KVLayout, open_channel: ChannelFactory = grpc.aio.insecure_channel,
+    rpc_timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
+) -> KVSender:
+    """A sender that reaches decode replicas through `open_channel`; raises
+    TransportUnavailableError if `transport` cannot work in this process."""
     if transport not in _TRANSPORTS:
         raise TransportUnavailableError(f"no KV sender for {transport_name(transport)}")
     _, sender_class = _TRANSPORTS[transport]
-    return sender_class(local_layout, rpc_timeout_s)
+    return sender_class(local_layout, rpc_timeout_s, open_channel)

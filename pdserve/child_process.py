@@ -26,6 +26,7 @@ class ChildSpec:
     argv: tuple[str, ...]
     grpc_target: str  # "host:port" of its health service
     http_health_url: str | None = None  # also probed, when set
+    env: dict[str, str] | None = None  # its environment (None: this process's)
 
 
 class UpLog:
@@ -51,7 +52,7 @@ class Child:
         self.last_probe = "not probed yet"
         self._last_lines: collections.deque[str] = collections.deque(maxlen=_NUM_LAST_LINES)
         self._process = subprocess.Popen(
-            spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            spec.argv, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=die_with_parent_fn())
         self._copier = threading.Thread(target=self._copy_output, args=(log,), name=f"log-{spec.name}", daemon=True)
         self._copier.start()

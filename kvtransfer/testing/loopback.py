@@ -1,8 +1,9 @@
 """A decode-side KV endpoint in a process of its own, for end-to-end checks and benchmarks.
 
 The child process owns a KV pool (shared CPU memory, or CUDA), serves `KVTransfer` through a
-real `KVReceiver` on a loopback port, and keeps a plain reservation table. The parent drives
-it through a pipe, each call with a deadline:
+real `KVReceiver` on a loopback port, and keeps a plain reservation table (each reservation
+with its write token, which a write must present). The parent drives it through a pipe, each
+call with a deadline:
 
     reserve(request id, block ids, transport) -> KVTarget, as a decode replica would return it
     release(request id)   the reservation ends (as when it expires)
@@ -12,7 +13,9 @@ it through a pipe, each call with a deadline:
 from __future__ import annotations
 
 import asyncio
+import hmac
 import multiprocessing
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -21,7 +24,8 @@ import grpc
 import torch
 
 from engine.kv_cache import KVCacheSpec
-from kvtransfer.errors import TransportUnavailableError
+from engine.errors import NotFoundError
+from kvtransfer.errors import TransportUnavailableError, WriteTokenError
 from kvtransfer.grpc_stream import DEFAULT_MAX_CHUNK_BYTES
 from kvtransfer.layout import make_layout
 from kvtransfer.receiver import KVReceiver
@@ -106,11 +110,14 @@ class _ReservationTable:
     def __init__(self):
         self._lock = threading.Lock()
         self._block_ids: dict[str, list[int]] = {}
+        self._write_tokens: dict[str, bytes] = {}
         self._landed: dict[str, int] = {}
 
-    def reserve(self, request_id: str, block_ids: list[int]) -> None:
+    def reserve(self, request_id: str, block_ids: list[int]) -> bytes:
         with self._lock:
             self._block_ids[request_id] = list(block_ids)
+            self._write_tokens[request_id] = secrets.token_bytes(16)
+            return self._write_tokens[request_id]
 
     def release(self, request_id: str) -> None:
         with self._lock:
@@ -120,13 +127,24 @@ class _ReservationTable:
         with self._lock:
             return dict(self._landed)
 
-    def block_ids(self, request_id: str) -> list[int] | None:
+    def begin_write(self, request_id: str, write_token: bytes) -> list[int]:
         with self._lock:
-            return self._block_ids.get(request_id)
+            return self._writable(request_id, write_token)
 
-    def mark_landed(self, request_id: str, num_bytes: int) -> None:
+    def end_write(self, request_id: str) -> None:
+        pass
+
+    def mark_landed(self, request_id: str, write_token: bytes, num_bytes: int) -> None:
         with self._lock:
+            self._writable(request_id, write_token)
             self._landed[request_id] = num_bytes
+
+    def _writable(self, request_id: str, write_token: bytes) -> list[int]:
+        if request_id not in self._block_ids:
+            raise NotFoundError(f"request {request_id} holds no KV reservation here")
+        if not hmac.compare_digest(write_token, self._write_tokens[request_id]):
+            raise WriteTokenError(f"request {request_id}: wrong write token")
+        return self._block_ids[request_id]
 
 
 def _serve(conn, config: LoopbackConfig) -> None:
@@ -164,10 +182,11 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
                 except TransportUnavailableError as error:
                     conn.send(("unavailable", str(error)))
                     continue
-                table.reserve(request_id, block_ids)
+                write_token = table.reserve(request_id, block_ids)
                 target = KVTarget(
                     request_id=request_id, block_ids=tuple(block_ids), layout=layout, transport=transport,
-                    decode_replica="loopback", kv_endpoint=endpoint, deadline_unix_s=time.time() + ttl_s, **fields,
+                    decode_replica="loopback", kv_endpoint=endpoint, deadline_unix_s=time.time() + ttl_s,
+                    write_token=write_token, **fields,
                 )
                 conn.send(("ok", target))
             elif command == "release":

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KVTarget(_message.Message):
-    __slots__ = ("request_id", "decode_replica", "kv_endpoint", "block_ids", "layout", "transport", "shm_name", "cuda_ipc_handle", "cuda_device", "pool_num_blocks", "deadline_unix_s", "num_cached_blocks")
+    __slots__ = ("request_id", "decode_replica", "kv_endpoint", "block_ids", "layout", "transport", "shm_name", "cuda_ipc_handle", "cuda_device", "pool_num_blocks", "deadline_unix_s", "write_token", "num_cached_blocks")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_REPLICA_FIELD_NUMBER: _ClassVar[int]
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class KVTarget(_message.Message):
     CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     POOL_NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     decode_replica: str
@@ -32,11 +33,12 @@ class KVTarget(_message.Message):
     cuda_device: int
     pool_num_blocks: int
     deadline_unix_s: float
+    write_token: bytes
     num_cached_blocks: int
-    def __init__(self, request_id: _Optional[str] = ..., decode_replica: _Optional[str] = ..., kv_endpoint: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pool_num_blocks: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., num_cached_blocks: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., decode_replica: _Optional[str] = ..., kv_endpoint: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pool_num_blocks: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., write_token: _Optional[bytes] = ..., num_cached_blocks: _Optional[int] = ...) -> None: ...
 
 class KVChunk(_message.Message):
-    __slots__ = ("request_id", "layout", "layer", "block_ids", "key", "value", "last")
+    __slots__ = ("request_id", "layout", "layer", "block_ids", "key", "value", "last", "write_token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +46,7 @@ class KVChunk(_message.Message):
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     layout: _common_pb2.KVLayout
     layer: int
@@ -51,17 +54,20 @@ class KVChunk(_message.Message):
     key: bytes
     value: bytes
     last: bool
-    def __init__(self, request_id: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layer: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+    write_token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., layer: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., last: _Optional[bool] = ..., write_token: _Optional[bytes] = ...) -> None: ...
 
 class KVCommit(_message.Message):
-    __slots__ = ("request_id", "layout", "num_bytes")
+    __slots__ = ("request_id", "layout", "num_bytes", "write_token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     layout: _common_pb2.KVLayout
     num_bytes: int
-    def __init__(self, request_id: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., num_bytes: _Optional[int] = ...) -> None: ...
+    write_token: bytes
+    def __init__(self, request_id: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., num_bytes: _Optional[int] = ..., write_token: _Optional[bytes] = ...) -> None: ...
 
 class KVAck(_message.Message):
     __slots__ = ("request_id", "num_bytes")

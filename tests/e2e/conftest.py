@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -13,10 +14,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
 
 from cluster.health_probe import probe
+from cluster.internal_auth import InternalAuth
 from pdserve.redis_process import start_redis
 
 START_TIMEOUT_S = 180.0
@@ -50,6 +53,7 @@ class Cluster:
     model_dir: str
     work_dir: Path
     redis_url: str
+    internal_secret: str  # the deployment's, which every service gets in its environment
     services: list[Service] = field(default_factory=list)
 
     def start(self, kind: str, name: str, *flags: str) -> Service:
@@ -60,7 +64,8 @@ class Cluster:
         command = [sys.executable, "-m", "pdserve", kind, "--model", self.model_dir,
                    "--redis-url", self.redis_url, *port_flags, *flags]
         with open(log_path, "w") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+            env = {**os.environ, "PDSERVE_INTERNAL_SECRET": self.internal_secret}
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         service = Service(kind, name, process, port, log_path, http_port if kind == "gateway" else 0)
         self.services.append(service)
         return service
@@ -79,6 +84,10 @@ class Cluster:
             time.sleep(0.2)
         self.wait_until(lambda: len(self.replicas("prefill")) == self.count("prefill")
                         and len(self.replicas("decode")) == self.count("decode"), "replicas registered")
+
+    def internal_channel(self, service: Service, caller_id: str = "e2e-test") -> grpc.aio.Channel:
+        """A channel to an internal service that presents the deployment secret, as a gateway's does."""
+        return InternalAuth(self.internal_secret.encode(), caller_id).channel(service.endpoint)
 
     def count(self, kind: str) -> int:
         return sum(1 for s in self.services if s.kind == kind and s.process.poll() is None)
@@ -152,7 +161,7 @@ def make_cluster(e2e_model, redis_server, tmp_path_factory):
     def make(layout: list[tuple[str, str, tuple[str, ...]]]) -> Cluster:
         db = len(clusters) + 1
         url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
-        cluster = Cluster(e2e_model, tmp_path_factory.mktemp("cluster"), url)
+        cluster = Cluster(e2e_model, tmp_path_factory.mktemp("cluster"), url, secrets.token_hex(32))
         clusters.append(cluster)
         for kind, name, flags in layout:
             cluster.start(kind, name, *flags)

@@ -28,8 +28,8 @@ class Replicas:
     """Raw stubs of the cluster's decode and prefill replicas, and the gateway's part of a request."""
 
     def __init__(self, cluster):
-        self.decode_channel = grpc.aio.insecure_channel(next(s for s in cluster.services if s.kind == "decode").endpoint)
-        self.prefill_channel = grpc.aio.insecure_channel(next(s for s in cluster.services if s.kind == "prefill").endpoint)
+        self.decode_channel = cluster.internal_channel(next(s for s in cluster.services if s.kind == "decode"))
+        self.prefill_channel = cluster.internal_channel(next(s for s in cluster.services if s.kind == "prefill"))
         self.decode = decode_pb2_grpc.DecodeStub(self.decode_channel)
         self.prefill = prefill_pb2_grpc.PrefillStub(self.prefill_channel)
 

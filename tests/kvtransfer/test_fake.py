@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.kv_cache import KVCacheSpec
-from kvtransfer.errors import LayoutMismatchError, TransferError
+from engine.errors import NotFoundError
+from kvtransfer.errors import LayoutMismatchError, TransferError, WriteTokenError
 from kvtransfer.layout import make_layout
 from kvtransfer.target import KVTarget
 from kvtransfer.testing.fake import FakeKVReceiver, FakeKVSender
@@ -21,10 +22,17 @@ class Reservations:
     def __init__(self, table):
         self.table, self.landed = table, {}
 
-    def block_ids(self, request_id):
-        return self.table.get(request_id)
+    def begin_write(self, request_id, write_token):
+        if request_id not in self.table:
+            raise NotFoundError(f"request {request_id} holds no KV reservation")
+        if write_token != b"token":
+            raise WriteTokenError("wrong write token")
+        return self.table[request_id]
 
-    def mark_landed(self, request_id, num_bytes):
+    def end_write(self, request_id):
+        pass
+
+    def mark_landed(self, request_id, write_token, num_bytes):
         self.landed[request_id] = num_bytes
 
 
@@ -33,7 +41,8 @@ def test_fake_delivers_the_blocks_and_marks_them_landed():
     receiver = FakeKVReceiver(LAYOUT, reservations)
     sender = FakeKVSender(receiver, LAYOUT)
     kv = torch.randn(2, 2, 4, 2, 1, 4)
-    result = asyncio.run(sender.send("a", kv, [3, 1], KVTarget(request_id="a", block_ids=(5, 6), layout=LAYOUT, transport=GRPC)))
+    result = asyncio.run(sender.send("a", kv, [3, 1], KVTarget(request_id="a", block_ids=(5, 6), layout=LAYOUT, transport=GRPC,
+                                                                 write_token=b"token")))
     assert torch.equal(receiver.received["a"], kv[:, :, [3, 1]])
     assert reservations.landed == {"a": result.num_bytes} and result.num_bytes == 2 * SPEC.bytes_per_block
 
@@ -42,7 +51,7 @@ def test_fake_refuses_like_the_real_transports():
     reservations = Reservations({})
     sender = FakeKVSender(FakeKVReceiver(LAYOUT, reservations), LAYOUT)
     kv = torch.zeros(2, 2, 4, 2, 1, 4)
-    target = KVTarget(request_id="a", block_ids=(0,), layout=LAYOUT, transport=GRPC)
+    target = KVTarget(request_id="a", block_ids=(0,), layout=LAYOUT, transport=GRPC, write_token=b"token")
     with pytest.raises(TransferError, match="no KV reservation"):
         asyncio.run(sender.send("a", kv, [0], target))
     other = make_layout("m", KVCacheSpec(2, 1, 4, 4, torch.float32))
@@ -50,8 +59,10 @@ def test_fake_refuses_like_the_real_transports():
         asyncio.run(sender.send("a", kv, [0], KVTarget(request_id="a", block_ids=(0,), layout=other, transport=GRPC)))
     with pytest.raises(TransferError, match="1 prefill blocks for 2"):
         asyncio.run(sender.send("a", kv, [0], KVTarget(request_id="a", block_ids=(0, 1), layout=LAYOUT, transport=GRPC)))
-    sender.fail_with = TransferError("injected")
     reservations.table["a"] = [0]
+    with pytest.raises(TransferError, match="write token"):
+        asyncio.run(sender.send("a", kv, [0], KVTarget(request_id="a", block_ids=(0,), layout=LAYOUT, transport=GRPC)))
+    sender.fail_with = TransferError("injected")
     with pytest.raises(TransferError, match="injected"):
         asyncio.run(sender.send("a", kv, [0], target))
     assert reservations.landed == {}

@@ -1,6 +1,7 @@
 """The decode end of a push, in process: chunks decoded around protobuf (KVReceiver.add_to_server)
 and chunks parsed by protobuf (the generated registration) land the same bytes in the same blocks."""
 import asyncio
+import contextlib
 
 import pytest
 import torch
@@ -24,10 +25,12 @@ class OneReservation:
     def check_layout(self, remote) -> None:
         assert remote == make_layout("m", SPEC)
 
-    def reserved(self, request_id: str) -> list[int]:
-        return RESERVED
+    @contextlib.contextmanager
+    def writing(self, request_id: str, write_token: bytes):
+        assert write_token == b"token"
+        yield RESERVED
 
-    def land(self, request_id: str, num_bytes: int) -> None:
+    def land(self, request_id: str, write_token: bytes, num_bytes: int) -> None:
         self.landed[request_id] = num_bytes
 
 
@@ -39,7 +42,7 @@ def test_pushed_chunks_land_in_the_reserved_blocks_of_each_layer(parsed_by_proto
         _encode_chunk(
             kv_transfer_pb2.KVChunk(
                 request_id="r", layout=layout_to_proto(make_layout("m", SPEC)) if layer == 0 else None,
-                layer=layer, block_ids=RESERVED, last=layer == SPEC.num_layers - 1,
+                layer=layer, block_ids=RESERVED, last=layer == SPEC.num_layers - 1, write_token=b"token",
             ),
             kv_cache, layer, src_block_ids,
         )

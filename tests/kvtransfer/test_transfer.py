@@ -2,8 +2,9 @@
 real gRPC server over a shared-memory pool), this process plays the prefill replica.
 
 The specification: a prompt's blocks land byte for byte in the blocks reserved for it and
-nowhere else; a layout mismatch, a write outside the reservation, an unknown request, an
-expired reservation and a broken stream are all refused, and none of them lands."""
+nowhere else; a layout mismatch, a write outside the reservation, a write without the
+reservation's write token, an unknown request, an expired reservation and a broken stream are
+all refused, and none of them lands; no refusal names block ids."""
 import asyncio
 import os
 
@@ -109,12 +110,13 @@ def test_layout_mismatch_is_refused_before_the_first_byte(decode, transport):
     assert request_id not in decode.landed()
 
 
-def chunk(decode, request_id, layer, block_ids, fill, layout=None, last=False):
+def chunk(decode, request_id, layer, block_ids, fill, layout=None, last=False, token=b""):
     spec = decode.config.spec
     blocks = torch.full((len(block_ids), spec.block_size, spec.num_kv_heads, spec.head_dim), fill, dtype=spec.dtype)
     data = blocks.view(torch.uint8).numpy().tobytes()
     return kv_transfer_pb2.KVChunk(
-        request_id=request_id, layout=layout and layout_to_proto(layout), layer=layer, block_ids=block_ids, key=data, value=data, last=last
+        request_id=request_id, layout=layout and layout_to_proto(layout), layer=layer, block_ids=block_ids, key=data,
+        value=data, last=last, write_token=token,
     )
 
 
@@ -129,11 +131,12 @@ async def push(endpoint, chunks):
         return grpc.StatusCode.OK, ""
 
 
-async def commit(endpoint, request_id, layout, num_bytes):
+async def commit(endpoint, request_id, layout, num_bytes, token=b""):
     async with grpc.aio.insecure_channel(endpoint) as channel:
         stub = kv_transfer_pb2_grpc.KVTransferStub(channel)
         try:
-            request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout_to_proto(layout), num_bytes=num_bytes)
+            request = kv_transfer_pb2.KVCommit(request_id=request_id, layout=layout_to_proto(layout),
+                                               num_bytes=num_bytes, write_token=token)
             await stub.Commit(request, timeout=20.0)
         except grpc.aio.AioRpcError as error:
             return error.code(), error.details()
@@ -147,12 +150,13 @@ async def stream(*chunks):
 
 def test_receiver_refuses_a_mismatched_layout_with_the_clear_message(decode):
     request_id = fresh_id(decode, "mismatch-raw")
-    decode.reserve(request_id, [1], GRPC)
+    token = decode.reserve(request_id, [1], GRPC).write_token
     wrong = make_layout(MODEL, spec_of(decode.config.spec.dtype, block_size=8))
-    code, details = asyncio.run(push(decode.endpoint, stream(chunk(decode, request_id, 0, [1], 1.0, wrong, last=True))))
+    code, details = asyncio.run(push(decode.endpoint, stream(chunk(decode, request_id, 0, [1], 1.0, wrong, last=True,
+                                                                   token=token))))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert "KV layout mismatch: block_size 4 (decode) != 8 (prefill)" in details
-    code, details = asyncio.run(commit(decode.endpoint, request_id, wrong, decode.config.spec.bytes_per_block))
+    code, details = asyncio.run(commit(decode.endpoint, request_id, wrong, decode.config.spec.bytes_per_block, token))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "block_size 4 (decode) != 8 (prefill)" in details
     assert request_id not in decode.landed()
 
@@ -160,14 +164,44 @@ def test_receiver_refuses_a_mismatched_layout_with_the_clear_message(decode):
 def test_writing_outside_the_reservation_is_refused_and_writes_nothing(decode):
     victim_id, request_id = fresh_id(decode, "victim"), fresh_id(decode, "intruder")
     decode.reserve(victim_id, [20, 21], GRPC)
-    decode.reserve(request_id, [22], GRPC)
+    token = decode.reserve(request_id, [22], GRPC).write_token
     before = decode.pool()
     code, details = asyncio.run(
-        push(decode.endpoint, stream(chunk(decode, request_id, 0, [22, 21], 7.0, decode.layout, last=True)))
+        push(decode.endpoint, stream(chunk(decode, request_id, 0, [22, 21], 7.0, decode.layout, last=True, token=token)))
     )
-    assert code == grpc.StatusCode.PERMISSION_DENIED and "[21]" in details
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "not reserved for it" in details
+    assert "21" not in details and "22" not in details  # block ids are not the caller's to learn
     assert torch.equal(decode.pool().view(torch.uint8), before.view(torch.uint8))
     assert request_id not in decode.landed()
+
+
+@pytest.mark.parametrize("token", [b"", b"\x00" * 16], ids=["missing", "wrong"])
+def test_a_write_without_the_reservations_token_is_refused_and_writes_nothing(decode, token):
+    request_id = fresh_id(decode, "tokenless")
+    target = decode.reserve(request_id, [23, 24], GRPC)
+    assert len(target.write_token) >= 16 and target.write_token != token
+    before = decode.pool()
+    chunks = [chunk(decode, request_id, layer, [23, 24], 9.0, decode.layout if layer == 0 else None,
+                    last=layer == 2, token=token) for layer in range(3)]
+    code, details = asyncio.run(push(decode.endpoint, stream(*chunks)))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "write token" in details
+    code, details = asyncio.run(commit(decode.endpoint, request_id, decode.layout,
+                                       2 * decode.config.spec.bytes_per_block, token))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "write token" in details
+    assert torch.equal(decode.pool().view(torch.uint8), before.view(torch.uint8))
+    assert request_id not in decode.landed()
+    # The token's holder still gets its KV in.
+    kv = prefill_pool(decode, seed=3)
+
+    async def send():
+        sender = GrpcSender(decode.layout, rpc_timeout_s=20.0)
+        try:
+            await sender.send(request_id, kv, [0, 1], target)
+        finally:
+            await sender.close()
+
+    asyncio.run(send())
+    assert torch.equal(decode.pool()[:, :, [23, 24]], kv[:, :, [0, 1]])
 
 
 def test_an_unknown_request_is_refused(decode):
@@ -196,19 +230,20 @@ def test_an_unknown_request_is_refused(decode):
 
 def test_wrong_sizes_and_incomplete_pushes_are_refused(decode):
     request_id = fresh_id(decode, "sizes")
-    decode.reserve(request_id, [26, 27], GRPC)
-    short = chunk(decode, request_id, 0, [26, 27], 1.0, decode.layout, last=True)
+    token = decode.reserve(request_id, [26, 27], GRPC).write_token
+    short = chunk(decode, request_id, 0, [26, 27], 1.0, decode.layout, last=True, token=token)
     short.key = short.key[:-1]
     code, _ = asyncio.run(push(decode.endpoint, stream(short)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     # `last` after only layer 0 of a 3-layer model: not the whole KV.
     code, details = asyncio.run(
-        push(decode.endpoint, stream(chunk(decode, request_id, 0, [26, 27], 1.0, decode.layout, last=True)))
+        push(decode.endpoint, stream(chunk(decode, request_id, 0, [26, 27], 1.0, decode.layout, last=True, token=token)))
     )
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "layer 1 missing" in details
-    code, details = asyncio.run(push(decode.endpoint, stream(chunk(decode, request_id, 0, [26, 27], 1.0, decode.layout))))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "layer 1 missing 2 of its 2 blocks" in details
+    code, details = asyncio.run(push(decode.endpoint, stream(chunk(decode, request_id, 0, [26, 27], 1.0, decode.layout,
+                                                                   token=token))))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "ended before its last chunk" in details
-    code, _ = asyncio.run(commit(decode.endpoint, request_id, decode.layout, 1))
+    code, _ = asyncio.run(commit(decode.endpoint, request_id, decode.layout, 1, token))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert request_id not in decode.landed()
 
@@ -226,8 +261,8 @@ async def push_raw(endpoint, messages):
 
 def test_a_malformed_chunk_is_an_invalid_argument_not_an_internal_error(decode):
     request_id = fresh_id(decode, "malformed")
-    decode.reserve(request_id, [28], GRPC)
-    encoded = chunk(decode, request_id, 0, [28], 1.0, decode.layout).SerializeToString()
+    token = decode.reserve(request_id, [28], GRPC).write_token
+    encoded = chunk(decode, request_id, 0, [28], 1.0, decode.layout, token=token).SerializeToString()
     code, details = asyncio.run(push_raw(decode.endpoint, [encoded[:-1]]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed KV chunk" in details
     code, _ = asyncio.run(push_raw(decode.endpoint, [b"\xff\xff\xff"]))
@@ -237,7 +272,7 @@ def test_a_malformed_chunk_is_an_invalid_argument_not_an_internal_error(decode):
 
 def test_a_push_cancelled_mid_stream_leaves_the_reservation_unlanded(decode):
     request_id = fresh_id(decode, "cancelled")
-    decode.reserve(request_id, [28], GRPC)
+    token = decode.reserve(request_id, [28], GRPC).write_token
 
     async def cancel_after_first_chunk():
         async with grpc.aio.insecure_channel(decode.endpoint) as channel:
@@ -245,7 +280,7 @@ def test_a_push_cancelled_mid_stream_leaves_the_reservation_unlanded(decode):
             never = asyncio.Event()
 
             async def chunks():
-                yield chunk(decode, request_id, 0, [28], 3.0, decode.layout)
+                yield chunk(decode, request_id, 0, [28], 3.0, decode.layout, token=token)
                 await never.wait()
 
             call = stub.Push(chunks(), timeout=20.0)
@@ -260,14 +295,14 @@ def test_a_push_cancelled_mid_stream_leaves_the_reservation_unlanded(decode):
 
 def test_a_reservation_released_mid_stream_stops_the_writes(decode):
     request_id = fresh_id(decode, "expired")
-    decode.reserve(request_id, [29], GRPC)
+    token = decode.reserve(request_id, [29], GRPC).write_token
     before = decode.pool()
 
     async def chunks():
-        yield chunk(decode, request_id, 0, [29], 5.0, decode.layout)
+        yield chunk(decode, request_id, 0, [29], 5.0, decode.layout, token=token)
         await asyncio.to_thread(decode.release, request_id)
-        yield chunk(decode, request_id, 1, [29], 5.0)
-        yield chunk(decode, request_id, 2, [29], 5.0, last=True)
+        yield chunk(decode, request_id, 1, [29], 5.0, token=token)
+        yield chunk(decode, request_id, 2, [29], 5.0, last=True, token=token)
 
     code, _ = asyncio.run(push(decode.endpoint, chunks()))
     assert code == grpc.StatusCode.NOT_FOUND

@@ -33,3 +33,30 @@ def test_a_taken_port_is_a_start_error_that_says_why(tmp_path, redis_executable)
         holder.listen()
         with pytest.raises(RedisStartError, match="Address already in use"):
             start_redis(holder.getsockname()[1], data_dir=tmp_path, timeout_s=10.0, executable=redis_executable)
+
+
+def test_a_server_with_a_password_refuses_clients_without_it(tmp_path, redis_executable):
+    import asyncio
+
+    from cluster.redis_client import connect_redis
+
+    with start_redis(data_dir=tmp_path, timeout_s=10.0, executable=redis_executable, password="pw-1234") as server:
+        assert server.url == f"redis://:pw-1234@127.0.0.1:{server.port}/0"
+        with redis.Redis(port=server.port, socket_timeout=5.0, retry=None) as stranger:
+            with pytest.raises(redis.AuthenticationError):
+                stranger.set("k", "v")
+        with redis.Redis(port=server.port, password="wrong", socket_timeout=5.0, retry=None) as guesser:
+            with pytest.raises((redis.AuthenticationError, redis.ResponseError)):
+                guesser.ping()
+
+        async def with_the_url():
+            client = connect_redis(server.url, timeout_s=5.0)
+            try:
+                await client.set("k", "v")
+                return await client.get("k")
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(with_the_url()) == "v"
+        conf = tmp_path / "redis.conf"
+        assert conf.stat().st_mode & 0o077 == 0  # only its owner reads the password

@@ -51,10 +51,27 @@ def test_up_passes_its_dtype_to_every_replica(tmp_path):
         model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
         transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0)
-    replicas = [slot.make_spec() for slot in child_slots(config, tmp_path, "redis://x") if slot.name != "gateway"]
+    replicas = [slot.make_spec() for slot in child_slots(config, tmp_path, "redis://x", "s3cret") if slot.name != "gateway"]
     assert len(replicas) == 3
     for spec in replicas:
         assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
+
+
+def test_up_hands_children_the_secret_and_redis_url_in_their_environment_not_argv(tmp_path):
+    from pdserve.up import LOOPBACK, UpConfig, child_slots
+
+    args = cli.build_parser().parse_args(["up"])
+    config = UpConfig(
+        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        device="cuda", dtype=args.dtype, host="0.0.0.0", grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=1.0, shutdown_timeout_s=1.0)
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, tmp_path, "redis://:pw@h:1/0", "s3cret")}
+    for name, spec in specs.items():
+        assert not any("s3cret" in arg or "pw@" in arg for arg in spec.argv), name
+        assert spec.env["PDSERVE_INTERNAL_SECRET"] == "s3cret"
+        assert spec.env["PDSERVE_REDIS_URL"] == "redis://:pw@h:1/0"
+    for name in ("prefill-0", "decode-0"):  # internal services listen on loopback only
+        assert specs[name].argv[specs[name].argv.index("--host") + 1] == LOOPBACK
 
 
 def test_cli_dtype_names_are_the_engines():
@@ -72,7 +89,7 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
         model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0)
-    slots = {slot.name: slot for slot in child_slots(config, tmp_path, "redis://x")}
+    slots = {slot.name: slot for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
     argv = {name: slot.make_spec().argv for name, slot in slots.items()}
     assert argv["prefill-0"][argv["prefill-0"].index("--cpus") + 1] == "0,1"
     assert argv["decode-0"][argv["decode-0"].index("--cpus") + 1] == "2,3"
@@ -80,7 +97,7 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
     restarted = slots["decode-0"].make_spec().argv  # a restart: its CPUs kept, a fresh port
     assert restarted[restarted.index("--cpus") + 1] == "2,3"
     assert restarted[restarted.index("--port") + 1] != argv["decode-0"][argv["decode-0"].index("--port") + 1]
-    on_gpu = child_slots(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x")
+    on_gpu = child_slots(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x", "s3cret")
     assert all("--cpus" not in slot.make_spec().argv for slot in on_gpu)
 
 

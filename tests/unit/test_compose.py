@@ -1,6 +1,7 @@
 """compose.yaml as a real Compose implementation reads it, and the facts deployments rely on:
 GPU reservations, shared IPC/PID namespaces for CUDA IPC, healthchecks on every service,
-scalable replicas that each advertise their own hostname, and commands the CLI accepts.
+scalable replicas that each advertise their own hostname, commands the CLI accepts, and the
+deployment secret and Redis password: required, in the environment, never on argv.
 
 Needs a Compose CLI: `docker-compose` (Debian package docker-compose) or `docker compose`.
 """
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -21,7 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 REPLICAS = ("prefill", "decode")
 COMPOSE_VARIABLES = ("PDSERVE_MODEL_DIR", "PREFILL_GPU", "DECODE_GPU", "PREFILL_DEVICE",
-                     "DECODE_DEVICE", "PDSERVE_TRANSPORT", "PDSERVE_GRPC_PORT", "PDSERVE_HTTP_PORT")
+                     "DECODE_DEVICE", "PDSERVE_TRANSPORT", "PDSERVE_GRPC_PORT", "PDSERVE_HTTP_PORT",
+                     "PDSERVE_INTERNAL_SECRET", "PDSERVE_REDIS_PASSWORD")
+SECRETS = {"PDSERVE_INTERNAL_SECRET": "s3cret-of-the-deployment", "PDSERVE_REDIS_PASSWORD": "redis-pw"}
 
 
 def _compose_command() -> list[str] | None:
@@ -38,12 +42,16 @@ pytestmark = pytest.mark.skipif(
     COMPOSE is None, reason="no Compose CLI (apt-get install docker-compose) to parse compose.yaml")
 
 
-def compose_config(**variables: str) -> dict:
-    """`compose config`: the file validated, merged and interpolated with `variables`."""
+def run_compose_config(variables: dict[str, str]) -> subprocess.CompletedProcess:
     environ = {name: value for name, value in os.environ.items() if name not in COMPOSE_VARIABLES}
-    result = subprocess.run([*COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=REPO_ROOT,
-                            env={**environ, **variables}, capture_output=True, text=True,
-                            timeout=60)
+    return subprocess.run([*COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=REPO_ROOT,
+                          env={**environ, **variables}, capture_output=True, text=True, timeout=60)
+
+
+def compose_config(**variables: str) -> dict:
+    """`compose config`: the file validated, merged and interpolated with `variables` (and the
+    required secrets)."""
+    result = run_compose_config({**SECRETS, **variables})
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -68,22 +76,28 @@ def container_argv(service: dict) -> list[str]:
     return json.loads(result.stdout)
 
 
-def parse_cli(argv: list[str]):
+def parse_cli(argv: list[str], environment: dict[str, str] | None = None):
     assert argv[0] == "pdserve", argv
-    return cli.build_parser().parse_args(argv[1:])
+    with mock.patch.dict(os.environ, environment or {}):
+        return cli.build_parser().parse_args(argv[1:])
+
+
+def parse_service(service: dict):
+    """The service's command as the CLI parses it inside the container, with its environment."""
+    return parse_cli(container_argv(service), {k: str(v) for k, v in service.get("environment", {}).items()})
 
 
 def test_the_system_is_redis_gateway_prefill_and_decode(services):
     assert set(services) == {"redis", "gateway", "prefill", "decode"}
     assert services["redis"]["image"].startswith("redis:7")
-    assert services["redis"]["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
+    assert "redis-cli ping" in services["redis"]["healthcheck"]["test"][-1]
 
 
 @pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
 def test_each_service_runs_its_cli_subcommand_with_flags_the_parser_accepts(services, name):
-    args = parse_cli(container_argv(services[name]))
+    args = parse_service(services[name])
     assert args.service == {"gateway": "gateway.main", "prefill": "prefill_svc.main", "decode": "decode_svc.main"}[name]
-    assert args.redis_url == "redis://redis:6379/0"
+    assert args.redis_url == "redis://:redis-pw@redis:6379/0"
     assert str(args.model) == "/models/model"
     assert {"redis": {"condition": "service_healthy"}} == services[name]["depends_on"]
 
@@ -114,7 +128,7 @@ def test_replicas_reserve_both_gpus_so_each_sees_the_others_memory(services, nam
     (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
     assert "gpu" in device["capabilities"]
     assert [str(gpu) for gpu in device["device_ids"]] == ["0", "1"]
-    args = parse_cli(container_argv(services[name]))
+    args = parse_service(services[name])
     assert args.device == {"prefill": "cuda:0", "decode": "cuda:1"}[name]
 
 
@@ -124,8 +138,8 @@ def test_gpu_assignment_follows_environment_variables():
     for name in REPLICAS:
         (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert [str(gpu) for gpu in device["device_ids"]] == ["2", "3"]
-    assert parse_cli(container_argv(services["prefill"])).device == "cuda:1"
-    assert parse_cli(container_argv(services["decode"])).device == "cuda:0"
+    assert parse_service(services["prefill"]).device == "cuda:1"
+    assert parse_service(services["decode"]).device == "cuda:0"
 
 
 @pytest.mark.parametrize("name", REPLICAS)
@@ -138,15 +152,14 @@ def test_replicas_scale_without_name_or_host_port_clashes(services, name):
 
 @pytest.mark.parametrize("name", REPLICAS)
 def test_each_replica_container_advertises_its_own_hostname(services, name):
-    argv = container_argv(services[name])
-    args = parse_cli(argv)
+    args = parse_service(services[name])
     assert args.advertise_host == socket.gethostname()  # the shell's $(hostname)
     assert args.host == "0.0.0.0"
 
 
 @pytest.mark.parametrize("name", REPLICAS)
 def test_replica_healthcheck_asks_grpc_health_on_the_served_port(services, name):
-    served = parse_cli(container_argv(services[name]))
+    served = parse_service(services[name])
     kind, *check_argv = services[name]["healthcheck"]["test"]
     assert kind == "CMD"
     check = parse_cli(check_argv)
@@ -156,7 +169,7 @@ def test_replica_healthcheck_asks_grpc_health_on_the_served_port(services, name)
 
 def test_gateway_publishes_grpc_and_http_and_checks_http_health(services):
     gateway = services["gateway"]
-    served = parse_cli(container_argv(gateway))
+    served = parse_service(gateway)
     published = {int(port["target"]): int(port["published"]) for port in gateway["ports"]}
     assert published == {served.grpc_port: 50051, served.http_port: 8000}
     kind, *check_argv = gateway["healthcheck"]["test"]
@@ -170,4 +183,23 @@ def test_gateway_host_ports_and_transport_follow_environment_variables():
     gateway = compose_config(PDSERVE_GRPC_PORT="6000", PDSERVE_HTTP_PORT="6001",
                              PDSERVE_TRANSPORT="cuda_ipc")["services"]["gateway"]
     assert {int(port["published"]) for port in gateway["ports"]} == {6000, 6001}
-    assert parse_cli(container_argv(gateway)).transport == "cuda_ipc"
+    assert parse_service(gateway).transport == "cuda_ipc"
+
+
+def test_the_secret_and_the_redis_password_are_required():
+    result = run_compose_config({})
+    assert result.returncode != 0 and "PDSERVE_" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
+def test_services_get_the_secret_in_their_environment_never_on_argv(services, name):
+    argv = container_argv(services[name])
+    assert not any(SECRETS["PDSERVE_INTERNAL_SECRET"] in arg or "redis-pw" in arg for arg in argv)
+    assert services[name]["environment"]["PDSERVE_INTERNAL_SECRET"] == SECRETS["PDSERVE_INTERNAL_SECRET"]
+
+
+def test_redis_requires_the_password_and_only_the_gateway_publishes_ports(services):
+    assert "--requirepass" in " ".join(services["redis"]["command"])
+    assert services["redis"]["environment"]["REDIS_PASSWORD"] == "redis-pw"
+    assert "redis-pw" not in " ".join(services["redis"]["command"])
+    assert [name for name, service in services.items() if service.get("ports")] == ["gateway"]
