@@ -109,14 +109,19 @@ def test_up_passes_each_api_key_to_the_gateway_only(tmp_path):
         model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0, api_keys=tuple(args.api_key))
-    argv = {slot.name: slot.make_spec().argv for slot in child_slots(config, tmp_path, "redis://x")}
+    argv = {slot.name: slot.make_spec().argv for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
     gateway = list(argv.pop("gateway"))
     assert [gateway[i + 1] for i, arg in enumerate(gateway) if arg == "--api-key"] == ["k1", "k2"]
     assert all("--api-key" not in replica for replica in argv.values())
 
 
-def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_the_gateway(tmp_path):
+def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_the_gateway(tmp_path, monkeypatch):
     from pdserve.up import UpConfig, child_slots
+
+    def parse_child(spec) -> argparse.Namespace:
+        for name, value in spec.env.items():  # where the child finds its Redis URL
+            monkeypatch.setenv(name, value)
+        return cli.build_parser().parse_args(spec.argv[3:])  # after `python -m pdserve`
 
     def children(*flags: str) -> dict[str, argparse.Namespace]:
         args = cli.build_parser().parse_args(["up", *flags])
@@ -125,8 +130,7 @@ def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_
             device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
             startup_timeout_s=1.0, shutdown_timeout_s=1.0, enable_prefix_caching=args.enable_prefix_caching,
             routing=args.routing, migration_limit=args.migration_limit)
-        return {slot.name: cli.build_parser().parse_args(slot.make_spec().argv[3:])  # after `python -m pdserve`
-                for slot in child_slots(config, tmp_path, "redis://x")}
+        return {slot.name: parse_child(slot.make_spec()) for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
 
     default = children()
     assert default["prefill-0"].enable_prefix_caching and default["decode-0"].enable_prefix_caching
