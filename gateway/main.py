@@ -66,12 +66,14 @@ async def serve(args: argparse.Namespace) -> None:
     async with serving_http(create_app(frontend, metrics), args.host, args.http_port):
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))
+        records = asyncio.create_task(frontend.keep_records_alive())
         await server.mark_serving()
         logger.info("gateway serving gRPC on %s:%d and HTTP on http://%s:%d (model %s)",
                     args.host, server.port, args.host, args.http_port, model_name)
 
         async def stop_refreshing() -> None:
             health.cancel()
+            records.cancel()
 
         await server.serve_until_signal(on_stop=stop_refreshing)
     await frontend.close()

@@ -27,6 +27,9 @@ S = RequestState
 class FakeStore:
     states: list = field(default_factory=list)
 
+    async def create(self, request_id, prompt_tokens):
+        pass
+
     async def transition(self, request_id, state, **fields):
         self.states.append(state)
 
