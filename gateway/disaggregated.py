@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from cluster.redis_client import StateStoreUnavailableError
 from cluster.registry import LiveReplicas
 from engine.admission import draw_seed
-from engine.errors import IllegalTransitionError, PdserveError, UnavailableError
+from engine.errors import IllegalTransitionError, PdserveError
 from engine.sampling_params import SamplingParams
 from gateway.backend_errors import BackendError
 from gateway.channels import ChannelPool
@@ -138,7 +139,7 @@ class DisaggregatedFrontend:
             await asyncio.sleep(self.store.live_ttl_s / 4)
             try:
                 await self.store.keep_alive(list(self._live))
-            except UnavailableError as exc:
+            except StateStoreUnavailableError as exc:
                 logger.warning("live request records not renewed: %s", exc)
 
     async def route(self, num_tokens: int, excluded_replica_ids: set[str]) -> Route:
@@ -322,7 +323,7 @@ class DisaggregatedRequest:
         move the record, being behind, cannot make."""
         try:
             await write
-        except (UnavailableError, RequestNotFoundError) as exc:
+        except (StateStoreUnavailableError, RequestNotFoundError) as exc:
             self._record_behind = True
             logger.warning("request %s: %s not recorded: %s", self.request_id, what, exc)
         except IllegalTransitionError as exc:
