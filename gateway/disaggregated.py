@@ -319,8 +319,8 @@ class DisaggregatedRequest:
 
     async def _record_in_flight(self, write: Awaitable[None], what: str) -> None:
         """A record write of a streaming request. One that cannot reach Redis, or finds the record
-        gone (a Redis restarted empty), does not stop the stream; nor, after such a miss, does a
-        move the record, being behind, cannot make."""
+        gone (a Redis restarted empty), does not stop the stream; after such a miss the record is
+        behind, so a move it cannot make from there does not stop it either."""
         try:
             await write
         except (StateStoreUnavailableError, RequestNotFoundError) as exc:
