@@ -9,6 +9,7 @@ gateway reads every digest at most once per `refresh_s`: routing pays one Redis 
 refresh, not per request. A digest lags its replica by up to a heartbeat plus a refresh, and is
 not signed; a stale or forged one can only make a request land where its prefix is not cached
 (the replica looks up its own cache on arrival), never send it to a replica not in the registry.
+While Redis is unreachable the gateway routes on the digests it read last.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 
 import redis.asyncio as redis
+
+from cluster.redis_client import StateStoreUnavailableError, state_store_errors
 
 MAX_DIGEST_HASHES = 1024
 DIGEST_HASH_BYTES = 8  # a 2^-64 chance that two different prefixes look alike: a misroute at worst
@@ -60,7 +63,11 @@ class PrefixDigests:
         known = set(self._digests)
         if self._clock() - self._read_at_s >= self._refresh_s or not known.issuperset(replicas):
             keys = [digest_key(kind, replica_id) for kind, replica_id in replicas]
-            values = await self._redis.mget(keys) if keys else []
+            try:
+                with state_store_errors():
+                    values = await self._redis.mget(keys) if keys else []
+            except StateStoreUnavailableError:  # route on the digests read last, as on the replicas
+                return {replica: self._digests.get(replica, frozenset()) for replica in replicas}
             self._digests = {replica: decode_digest(value or "") for replica, value in zip(replicas, values)}
             self._read_at_s = self._clock()
         return {replica: self._digests.get(replica, frozenset()) for replica in replicas}

@@ -7,10 +7,22 @@ The pool holds at most `max_connections`. Under a burst, calls queue for a free 
 up to `pool_wait_s`, a deadline of its own: how long the queue is depends on the load (a
 thousand streams keep every connection busy for seconds), not on how fast Redis answers, so it
 is far longer than `timeout_s` and load makes calls wait instead of failing.
+
+A Redis that cannot be reached (refused, reset, timed out, still loading after a restart) is a
+`StateStoreUnavailableError`, an engine.errors.UnavailableError: the modules that own a Redis
+boundary (the request store, the registry) wrap their calls in `state_store_errors()`, so a
+front reports it as HTTP 503 / gRPC UNAVAILABLE, never as a bug.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import redis.asyncio as redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from engine.errors import UnavailableError
 
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_WAIT_S = 60.0
@@ -30,3 +42,16 @@ def connect_redis(
         decode_responses=True,
     )
     return redis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+
+
+class StateStoreUnavailableError(UnavailableError):
+    """Redis, which holds request records and the replica registry, cannot be reached now."""
+
+
+@contextlib.contextmanager
+def state_store_errors() -> Iterator[None]:
+    """Raises StateStoreUnavailableError for a Redis that cannot be reached inside the block."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise StateStoreUnavailableError(f"the state store (Redis) is unreachable: {exc}") from exc

@@ -19,6 +19,13 @@ expired is skipped, and every heartbeat drops members of its kind silent for ove
 INDEX_GRACE_S; a member dropped while alive (a replica whose clock runs that far behind) is back
 at its next beat. With a signing key, `LiveReplicas` leaves out every entry whose signature does
 not verify, or that sits under another replica's key, and logs each such replica id once.
+
+While Redis cannot be reached, each replica logs one line per missed beat and keeps beating, so
+it is listed again by the first beat after Redis returns (within interval_s). The gateway's
+LiveReplicas keeps answering with the last set it read, for up to `stale_limit_s`: the requests
+already streaming can still move off a replica that fails meanwhile (one that died is refused
+and excluded as any failed replica is). Past that bound, or with no set read yet, listing raises
+StateStoreUnavailableError (UNAVAILABLE) rather than route on a picture that old.
 """
 from __future__ import annotations
 
@@ -35,7 +42,7 @@ import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from cluster.prefix_digest import digest_key, encode_digest
-from cluster.redis_client import connect_redis
+from cluster.redis_client import StateStoreUnavailableError, connect_redis, state_store_errors
 from cluster.registry_signing import sign_entry, verified_fields
 from engine.errors import InvalidConfigError
 
@@ -181,20 +188,37 @@ class ReplicaHeartbeat:
 class LiveReplicas:
     """The gateway's side: reads the replicas whose heartbeat keys have not expired."""
 
-    def __init__(self, client: redis.Redis, signing_key: bytes | None = None):
+    def __init__(self, client: redis.Redis, signing_key: bytes | None = None, *, stale_limit_s: float = 30.0):
         """`client` must decode replies (cluster.redis_client.connect_redis makes one);
         `signing_key`: the deployment secret, which every entry taken must be signed with."""
+        if stale_limit_s < 0:
+            raise InvalidConfigError(f"stale_limit_s must be >= 0, got {stale_limit_s}")
         self._redis = client
         self._signing_key = signing_key
         self._rejected_ids: set[str] = set()  # logged once each
+        self._stale_limit_s = stale_limit_s
+        self._last_read: dict[str, tuple[float, list[ReplicaInfo]]] = {}  # kind: (monotonic s, replicas)
 
     async def list(self, kind: ReplicaKind) -> list[ReplicaInfo]:
-        """The live replicas of `kind`, ordered by replica_id."""
-        replica_ids = await self._redis.zrange(_index_key(kind), 0, -1)
-        if not replica_ids:
-            return []
-        # An indexed replica whose key has expired reads as None and is left out.
-        values = await self._redis.mget([_replica_key(kind, replica_id) for replica_id in replica_ids])
+        """The live replicas of `kind`, ordered by replica_id; the last set read while Redis is
+        unreachable, up to stale_limit_s after it was read."""
+        try:
+            replicas = await self._read(kind)
+        except StateStoreUnavailableError:
+            read_s, replicas = self._last_read.get(kind, (None, None))
+            if read_s is None or time.monotonic() - read_s > self._stale_limit_s:
+                raise
+            return replicas
+        self._last_read[kind] = time.monotonic(), replicas
+        return replicas
+
+    async def _read(self, kind: ReplicaKind) -> list[ReplicaInfo]:
+        with state_store_errors():
+            replica_ids = await self._redis.zrange(_index_key(kind), 0, -1)
+            if not replica_ids:
+                return []
+            # An indexed replica whose key has expired reads as None and is left out.
+            values = await self._redis.mget([_replica_key(kind, replica_id) for replica_id in replica_ids])
         replicas = [replica for replica_id, value in zip(replica_ids, values, strict=True)
                     if value is not None and (replica := self._verified(kind, replica_id, value)) is not None]
         return sorted(replicas, key=lambda replica: replica.replica_id)

@@ -18,6 +18,13 @@ earlier one can touch it. Prefill (first token) and decode (the rest) say when a
 is skipped when the first token already did. Whatever way a request ends early (client gone,
 Abort, a stop string, a failure), the reservation and any running work are aborted on both
 replicas, so every KV block comes back.
+
+Every request recorded in Redis reaches a terminal record: however it stops (a client that
+leaves can cancel the task driving it more than once), its end (replica aborts, the terminal
+state) runs to completion under `run_to_end`, bounded by END_DEADLINE_S. A state write that
+cannot reach Redis while the request streams is logged in one line and the stream goes on; the
+record then ends with its last write, or expires with its live TTL, which this gateway renews
+(`keep_records_alive`) only while it drives the request.
 """
 from __future__ import annotations
 
@@ -31,9 +38,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from cluster.internal_auth import InternalAuth
+from cluster.redis_client import StateStoreUnavailableError
 from cluster.registry import LiveReplicas
 from engine.admission import draw_seed
-from engine.errors import PdserveError
+from engine.errors import IllegalTransitionError, PdserveError
 from engine.sampling_params import SamplingParams
 from gateway.backend_errors import BackendError
 from gateway.channels import ChannelPool
@@ -44,13 +52,18 @@ from gateway.migration import Migrations
 from gateway.prefix_affinity import PrefixAffinity
 from gateway.replica_clients import DecodeClient, PrefillClient, Timeouts
 from gateway.request_state import RequestState
-from gateway.request_store import RequestStore
+from gateway.request_store import RequestNotFoundError, RequestStore
 from gateway.router import NoReplicaError, Router
+from gateway.run_to_end import run_to_end
 from gateway.tokenization import PromptBuilder
 from kvtransfer.choice import choose_transport, transport_name
 from kvtransfer.errors import TransportUnavailableError
 
 logger = logging.getLogger(__name__)
+
+END_DEADLINE_S = 30.0
+"""Longest a request's end may take: its replica aborts (each bounded by Timeouts.rpc_s) and its
+terminal record."""
 
 
 class AbortedError(PdserveError):
@@ -115,9 +128,7 @@ class DisaggregatedFrontend:
         request_id, prompt_ids, params = await self.prompts.prepare(request, self._live)
         text = CompletionText(self.tokenizer, request_id, prompt_ids, params)
         driven = DisaggregatedRequest(request_id, prompt_ids, params, text, self.route, self.store, self.metrics,
-                                      Migrations(self.config.migration_limit))
-        await self.store.create(request_id, len(prompt_ids), owner=request.owner)
-        self.metrics.on_request_start()
+                                      Migrations(self.config.migration_limit), request.owner)
         self._live[request_id] = driven
         try:
             async with contextlib.aclosing(driven.stream()) as chunks:
@@ -125,6 +136,16 @@ class DisaggregatedFrontend:
                     yield chunk
         finally:
             self._live.pop(request_id, None)
+
+    async def keep_records_alive(self) -> None:
+        """Renews the live TTL of the records of the requests this gateway drives, four times per
+        TTL, until cancelled; a renewal that cannot reach Redis is logged and tried again."""
+        while True:
+            await asyncio.sleep(self.store.live_ttl_s / 4)
+            try:
+                await self.store.keep_alive(list(self._live))
+            except StateStoreUnavailableError as exc:
+                logger.warning("live request records not renewed: %s", exc)
 
     async def route(self, token_ids: list[int], excluded_replica_ids: set[str]) -> Route:
         """Picks the replicas (none of `excluded_replica_ids`) and the transport for `token_ids`
@@ -169,8 +190,9 @@ class DisaggregatedRequest:
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, text: CompletionText,
                  route: Callable[[list[int], set[str]], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics,
-                 migrations: Migrations):
+                 migrations: Migrations, owner: str = ""):
         self.request_id = request_id
+        self.owner = owner  # the caller's fingerprint (gateway.api_keys), kept in its record
         self.prompt_ids = prompt_ids
         self.params = params
         self.seed = draw_seed(params.seed)
@@ -182,6 +204,8 @@ class DisaggregatedRequest:
         self._migrations = migrations
         self._store = store
         self._metrics = metrics
+        self._recorded = False  # its record was created; only then is it counted and ended in Redis
+        self._record_behind = False  # a write of its record was missed while it streamed
         self._ended = False
         self._started_s = self._last_token_s = time.monotonic()
         self._last_itl_s = 0.0
@@ -195,6 +219,8 @@ class DisaggregatedRequest:
     async def stream(self) -> AsyncIterator[StreamChunk]:
         """The request's chunks, and its end recorded however it comes."""
         try:
+            # A cancel while the record is written lets the write finish, so the end below sees it.
+            await run_to_end(self._create_record(), END_DEADLINE_S, f"the record of request {self.request_id}")
             async with contextlib.aclosing(self._run()) as chunks:
                 async for chunk in chunks:
                     yield chunk
@@ -207,6 +233,11 @@ class DisaggregatedRequest:
                 raise
             await self._end(RequestState.ABORTED, "abort", "aborted")
             yield self._abort_chunk()
+
+    async def _create_record(self) -> None:
+        await self._store.create(self.request_id, len(self.prompt_ids), owner=self.owner)
+        self._recorded = True
+        self._metrics.on_request_start()
 
     async def _run(self) -> AsyncIterator[StreamChunk]:
         """Attempts until one finishes the request; a replica going away under it starts another."""
@@ -247,7 +278,8 @@ class DisaggregatedRequest:
             prefill.cancel()
             raise
         self._metrics.on_kv_transfer(done.transport, done.num_bytes, done.seconds)
-        await self._store.update(self.request_id, kv_bytes=done.num_bytes, kv_transfer_s=done.seconds)
+        await self._record_in_flight(self._store.update(self.request_id, kv_bytes=done.num_bytes,
+                                                        kv_transfer_s=done.seconds), "its KV transfer")
         if self.text.finished:
             await self._abort_on_replicas()  # releases the reservation no token will use
             await self._end(RequestState.FINISHED, self.text.finish_reason, "")
@@ -292,22 +324,41 @@ class DisaggregatedRequest:
     async def _enter(self, state: RequestState, **fields) -> None:
         if self.aborted:
             raise AbortedError(f"request {self.request_id} was aborted")
-        await self._store.transition(self.request_id, state, **fields)
+        await self._record_in_flight(self._store.transition(self.request_id, state, **fields), state.name)
+
+    async def _record_in_flight(self, write: Awaitable[None], what: str) -> None:
+        """A record write of a streaming request. One that cannot reach Redis, or finds the record
+        gone (a Redis restarted empty), does not stop the stream; after such a miss the record is
+        behind, so a move it cannot make from there does not stop it either."""
+        try:
+            await write
+        except (StateStoreUnavailableError, RequestNotFoundError) as exc:
+            self._record_behind = True
+            logger.warning("request %s: %s not recorded: %s", self.request_id, what, exc)
+        except IllegalTransitionError as exc:
+            if not self._record_behind:
+                raise
+            logger.warning("request %s: %s not recorded: %s", self.request_id, what, exc)
 
     async def _end(self, state: RequestState, reason: str, error: str) -> None:
-        """Records how the request ended, once; aborts leftovers on the replicas unless finished."""
+        """Ends the request once, whoever cancels the caller meanwhile (see `run_to_end`)."""
         if self._ended:
             return
         self._ended = True
+        if self._recorded:
+            self._metrics.on_finish(reason, len(self.prompt_ids), self.text.num_output_tokens,
+                                    time.monotonic() - self._started_s, self._timeline)
+        await run_to_end(self._finish(state, error), END_DEADLINE_S, f"the end of request {self.request_id}")
+
+    async def _finish(self, state: RequestState, error: str) -> None:
+        """Aborts leftovers on the replicas unless finished, and records how the request ended."""
         if state is not RequestState.FINISHED:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._abort_on_replicas())
-        num_output = self.text.num_output_tokens
-        self._metrics.on_finish(reason, len(self.prompt_ids), num_output, time.monotonic() - self._started_s,
-                                self._timeline)
+            await self._abort_on_replicas()
+        if not self._recorded:
+            return
         try:
-            await asyncio.shield(self._store.transition(
-                self.request_id, state, completion_tokens=num_output, error=error))
+            await self._store.transition(self.request_id, state, completion_tokens=self.text.num_output_tokens,
+                                         error=error)
         except Exception as exc:
             logger.warning("request %s: could not record %s: %s", self.request_id, state.name, exc)
 

@@ -10,7 +10,8 @@ request, so the choices of a request run side by side in the engines' batches:
 `merge` interleaves the choices' streams as their chunks arrive, tagged with their choice index.
 It holds back everything until every choice has sent its first chunk, so input the frontend
 rejects (one bad prompt of a list) fails the whole request before any byte of it is sent.
-Closing the merged stream closes every choice's stream, which aborts the unfinished ones.
+Closing the merged stream closes every choice's stream, which aborts the unfinished ones, and
+waits (up to CLOSE_DEADLINE_S) until they are closed, even if the closing task is cancelled again.
 """
 import asyncio
 import contextlib
@@ -18,6 +19,10 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from gateway.frontend_types import GenerateInput, StreamChunk
+from gateway.run_to_end import run_to_end
+
+CLOSE_DEADLINE_S = 60.0
+"""Longest the choices' streams may take to close (each ends its request on the replicas)."""
 
 
 def choice_inputs(prompts: tuple[GenerateInput, ...], n: int, request_id: str) -> list[GenerateInput]:
@@ -74,4 +79,4 @@ async def merge(streams: list[AsyncIterator[StreamChunk]]) -> AsyncIterator[tupl
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await run_to_end(asyncio.gather(*tasks, return_exceptions=True), CLOSE_DEADLINE_S, "closing the choices")

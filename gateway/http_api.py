@@ -36,11 +36,11 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 
 from aiohttp import web
 
-from engine.errors import InvalidRequestError, PdserveError
+from engine.errors import InvalidRequestError, PdserveError, UnavailableError
 from gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission, OverloadedError
 from gateway.api_keys import ApiKeys, UnauthenticatedError
 from gateway.fan_out import choice_inputs, merge
-from gateway.frontend_types import Frontend, StreamChunk, UnavailableError
+from gateway.frontend_types import Frontend, StreamChunk
 from gateway.json_body import decode_json_body
 from gateway.metrics import GatewayMetrics
 from gateway.openai_protocol import (

@@ -87,6 +87,7 @@ async def serve(args: argparse.Namespace) -> None:
     async with serving_http(app, args.host, args.http_port, front.tls.ssl_context() if front.tls else None):
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))
+        records = asyncio.create_task(frontend.keep_records_alive())
         await server.mark_serving()
         logger.info("gateway serving gRPC%s on %s:%d and HTTP on %s://%s:%d (model %s, %s)",
                     "+TLS" if front.tls else "", args.host, server.port, "https" if front.tls else "http",
@@ -95,6 +96,7 @@ async def serve(args: argparse.Namespace) -> None:
 
         async def stop_refreshing() -> None:
             health.cancel()
+            records.cancel()
 
         await server.serve_until_signal(on_stop=stop_refreshing)
     await frontend.close()

@@ -6,9 +6,16 @@
 
 A transition reads the stored state, checks the move with `transition()` and writes the new
 state, its history entry and any fields in one MULTI under WATCH, so of two writers racing from
-the same state only one wins and the other sees the winner's state. Entering a terminal state
-gives both keys a TTL of `ttl_s`; records of live requests have none. Each Redis call is bounded
-by the socket timeouts of the client (see cluster.redis_client).
+the same state only one wins and the other sees the winner's state.
+
+Every record has a TTL from its creation, so none outlives the gateway that drives it:
+    live (non-terminal)   live_ttl_s, renewed by `keep_alive` for the requests a gateway still
+                          drives (it calls it well inside live_ttl_s), so the records of a gateway
+                          that crashed expire within live_ttl_s
+    terminal              ttl_s, set by the transition into FINISHED, ABORTED or FAILED
+`keep_alive` renews only records still live, in one script, so it never shortens or lengthens a
+terminal record's ttl_s. Each Redis call is bounded by the socket timeouts of the client (see
+cluster.redis_client); a Redis that cannot be reached raises StateStoreUnavailableError.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
+from cluster.redis_client import state_store_errors
 from engine.errors import (IllegalTransitionError, InvalidConfigError, InvalidRequestError, NotFoundError,
                            PdserveError)
 from gateway.request_state import RequestState, transition
@@ -27,6 +35,24 @@ from gateway.request_state import RequestState, transition
 # Retries of one WATCH transaction when another writer changed the request in between; each
 # retry follows a winning writer, so this bounds how many writers can race on one request.
 _MAX_ATTEMPTS = 32
+
+# Renews the live TTL of each (record, history) key pair whose record is in one of the live states
+# ARGV[2:]; returns how many it renewed. KEYS: record 1, history 1, record 2, history 2, ...
+_KEEP_ALIVE_SCRIPT = """
+local live = {}
+for i = 2, #ARGV do live[ARGV[i]] = true end
+local renewed = 0
+for i = 1, #KEYS, 2 do
+    local state = redis.call('HGET', KEYS[i], 'state')
+    if state and live[state] then
+        redis.call('PEXPIRE', KEYS[i], ARGV[1])
+        redis.call('PEXPIRE', KEYS[i + 1], ARGV[1])
+        renewed = renewed + 1
+    end
+end
+return renewed
+"""
+_LIVE_STATES = tuple(state.name for state in RequestState if not state.is_terminal)
 
 _FIELD_TYPES: dict[str, type] = {
     "prompt_tokens": int,
@@ -71,12 +97,15 @@ class RequestRecord:
 
 
 class RequestStore:
-    def __init__(self, client: redis.Redis, *, ttl_s: float = 3600.0):
+    def __init__(self, client: redis.Redis, *, ttl_s: float = 3600.0, live_ttl_s: float = 60.0):
         """`client` must decode replies (cluster.redis_client.connect_redis makes one)."""
-        if ttl_s <= 0:
-            raise InvalidConfigError(f"ttl_s must be positive, got {ttl_s}")
+        if ttl_s <= 0 or live_ttl_s <= 0:
+            raise InvalidConfigError(f"ttl_s and live_ttl_s must be positive, got {ttl_s} and {live_ttl_s}")
         self._redis = client
         self._ttl_ms = round(ttl_s * 1000)
+        self.live_ttl_s = live_ttl_s
+        self._live_ttl_ms = round(live_ttl_s * 1000)
+        self._keep_alive = client.register_script(_KEEP_ALIVE_SCRIPT)
 
     async def create(self, request_id: str, prompt_tokens: int, owner: str = "") -> None:
         """Records a new request in QUEUED; raises RequestExistsError if the id is taken."""
@@ -89,8 +118,18 @@ class RequestStore:
             pipe.multi()
             pipe.hset(key, mapping=_encode(_initial_fields(prompt_tokens, now_unix_s) | {"owner": owner}))
             pipe.rpush(_history_key(request_id), _history_entry(RequestState.QUEUED, now_unix_s))
+            pipe.pexpire(key, self._live_ttl_ms)
+            pipe.pexpire(_history_key(request_id), self._live_ttl_ms)
 
         await self._atomically(key, body)
+
+    async def keep_alive(self, request_ids: list[str]) -> int:
+        """Renews live_ttl_s on the records of `request_ids` still live; returns how many."""
+        if not request_ids:
+            return 0
+        keys = [key for request_id in request_ids for key in (_key(request_id), _history_key(request_id))]
+        with state_store_errors():
+            return await self._keep_alive(keys=keys, args=[self._live_ttl_ms, *_LIVE_STATES])
 
     async def transition(self, request_id: str, to_state: RequestState, **fields: int | float | str) -> None:
         """Moves the request to `to_state` and sets `fields` with it, or raises
@@ -130,10 +169,11 @@ class RequestStore:
             await self._atomically(key, body)
 
     async def get(self, request_id: str) -> RequestRecord | None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(_key(request_id))
-            pipe.lrange(_history_key(request_id), 0, -1)
-            stored, history = await pipe.execute()
+        with state_store_errors():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(_key(request_id))
+                pipe.lrange(_history_key(request_id), 0, -1)
+                stored, history = await pipe.execute()
         if not stored:
             return None
         return RequestRecord(
@@ -148,14 +188,15 @@ class RequestStore:
         """Runs `body` (reads, then `pipe.multi()` and queued writes) under WATCH on `key`,
         again from the start whenever another writer changed `key` before EXEC."""
         for _ in range(_MAX_ATTEMPTS):
-            async with self._redis.pipeline(transaction=True) as pipe:
-                await pipe.watch(key)
-                await body(pipe)
-                try:
-                    await pipe.execute()
-                    return
-                except WatchError:
-                    continue
+            with state_store_errors():
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    await pipe.watch(key)
+                    await body(pipe)
+                    try:
+                        await pipe.execute()
+                        return
+                    except WatchError:
+                        continue
         raise StoreContentionError(f"{key} changed under {_MAX_ATTEMPTS} transactions in a row")
 
 

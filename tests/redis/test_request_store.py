@@ -1,5 +1,5 @@
 """The request store as a specification: records follow the lifecycle atomically, keep their
-history, and expire a TTL after they end."""
+history, expire `live_ttl_s` after their gateway last renewed them, and `ttl_s` after they end."""
 import asyncio
 import time
 
@@ -11,13 +11,14 @@ from gateway.request_state import RequestState
 from gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
 
 TTL_S = 60.0
+LIVE_TTL_S = 30.0
 
 
-def run_with_store(redis_url, scenario, ttl_s=TTL_S):
+def run_with_store(redis_url, scenario, ttl_s=TTL_S, live_ttl_s=LIVE_TTL_S):
     async def main():
         client = connect_redis(redis_url, timeout_s=2.0)
         try:
-            return await scenario(RequestStore(client, ttl_s=ttl_s), client)
+            return await scenario(RequestStore(client, ttl_s=ttl_s, live_ttl_s=live_ttl_s), client)
         finally:
             await client.aclose()
 
@@ -36,7 +37,8 @@ def test_a_new_request_is_queued_with_its_prompt_size_and_empty_fields(redis_url
         assert (record.prefill_replica, record.decode_replica, record.transport, record.error) == ("", "", "", "")
         assert before_unix_s <= record.created_unix_s <= after_unix_s
         assert record.history == ((RequestState.QUEUED, record.created_unix_s),)
-        assert await client.ttl("req:r1") == -1  # a live request never expires
+        for key in ("req:r1", "req:r1:history"):  # a live request expires unless its gateway renews it
+            assert 0 < await client.ttl(key) <= LIVE_TTL_S
 
     run_with_store(redis_url, scenario)
 
@@ -80,10 +82,11 @@ def test_ending_a_request_puts_a_ttl_on_all_its_keys(redis_url, end):
     async def scenario(store, client):
         await store.create("r1", prompt_tokens=8)
         await store.transition("r1", RequestState.PREFILLING)
-        assert await client.ttl("req:r1") == -1 and await client.ttl("req:r1:history") == -1
+        for key in ("req:r1", "req:r1:history"):
+            assert 0 < await client.ttl(key) <= LIVE_TTL_S
         await store.transition("r1", end, error="boom" if end is RequestState.FAILED else "")
         for key in ("req:r1", "req:r1:history"):
-            assert 0 < await client.ttl(key) <= TTL_S
+            assert LIVE_TTL_S < await client.ttl(key) <= TTL_S
         assert (await store.get("r1")).state is end
 
     run_with_store(redis_url, scenario)

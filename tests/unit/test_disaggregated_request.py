@@ -2,11 +2,13 @@
 decode at all, that every way of ending gives the reservation back, and how a request moves off
 a replica that went away."""
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 import grpc
 import pytest
 
+from cluster.redis_client import StateStoreUnavailableError
 from engine.sampling_params import SamplingParams
 from gateway.backend_errors import BackendError
 from gateway.completion_text import CompletionText, SampledToken
@@ -26,6 +28,9 @@ S = RequestState
 @dataclass
 class FakeStore:
     states: list = field(default_factory=list)
+
+    async def create(self, request_id, prompt_tokens, owner=""):
+        pass
 
     async def transition(self, request_id, state, **fields):
         self.states.append(state)
@@ -245,3 +250,82 @@ def test_a_failure_that_is_the_requests_own_does_not_migrate(byte_tokenizer):
     with pytest.raises(BackendError, match="out of blocks"):
         asyncio.run(collect(make_request(t, decodes, FakePrefill(token(t, "a")), FakeStore())))
     assert not decodes[1].generated
+
+
+class SlowAbortDecode(FakeDecode):
+    """A decode replica whose abort answers only when `release` is set."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.abort_started, self.release = asyncio.Event(), asyncio.Event()
+
+    async def abort(self, request_id):
+        self.abort_started.set()
+        await asyncio.wait_for(self.release.wait(), 10)
+        self.aborted = True
+
+
+def test_a_request_cancelled_again_while_its_abort_is_in_flight_still_records_aborted(byte_tokenizer):
+    t = byte_tokenizer
+    prefill, store = FakePrefill(token(t, "a")), FakeStore()
+
+    async def cancel_twice():
+        decode = SlowAbortDecode(steps(token(t, "b"), token(t, "c")))
+        first_chunk = asyncio.Event()
+
+        async def client():  # as the gRPC front does: it closes the stream when cancelled
+            async with contextlib.aclosing(make_request(t, decode, prefill, store).stream()) as chunks:
+                async for _ in chunks:
+                    first_chunk.set()
+                    await asyncio.sleep(10)  # the client reads no more
+
+        task = asyncio.create_task(client())
+        await asyncio.wait_for(first_chunk.wait(), 10)
+        task.cancel()
+        await asyncio.wait_for(decode.abort_started.wait(), 10)
+        task.cancel()  # as aiohttp does while the front's own disconnect poll is cancelling
+        await asyncio.sleep(0)
+        assert not task.done() and store.states[-1] is not S.ABORTED
+        decode.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        return decode
+
+    decode = asyncio.run(cancel_twice())
+    assert store.states[-1] is S.ABORTED and decode.aborted and prefill.aborted
+
+
+@dataclass
+class UnreachableOnStore(FakeStore):
+    """A store whose writes of `unreachable` states fail as a Redis that is down does."""
+    unreachable: tuple = ()
+
+    async def transition(self, request_id, state, **fields):
+        if state in self.unreachable:
+            raise StateStoreUnavailableError("the state store (Redis) is unreachable: refused")
+        await super().transition(request_id, state, **fields)
+
+    async def update(self, request_id, **fields):
+        raise StateStoreUnavailableError("the state store (Redis) is unreachable: refused")
+
+
+def test_record_writes_that_cannot_reach_redis_do_not_stop_a_streaming_request(byte_tokenizer):
+    t = byte_tokenizer
+    decode, prefill = FakeDecode(steps(token(t, "b"), token(t, "c", "length"))), FakePrefill(token(t, "a"))
+    store = UnreachableOnStore(unreachable=(S.TRANSFERRING, S.DECODING))
+    chunks = asyncio.run(collect(make_request(t, decode, prefill, store, max_tokens=3)))
+    assert "".join(chunk.text for chunk in chunks) == "abc" and chunks[-1].finish_reason == "length"
+    assert store.states == [S.PREFILLING, S.FINISHED]
+
+
+def test_a_request_whose_record_cannot_be_created_fails_unavailable_before_any_replica_call(byte_tokenizer):
+    t = byte_tokenizer
+
+    class DownStore(FakeStore):
+        async def create(self, request_id, prompt_tokens, owner=""):
+            raise StateStoreUnavailableError("the state store (Redis) is unreachable: refused")
+
+    decode, prefill, store = FakeDecode([]), FakePrefill(token(t, "a")), DownStore()
+    with pytest.raises(StateStoreUnavailableError):
+        asyncio.run(collect(make_request(t, decode, prefill, store)))
+    assert store.states == [] and decode.reserved == [] and prefill.runs == []
