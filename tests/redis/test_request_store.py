@@ -156,7 +156,7 @@ def test_of_racing_writers_from_one_state_exactly_one_wins(redis_url):
         # Half start prefill, half fail it, each on its own connection: whichever commits first
         # decides which of the others may still move.
         targets = [RequestState.PREFILLING, RequestState.FAILED] * (num_writers // 2)
-        clients = [connect_redis(redis_url, timeout_s=2.0) for _ in targets]
+        clients = [connect_redis(redis_url, timeout_s=10.0) for _ in targets]
         try:
             results = await asyncio.gather(
                 *(RequestStore(c).transition("r1", target) for c, target in zip(clients, targets)),
