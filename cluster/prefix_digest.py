@@ -21,6 +21,7 @@ import redis.asyncio as redis
 from cluster.redis_client import StateStoreUnavailableError, state_store_errors
 
 MAX_DIGEST_HASHES = 1024
+DEFAULT_REFRESH_S = 1.0
 DIGEST_HASH_BYTES = 8  # a 2^-64 chance that two different prefixes look alike: a misroute at worst
 _HEX_CHARS = 2 * DIGEST_HASH_BYTES
 
@@ -50,7 +51,7 @@ def num_cached_blocks(block_hashes: Sequence[bytes], digest: frozenset[str]) -> 
 class PrefixDigests:
     """The gateway's side: every replica's digest, re-read at most once per `refresh_s`."""
 
-    def __init__(self, client: redis.Redis, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, client: redis.Redis, refresh_s: float = DEFAULT_REFRESH_S, clock: Callable[[], float] = time.monotonic):
         self._redis = client
         self._refresh_s = refresh_s
         self._clock = clock

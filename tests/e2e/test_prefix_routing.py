@@ -5,10 +5,14 @@ Output equals transformers' whichever replica computes it and whatever part of i
 through this gateway and through a load-only one over the same replicas; the replicas count
 their hits."""
 import asyncio
+import time
 
 import grpc
+import redis
 import torch
 
+from cluster.prefix_digest import DEFAULT_REFRESH_S, decode_digest, digest_key, num_cached_blocks
+from engine.block_hash import block_hashes
 from engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -32,6 +36,17 @@ async def generate(endpoint: str, prompt: list[int]) -> tuple[list[int], gateway
         return token_ids, await stub.GetRequest(gateway_pb2.GetRequestRequest(request_id=request_id), timeout=10)
 
 
+def holds(cluster, replica_id: str, prompt: list[int]) -> bool:
+    """Whether the prefill replica's published digest holds every full block of `prompt`."""
+    client = redis.Redis.from_url(cluster.redis_url, decode_responses=True, socket_timeout=5)
+    try:
+        digest = decode_digest(client.get(digest_key("prefill", replica_id)) or "")
+    finally:
+        client.close()
+    hashes = block_hashes(prompt, BLOCK_SIZE)
+    return num_cached_blocks(hashes, digest) == len(hashes)
+
+
 def served_by(endpoint: str, prompt: list[int]) -> tuple[list[int], str]:
     """Greedy tokens of one request, and the prefill replica that computed it."""
     token_ids, info = asyncio.run(generate(endpoint, prompt))
@@ -53,9 +68,11 @@ def test_requests_follow_their_cached_prefix_and_load_only_routing_ignores_it(ma
     cluster.wait_ready()
     assert served_by(cluster.gateway.endpoint, held_by_a)[1] == "pa"
 
-    # Digests lag by a heartbeat and a refresh: wait until routing reflects pb's.
-    cluster.wait_until(lambda: served_by(cluster.gateway.endpoint, held_by_b + tokens(3))[1] == "pb",
-                       "the gateway to route by pb's prefix digest", ROUTING_TIMEOUT_S)
+    # A digest reaches Redis with a heartbeat, and routing within a refresh after that.
+    for replica, prompt in (("pa", held_by_a), ("pb", held_by_b)):
+        cluster.wait_until(lambda: holds(cluster, replica, prompt), f"{replica}'s digest to hold its prompt",
+                           ROUTING_TIMEOUT_S)
+    time.sleep(DEFAULT_REFRESH_S)
 
     # In a row, so that load alone would spread them over both replicas.
     follow_ups = [(held_by_a if i < 3 else held_by_b) + tokens(5 + i) for i in range(6)]
