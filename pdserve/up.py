@@ -152,13 +152,18 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str, internal_secr
         argv=(*_PDSERVE, "gateway", *common, "--host", config.host,
               "--grpc-port", str(config.grpc_port), "--http-port", str(config.http_port),
               "--transport", config.transport, "--routing", config.routing,
-              "--migration-limit", str(config.migration_limit),
-              *(arg for key in config.api_keys for arg in ("--api-key", key))),
+              "--migration-limit", str(config.migration_limit)),
         grpc_target=gateway_target(config),
         http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health",
-        env=env)
+        env=gateway_env(env, config.api_keys))
     slots.append(Slot("gateway", lambda: gateway, fatal_if_restart_fails=True))
     return slots
+
+
+def gateway_env(env: dict[str, str], api_keys: tuple[str, ...]) -> dict[str, str]:
+    """`env` with `api_keys` added to the gateway's key variable, off the command line."""
+    keys = [key for key in (env.get(API_KEY_ENV_VAR, ""), *api_keys) if key]
+    return {**env, API_KEY_ENV_VAR: ",".join(keys)} if keys else env
 
 
 def replica_spec(name: str, argv: tuple[str, ...], env: dict[str, str]) -> ChildSpec:

@@ -101,18 +101,21 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
     assert all("--cpus" not in slot.make_spec().argv for slot in on_gpu)
 
 
-def test_up_passes_each_api_key_to_the_gateway_only(tmp_path):
+def test_up_gives_each_api_key_to_the_gateway_only_and_never_on_a_command_line(tmp_path, monkeypatch):
+    from gateway.api_keys import ENV_VAR
     from pdserve.up import UpConfig, child_slots
 
+    monkeypatch.delenv(ENV_VAR, raising=False)
     args = cli.build_parser().parse_args(["up", "--api-key", "k1", "--api-key", "k2"])
     config = UpConfig(
         model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0, api_keys=tuple(args.api_key))
-    argv = {slot.name: slot.make_spec().argv for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
-    gateway = list(argv.pop("gateway"))
-    assert [gateway[i + 1] for i, arg in enumerate(gateway) if arg == "--api-key"] == ["k1", "k2"]
-    assert all("--api-key" not in replica for replica in argv.values())
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
+    gateway = specs.pop("gateway")
+    assert gateway.env[ENV_VAR] == "k1,k2"
+    assert all(ENV_VAR not in spec.env for spec in specs.values())
+    assert not any("k1" in arg or "k2" in arg for spec in (gateway, *specs.values()) for arg in spec.argv)
 
 
 def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_the_gateway(tmp_path, monkeypatch):
