@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from cluster.health_probe import probe_grpc, probe_http
-from pdserve.parent_death import die_with_parent_fn
+from pdserve.parent_death import die_with_parent
 
 _PROBE_TIMEOUT_S = 1.0
 _NUM_LAST_LINES = 30
@@ -52,8 +52,8 @@ class Child:
         self.last_probe = "not probed yet"
         self._last_lines: collections.deque[str] = collections.deque(maxlen=_NUM_LAST_LINES)
         self._process = subprocess.Popen(
-            spec.argv, env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent_fn())
+            die_with_parent(spec.argv), env=spec.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True)
         self._copier = threading.Thread(target=self._copy_output, args=(log,), name=f"log-{spec.name}", daemon=True)
         self._copier.start()
 

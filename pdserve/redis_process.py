@@ -21,7 +21,7 @@ from pathlib import Path
 import redis
 
 from cluster.ports import free_port
-from pdserve.parent_death import die_with_parent_fn
+from pdserve.parent_death import die_with_parent
 
 _HOST = "127.0.0.1"
 _PORT_ATTEMPTS = 3
@@ -162,9 +162,8 @@ def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: fl
     with log_path.open("ab") as log:
         try:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                die_with_parent(command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # a terminal's Ctrl-C goes to our owner, who stops us last
-                preexec_fn=die_with_parent_fn(),
             )
         except OSError as error:
             raise RedisStartError(f"cannot run {executable}: {error.strerror}") from error
