@@ -152,9 +152,10 @@ def markdown(combined: dict) -> str:
         cells += [format_cell(prefix_hit_rate(result, role), "{:.1%}") for role in hit_rate_roles]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     shown = shown_ratios(results)
-    lines += ["", "| system | " + " | ".join(heading for _, _, heading in shown) + " |",
-              "|---|" + "---:|" * len(shown)]
-    for name in results:
+    if shown:
+        lines += ["", "| system | " + " | ".join(heading for _, _, heading in shown) + " |",
+                  "|---|" + "---:|" * len(shown)]
+    for name in results if shown else ():
         cells = [format_cell(ratio(combined, field, name, reference), "{:.2f}x") for field, reference, _ in shown]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     goodput = goodput_lines(combined)

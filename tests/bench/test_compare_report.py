@@ -82,3 +82,9 @@ def test_the_hit_rate_column_and_the_no_cache_ratios_appear_when_there_is_someth
 
     run["systems"]["colocated"]["result"]["server"]["prefix_cache"]["by_role"] = {"decode": {"hit_rate": 0.5}}
     assert "| decode hit rate |" in markdown(run) and "| 81.2% | 50.0% |" in markdown(run)
+
+
+def test_a_run_of_systems_no_ratio_refers_to_has_no_ratio_table():
+    run = combined({})
+    run["systems"] = {"disaggregated": run["systems"]["colocated"]}
+    assert "÷" not in markdown(run)
