@@ -5,11 +5,9 @@ greedy output as the reference every front must give."""
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,21 +16,15 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdserve.v1 import common_pb2, gateway_pb2
+from tests.faults.conftest import greedy_request  # noqa: F401  (for the tests)
+from tests.faults.up_deployment import free_port, wait_until  # noqa: F401  (also for the tests)
 
 START_DEADLINE_S = 180.0
-POLL_S = 0.1
 
 
 def bearer(key: str | None) -> tuple[tuple[str, str], ...]:
     """gRPC call metadata that presents `key` (none for None)."""
     return (("authorization", f"Bearer {key}"),) if key is not None else ()
-
-
-def greedy_request(request_id: str, prompt_ids: list[int], max_tokens: int) -> gateway_pb2.GenerateRequest:
-    return gateway_pb2.GenerateRequest(
-        request_id=request_id, prompt_token_ids=gateway_pb2.TokenIds(ids=prompt_ids),
-        params=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
 
 
 @dataclass(frozen=True)
@@ -118,21 +110,6 @@ def metric(samples: dict[str, float], name: str, **labels: str) -> float:
     wanted = [f'{key}="{value}"' for key, value in labels.items()]
     return sum(value for key, value in samples.items()
                if key.split("{", 1)[0] == name and all(w in key for w in wanted))
-
-
-def wait_until(condition, what: str, timeout_s: float = 30.0):
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        if value := condition():
-            return value
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

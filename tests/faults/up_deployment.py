@@ -37,7 +37,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_until(condition, what: str, timeout_s: float):
+def wait_until(condition, what: str, timeout_s: float = 30.0):
     """Polls `condition` until it returns something truthy, which it returns."""
     deadline_s = time.monotonic() + timeout_s
     while time.monotonic() < deadline_s:
