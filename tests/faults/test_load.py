@@ -45,7 +45,8 @@ def test_1024_concurrent_streams_all_succeed_with_greedy_output_and_leak_nothing
     started_s = time.monotonic()
     results = asyncio.run(load())
     wall_s = time.monotonic() - started_s
-    failures = [(i, r.code(), r.details()) for i, r in enumerate(results) if isinstance(r, grpc.aio.AioRpcError)]
+    failures = [(i, r.code(), r.details(), r.debug_error_string()) for i, r in enumerate(results)
+                if isinstance(r, grpc.aio.AioRpcError)]
     print(f"\n{NUM_STREAMS} concurrent streams x {MAX_TOKENS} tokens: {wall_s:.1f} s wall, {len(failures)} failed")
     assert failures == []
     wrong = [i for i, tokens in enumerate(results) if tokens != reference[i % NUM_PROMPTS]]

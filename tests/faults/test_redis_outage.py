@@ -110,7 +110,7 @@ def test_a_redis_outage_refuses_new_requests_clearly_and_spares_streams_in_fligh
             await asyncio.to_thread(redis_server.kill)
             timeline["killed_s"] = time.monotonic()
             await asyncio.sleep(OUTAGE_S)  # the outage itself: load keeps coming meanwhile
-            await asyncio.to_thread(redis_server.restart)
+            redis_server.restart()  # on the main thread: a child dies with the thread that started it
             timeline["restarted_s"] = time.monotonic()
             await asyncio.to_thread(wait_until, lambda: len(cluster.replicas("prefill")) == 1
                                     and len(cluster.replicas("decode")) == 1, "the replicas to register again",
