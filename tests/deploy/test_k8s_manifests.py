@@ -181,7 +181,8 @@ def test_every_object_is_schema_valid(objects, version):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as error:
-            raise AssertionError(f"{obj['kind']}/{obj['metadata']['name']}: {error.message}") from error
+            where = f"{obj['kind']}/{obj['metadata']['name']} at {error.json_path}"
+            raise AssertionError(f"{where}: {error.message}") from error
 
 
 def test_overlay_has_every_component_once(objects):
