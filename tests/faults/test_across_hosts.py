@@ -32,7 +32,9 @@ from tests.faults.test_decode_migration import kill_mid_stream, prompts
 # (kind, name, host, flags); the first gateway is the cluster's, routing on auto.
 LAYOUT = [("prefill", "p0", "p0", ()), ("decode", "d0", "d0", ()), ("decode", "d1", "d1", ()),
           ("gateway", "gw", "gw", ()), ("gateway", "gw-shm", "gw", ("--transport", "shm"))]
+NUM_TOKENS = 60  # per stream of the kill test
 BENCH_TIMEOUT_S = 120.0
+GRPC = transport_name(common_pb2.TRANSPORT_GRPC)  # as request records name it
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,7 @@ def test_auto_routing_moves_kv_over_grpc_and_greedy_equals_transformers(cluster,
     outcomes = asyncio.run(StreamRun(cluster.gateway.endpoint, requests).run())
     assert [outcome.error for outcome in outcomes] == [None] * len(cases)
     assert [outcome.token_ids for outcome in outcomes] == hf_greedy(e2e_model, cases)
-    assert stored_transports(cluster, [request.request_id for request in requests]) == {transport_name(common_pb2.TRANSPORT_GRPC)}
+    assert stored_transports(cluster, [request.request_id for request in requests]) == {GRPC}
     cluster.assert_all_kv_free()
     assert_prefill_kv_free(cluster)
 
@@ -113,15 +115,17 @@ def test_clients_that_leave_free_every_kv_block_on_both_hosts(cluster, e2e_model
     assert_prefill_kv_free(cluster)
 
 
-def test_a_decode_replica_killed_mid_stream_moves_its_requests_to_the_other_host(cluster, e2e_model, hf_greedy):
-    cases = [(prompt, 60) for prompt in prompts(e2e_model, 4, seed=23)]
-    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"k-{i}", p, n) for i, (p, n) in enumerate(cases)])
+def test_a_decode_replica_killed_mid_stream_moves_its_requests_to_the_other_host(cluster, e2e_model):
+    cases = prompts(e2e_model, 4, seed=23)
+    reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
+        greedy_request(f"unharmed-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
+    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"k-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
     outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "k-0", min_tokens=5)))
     assert [outcome.error for outcome in outcomes] == [None] * len(cases)
     assert any(outcome.arrival_s[-1] > run.killed_s for outcome in outcomes)  # the kill was mid-stream
     assert migrations(cluster).get("decode_unavailable", 0) >= 1
-    assert [outcome.token_ids for outcome in outcomes] == hf_greedy(e2e_model, cases)
-    assert stored_transports(cluster, [f"k-{i}" for i in range(len(cases))]) == {transport_name(common_pb2.TRANSPORT_GRPC)}
+    assert [outcome.token_ids for outcome in outcomes] == [outcome.token_ids for outcome in reference]
+    assert stored_transports(cluster, [f"k-{i}" for i in range(len(cases))]) == {GRPC}
     wait_until_gone(cluster, "decode", run.victim)
     cluster.assert_all_kv_free()
     assert_prefill_kv_free(cluster)
