@@ -135,7 +135,7 @@ def test_grpc_kv_bandwidth_between_namespaces(hosts, tmp_path):
     """Prints the bench's table: KV pushed from the prefill host to a decode on the d1 host, and
     over loopback within the prefill host, in the same run."""
     rows_path = tmp_path / "kv_transfer.json"
-    command = [sys.executable, "-m", "bench.kv_transfer", "--mib", "32", "--repeats", "3", "--json", str(rows_path),
+    command = [sys.executable, "-m", "bench.kv_transfer", "--mib", "64", "--repeats", "10", "--json", str(rows_path),
                "--decode-netns", hosts.namespace("d1"), "--decode-host", hosts.address("d1")]
     done = subprocess.run([*hosts.launcher("p0"), *command], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
