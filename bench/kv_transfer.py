@@ -92,7 +92,7 @@ def measure(
         namespace, host = decode_netns
         with LoopbackDecode(dataclasses.replace(config, host=host, netns=namespace)) as decode:
             seconds = asyncio.run(_time_sends(decode, common_pb2.TRANSPORT_GRPC, src, src_ids, dst_ids, num_repeats))
-        rows.append(BandwidthRow(f"{NETNS_GRPC_PATH} ({namespace})", moved_bytes, seconds))
+        rows.append(BandwidthRow(NETNS_GRPC_PATH, moved_bytes, seconds))
     return rows
 
 

@@ -1,8 +1,8 @@
 """KV across hosts: Redis, the gateways, the prefill replica and two decode replicas each on a
 host of their own (tests/faults/netns.py: a network namespace and a private /dev/shm each, one
-kernel), joined by a bridge. The specification: the hosts are told apart by their host ids
-alone, so auto routing moves KV over grpc, and a gateway that forces shm is refused at once
-with an error naming both hosts; greedy output is transformers' token for token; a client
+kernel), joined by a bridge. The specification: each replica's host id carries the kernel and
+its own /dev/shm, so auto routing moves KV over grpc, and a gateway that forces shm is refused
+at once with an error naming both hosts; greedy output is transformers' token for token; a client
 that leaves frees every KV block on both sides; a decode replica killed mid-stream moves its
 requests to the other host, tokens unchanged, as on one host. It also measures the grpc path's
 bandwidth between two namespaces next to loopback grpc in the same run (BENCHMARKS.md).
@@ -24,7 +24,8 @@ from kvtransfer.choice import transport_name
 from pdserve.redis_process import start_redis
 from pdserve.v1 import common_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import Cluster
-from tests.faults.conftest import StreamRun, assert_prefill_kv_free, greedy_request, migrations, wait_until_gone
+from tests.faults.conftest import (
+    StreamRun, assert_prefill_kv_free, greedy_request, migrations, request_info, wait_until_gone)
 from tests.faults.netns import NetnsUnavailableError, create_hosts
 from tests.faults.stream_clients import grpc_stream, request_records
 from tests.faults.test_decode_migration import kill_mid_stream, prompts
@@ -83,12 +84,14 @@ def test_auto_routing_moves_kv_over_grpc_and_greedy_equals_transformers(cluster,
 
 
 def test_forcing_shm_between_hosts_is_refused_at_once_naming_both(cluster, e2e_model):
-    host_ids = {name: entry["host_id"] for kind in ("prefill", "decode") for name, entry in cluster.replicas(kind).items()}
-    kernel = default_host_id().split("-shm-")[0]
-    assert len(set(host_ids.values())) == 3 and all(host_id.startswith(kernel + "-shm-") for host_id in host_ids.values())
+    host_ids = {name: entry["host_id"] for kind in ("prefill", "decode")
+                for name, entry in cluster.replicas(kind).items()}
+    kernel = default_host_id().split("-shm-")[0]  # this process's: the replicas run on its kernel
+    assert len(set(host_ids.values())) == 3
+    assert all(host_id.startswith(kernel + "-shm-") for host_id in host_ids.values())
     gateway = next(service for service in cluster.services if service.name == "gw-shm")
     started_s = time.monotonic()
-    outcome, = asyncio.run(StreamRun(gateway.endpoint, [greedy_request("forced-shm", prompts(e2e_model, 1)[0], 4)]).run())
+    outcome, = asyncio.run(StreamRun(gateway.endpoint, [greedy_request("shm", prompts(e2e_model, 1)[0], 4)]).run())
     assert time.monotonic() - started_s < 5.0
     assert outcome.error.code() == grpc.StatusCode.FAILED_PRECONDITION and not outcome.token_ids
     details = outcome.error.details()
@@ -104,8 +107,9 @@ def test_clients_that_leave_free_every_kv_block_on_both_hosts(cluster, e2e_model
     async def leave():
         async with grpc.aio.insecure_channel(cluster.gateway.endpoint) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
-            return await asyncio.gather(*(grpc_stream(stub, f"leave-{i}", prompt, 500, cut_after=cut_after)
-                                          for i, (prompt, cut_after) in enumerate(zip(prompts(e2e_model, 4), cut_afters))))
+            return await asyncio.gather(*(
+                grpc_stream(stub, f"leave-{i}", prompt, 500, cut_after=cut_after)
+                for i, (prompt, cut_after) in enumerate(zip(prompts(e2e_model, len(cut_afters)), cut_afters))))
 
     outcomes = asyncio.run(leave())
     assert all(outcome.cut and outcome.status is None for outcome in outcomes)
@@ -125,6 +129,7 @@ def test_a_decode_replica_killed_mid_stream_moves_its_requests_to_the_other_host
     assert any(outcome.arrival_s[-1] > run.killed_s for outcome in outcomes)  # the kill was mid-stream
     assert migrations(cluster).get("decode_unavailable", 0) >= 1
     assert [outcome.token_ids for outcome in outcomes] == [outcome.token_ids for outcome in reference]
+    assert request_info(cluster, "k-0").decode_replica != run.victim
     assert stored_transports(cluster, [f"k-{i}" for i in range(len(cases))]) == {GRPC}
     wait_until_gone(cluster, "decode", run.victim)
     cluster.assert_all_kv_free()
@@ -135,11 +140,11 @@ def test_grpc_kv_bandwidth_between_namespaces(hosts, tmp_path):
     """Prints the bench's table: KV pushed from the prefill host to a decode on the d1 host, and
     over loopback within the prefill host, in the same run."""
     rows_path = tmp_path / "kv_transfer.json"
-    command = [sys.executable, "-m", "bench.kv_transfer", "--mib", "64", "--repeats", "10", "--json", str(rows_path),
-               "--decode-netns", hosts.namespace("d1"), "--decode-host", hosts.address("d1")]
+    command = [sys.executable, "-m", "bench.kv_transfer", "--mib", "64", "--repeats", "10",
+               "--decode-netns", hosts.namespace("d1"), "--decode-host", hosts.address("d1"), "--json", str(rows_path)]
     done = subprocess.run([*hosts.launcher("p0"), *command], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    gb_per_s = {row["path"].split(" (")[0]: row["gb_per_s"] for row in json.loads(rows_path.read_text())["rows"]}
+    gb_per_s = {row["path"]: row["gb_per_s"] for row in json.loads(rows_path.read_text())["rows"]}
     across, loopback = gb_per_s[NETNS_GRPC_PATH], gb_per_s["kvtransfer TRANSPORT_GRPC"]
     print(f"\n{done.stdout}\ngrpc KV between network namespaces {across:.2f} GB/s, over loopback {loopback:.2f} GB/s "
           f"({across / loopback:.2f}x)")
