@@ -32,7 +32,7 @@ class NetnsUnavailableError(RuntimeError):
     """This machine will not let us make network namespaces or mount in them (not root, no `ip`)."""
 
 
-def ip(*args: str) -> str:
+def _ip(*args: str) -> str:
     """Runs `ip ARGS` and returns its output; raises CalledProcessError with its stderr."""
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, check=False)
     if done.returncode != 0:
@@ -63,22 +63,22 @@ class Hosts:
 
     def add_switch(self) -> None:
         switch = self._add_namespace("sw")
-        ip("-n", switch, "link", "add", "br0", "type", "bridge")
-        ip("-n", switch, "link", "set", "br0", "up")
-        ip("link", "add", self.prefix, "type", "veth", "peer", "name", "v-root", "netns", switch)
+        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", switch, "link", "set", "br0", "up")
+        _ip("link", "add", self.prefix, "type", "veth", "peer", "name", "v-root", "netns", switch)
         self._root_link = self.prefix
-        ip("-n", switch, "link", "set", "v-root", "master", "br0", "up")
-        ip("addr", "add", f"{self._take_address()}/{self.subnet.prefixlen}", "dev", self._root_link)
-        ip("link", "set", self._root_link, "up")
+        _ip("-n", switch, "link", "set", "v-root", "master", "br0", "up")
+        _ip("addr", "add", f"{self._take_address()}/{self.subnet.prefixlen}", "dev", self._root_link)
+        _ip("link", "set", self._root_link, "up")
 
     def add_host(self, name: str) -> None:
         namespace, switch = self._add_namespace(name), self.namespace("sw")
-        ip("-n", switch, "link", "add", f"v-{name}", "type", "veth", "peer", "name", "eth0", "netns", namespace)
-        ip("-n", switch, "link", "set", f"v-{name}", "master", "br0", "up")
+        _ip("-n", switch, "link", "add", f"v-{name}", "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        _ip("-n", switch, "link", "set", f"v-{name}", "master", "br0", "up")
         self._addresses[name] = self._take_address()
-        ip("-n", namespace, "addr", "add", f"{self._addresses[name]}/{self.subnet.prefixlen}", "dev", "eth0")
-        ip("-n", namespace, "link", "set", "eth0", "up")
-        ip("-n", namespace, "link", "set", "lo", "up")
+        _ip("-n", namespace, "addr", "add", f"{self._addresses[name]}/{self.subnet.prefixlen}", "dev", "eth0")
+        _ip("-n", namespace, "link", "set", "eth0", "up")
+        _ip("-n", namespace, "link", "set", "lo", "up")
 
     def close(self) -> None:
         """Removes everything, even past a removal that fails; then raises the first failure."""
@@ -88,7 +88,7 @@ class Hosts:
         failures = []
         for removal in removals:
             try:
-                ip(*removal)
+                _ip(*removal)
             except subprocess.CalledProcessError as error:
                 failures.append(error)
         if failures:
@@ -96,7 +96,7 @@ class Hosts:
 
     def _add_namespace(self, name: str) -> str:
         namespace = self.namespace(name)
-        ip("netns", "add", namespace)
+        _ip("netns", "add", namespace)
         self._namespaces.append(namespace)
         return namespace
 
@@ -123,7 +123,7 @@ def create_hosts(names: list[str]) -> Hosts:
 
 def _free_subnet() -> ipaddress.IPv4Network:
     """A random one of _SUBNETS that no address or route of the root namespace overlaps."""
-    taken = list(_networks(ip("-4", "route", "show", "table", "all") + ip("-4", "-o", "addr")))
+    taken = list(_networks(_ip("-4", "route", "show", "table", "all") + _ip("-4", "-o", "addr")))
     free = [subnet for subnet in _SUBNETS if not any(subnet.overlaps(other) for other in taken)]
     if not free:
         raise NetnsUnavailableError(f"every subnet from {_SUBNETS[0]} to {_SUBNETS[-1]} is in use here")
