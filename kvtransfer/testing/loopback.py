@@ -1,8 +1,9 @@
 """A decode-side KV endpoint in a process of its own, for end-to-end checks and benchmarks.
 
 The child process owns a KV pool (shared CPU memory, or CUDA), serves `KVTransfer` through a
-real `KVReceiver` on a loopback port, and keeps a plain reservation table (each reservation
-with its write token, which a write must present). The parent drives it through a pipe, each
+real `KVReceiver` on a loopback port (or `host`, in the network namespace `netns` names, to be
+reached from another one), and keeps a plain reservation table (each reservation with its write
+token, which a write must present). The parent drives it through a pipe, each
 call with a deadline:
 
     reserve(request id, block ids, transport) -> KVTarget, as a decode replica would return it
@@ -13,6 +14,7 @@ call with a deadline:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hmac
 import multiprocessing
 import secrets
@@ -32,6 +34,8 @@ from kvtransfer.receiver import KVReceiver
 from kvtransfer.target import KVTarget
 from kvtransfer.transports import create_kv_pool, target_fields
 
+_CLONE_NEWNET = 0x40000000  # from <sched.h>
+
 
 @dataclass(frozen=True, slots=True)
 class LoopbackConfig:
@@ -41,6 +45,7 @@ class LoopbackConfig:
     model_name: str
     host: str = "127.0.0.1"
     call_timeout_s: float = 30.0
+    netns: str = ""  # an `ip netns` name the child serves from; "" for this process's own
 
 
 class LoopbackDecode:
@@ -149,10 +154,20 @@ class _ReservationTable:
 
 def _serve(conn, config: LoopbackConfig) -> None:
     try:
+        if config.netns:
+            _enter_netns(config.netns)
         asyncio.run(_serve_async(conn, config))
     except BaseException as error:
         conn.send(("error", repr(error)))
         raise
+
+
+def _enter_netns(name: str) -> None:
+    """Moves this thread into network namespace `name`; the sockets it makes from then on (the
+    server's listening one included) are in it. Python 3.12's os.setns, through libc."""
+    with open(f"/run/netns/{name}") as namespace:
+        if ctypes.CDLL(None, use_errno=True).setns(namespace.fileno(), _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter network namespace {name}")
 
 
 async def _serve_async(conn, config: LoopbackConfig) -> None:

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,10 +40,11 @@ class Service:
     port: int
     log_path: Path
     http_port: int = 0  # gateway only
+    host: str = "127.0.0.1"  # the address it binds and advertises
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def log_tail(self, num_lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
@@ -56,17 +58,20 @@ class Cluster:
     internal_secret: str  # the deployment's, which every service gets in its environment
     services: list[Service] = field(default_factory=list)
 
-    def start(self, kind: str, name: str, *flags: str) -> Service:
+    def start(self, kind: str, name: str, *flags: str, host: str = "127.0.0.1",
+              launcher: Sequence[str] = ()) -> Service:
+        """Starts `python -m pdserve KIND` bound to `host`, through `launcher` (a prefix of its
+        command line: tests/faults/netns.py runs it on a host of its own that way)."""
         port, http_port = free_port(), free_port()
         port_flags = ["--grpc-port", str(port), "--http-port", str(http_port)] if kind == "gateway" \
             else ["--port", str(port), "--replica-id", name]
         log_path = self.work_dir / f"{name}.log"
-        command = [sys.executable, "-m", "pdserve", kind, "--model", self.model_dir,
-                   "--redis-url", self.redis_url, *port_flags, *flags]
+        command = [*launcher, sys.executable, "-m", "pdserve", kind, "--model", self.model_dir,
+                   "--redis-url", self.redis_url, "--host", host, *port_flags, *flags]
         with open(log_path, "w") as log:
             env = {**os.environ, "PDSERVE_INTERNAL_SECRET": self.internal_secret}
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        service = Service(kind, name, process, port, log_path, http_port if kind == "gateway" else 0)
+        service = Service(kind, name, process, port, log_path, http_port if kind == "gateway" else 0, host)
         self.services.append(service)
         return service
 

@@ -92,7 +92,7 @@ def num_prefills(info: gateway_pb2.RequestInfo) -> int:
 
 def migrations(cluster: Cluster) -> dict[str, float]:
     """The gateway's pdserve:request_migrations_total, by reason."""
-    url = f"http://127.0.0.1:{cluster.gateway.http_port}/metrics"
+    url = f"http://{cluster.gateway.host}:{cluster.gateway.http_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
     pattern = r'^pdserve:request_migrations_total\{[^}]*reason="(\w+)"[^}]*\} (\S+)$'

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from cluster.redis_client import connect_redis
-from cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat, default_host_id
+from cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat
 from engine.errors import InvalidConfigError
 
 TTL_S = 1.0
@@ -212,13 +212,4 @@ def test_start_fails_loudly_when_redis_cannot_be_reached():
 def test_bad_heartbeat_settings_are_refused(kind, replica_id, ttl_s, interval_s):
     with pytest.raises(InvalidConfigError):
         ReplicaHeartbeat("redis://127.0.0.1:1/0", kind, replica_id, "e", "h", "cpu", ttl_s=ttl_s, interval_s=interval_s)
-
-
-def test_default_host_id_names_this_machine_the_same_way_in_every_process():
-    """Even under another hostname, as containers on one machine have: the kernel is what they share."""
-    script = "import socket; socket.gethostname = lambda: 'other-container'; " \
-             "from cluster.registry import default_host_id; print(default_host_id())"
-    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert child.stdout.strip() == default_host_id()
-    assert default_host_id() != "other-container"
 
