@@ -28,6 +28,7 @@ from engine.admission import draw_seed, validate_prompt
 from engine.block_allocator import BlockAllocator, OutOfBlocksError
 from engine.block_hash import block_hashes
 from engine.config import ModelConfig
+from engine.device_guard import bind_thread, resolve_device
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidConfigError, InvalidRequestError
 from engine.kv_cache import KVCacheSpec
@@ -52,7 +53,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, kv_allocator: KVAllocator | None = None,
                  kv_layer_listener: KVLayerListener | None = None):
         self.config = config
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
+        bind_thread(self.device)  # the constructing thread loads the weights and allocates the pool
         self.model_config = ModelConfig.from_dir(config.model)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.tokenizer = load_tokenizer(config.model)

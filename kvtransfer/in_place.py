@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 import torch
 
+from engine.device_guard import on_device
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.choice import transport_name
@@ -61,7 +62,7 @@ class InPlaceSender:
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
         _check_in_place_target(request_id, target)
         decode_pool = self._open_pool(target, kv_cache)
-        await asyncio.to_thread(self._copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
+        await asyncio.to_thread(on_device(kv_cache.device, self._copy), decode_pool, list(target.block_ids), kv_cache, list(block_ids))
         _check_deadline(request_id, target, "the copy ended")
         num_bytes = len(block_ids) * self._spec.bytes_per_block
         await self._client.commit(request_id, target, self._layout, num_bytes)
