@@ -95,7 +95,8 @@ def run_up(args: argparse.Namespace) -> int:
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
-        enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit)
+        enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -116,7 +117,13 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--redis-url", help="use this Redis instead of starting one")
     parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="how KV blocks move from prefill to decode (default auto)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda (each replica on its own GPU while there are enough) or cuda:N "
+                             "(all on GPU N) (default cpu)")
+    parser.add_argument("--prefill-gpus", type=_index_list, metavar="LIST",
+                        help="with --device cuda: the GPU of each prefill replica, e.g. 0,1")
+    parser.add_argument("--decode-gpus", type=_index_list, metavar="LIST",
+                        help="with --device cuda: the GPU of each decode replica, e.g. 2,3")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: the checkpoint's; bfloat16 for a "
                              "float32 checkpoint on a GPU)")
@@ -264,6 +271,13 @@ def add_bench_compare(subparsers: argparse._SubParsersAction) -> None:
     _add_service(subparsers, "bench-compare", "bench.compare",
                  "launch static batching, pdserve (colocated, disaggregated) and vLLM in turn and "
                  "benchmark them side by side on one trace")
+
+
+def _index_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated device indexes, got {text!r}") from None
 
 
 def _positive_int(text: str) -> int:
