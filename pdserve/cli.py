@@ -149,6 +149,28 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_up)
 
 
+def run_compose_gpus(args: argparse.Namespace) -> int:
+    from pdserve.compose_gpus import render
+
+    sys.stdout.write(render(args.compose_file, args.prefill_gpus, args.decode_gpus))
+    return 0
+
+
+def add_compose_gpus(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compose-gpus", help="print compose.yaml with one prefill or decode service per GPU",
+        description="Prints a Compose file (JSON) that runs compose.yaml's prefill and decode "
+                    "services once per listed host GPU; every replica reserves all listed GPUs "
+                    "and runs on its own. Use it as `docker compose -f FILE up`.")
+    parser.add_argument("--prefill-gpus", type=_index_list, required=True, metavar="LIST",
+                        help="host GPUs with a prefill replica each, e.g. 0")
+    parser.add_argument("--decode-gpus", type=_index_list, required=True, metavar="LIST",
+                        help="host GPUs with a decode replica each, e.g. 1,2,3")
+    parser.add_argument("--compose-file", type=Path, default=Path("compose.yaml"),
+                        help="the Compose file to rewrite (default ./compose.yaml)")
+    parser.set_defaults(run=run_compose_gpus)
+
+
 def run_generate(args: argparse.Namespace) -> int:
     import grpc
 
@@ -287,7 +309,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-SUBCOMMANDS = (add_up, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
+SUBCOMMANDS = (add_up, add_compose_gpus, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
                add_bench, add_bench_compare, add_make_tiny_model)
 
 
