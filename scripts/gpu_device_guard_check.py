@@ -1,0 +1,83 @@
+"""The device guard on real GPUs: an engine on the last GPU launches everything there.
+
+Builds a float32 tiny-model engine on `cuda:{last}` (the thread building it binds that device)
+and drives it from `AsyncEngine`'s engine thread, a thread that CUDA starts on device 0. Checks
+that the engine thread's current device is the engine's at every step, that no memory was
+allocated on any other GPU, and that greedy tokens equal the same engine's on the CPU.
+Exits 2 with fewer than two GPUs, where the check proves nothing.
+
+    python scripts/gpu_device_guard_check.py
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine.async_engine import AsyncEngine
+from engine.engine_config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+PROMPTS = ([1, 2, 3, 4], [50, 60, 70], [7] * 40)
+PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def greedy(engine: LLMEngine) -> tuple[list[list[int]], set[int]]:
+    """Each prompt's tokens, and every current device the engine thread had at a step."""
+    devices_at_steps: set[int] = set()
+
+    async def run() -> list[list[int]]:
+        async_engine = AsyncEngine(engine, asyncio.get_running_loop())
+        if engine.device.type == "cuda":
+            async_engine.on_step = lambda _: devices_at_steps.add(torch.cuda.current_device())
+        async_engine.start()
+        streams = []
+        for i, prompt in enumerate(PROMPTS):
+            streams.append(async_engine.open_stream(str(i)))
+            await async_engine.call(lambda e, i=i, prompt=prompt: e.add_request(str(i), prompt, PARAMS))
+        outputs = []
+        for stream in streams:
+            while not (output := await asyncio.wait_for(stream.get(), 120)).finished:
+                pass
+            outputs.append(output.outputs[0].token_ids)
+        await async_engine.stop()
+        return outputs
+
+    return asyncio.run(run()), devices_at_steps
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    num_gpus = torch.cuda.device_count()
+    if num_gpus < 2:
+        print(f"{num_gpus} GPU(s): the device guard needs two to be told apart from device 0", file=sys.stderr)
+        return 2
+    last = num_gpus - 1
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(Path(tmp) / "tiny")
+        subprocess.run([sys.executable, "-m", "pdserve", "make-tiny-model", model_dir, "--dtype", "float32"],
+                       check=True, stdout=subprocess.DEVNULL)
+        config = EngineConfig(model=model_dir, dtype="float32", num_gpu_blocks=64)
+        expected, _ = greedy(LLMEngine(config))
+        got, devices_at_steps = greedy(LLMEngine(dataclasses.replace(config, device=f"cuda:{last}")))
+    elsewhere = {gpu: torch.cuda.memory_allocated(gpu) for gpu in range(num_gpus) if gpu != last}
+    checks = {
+        f"engine thread on cuda:{last} at every step": devices_at_steps == {last},
+        "no memory allocated on another GPU": not any(elsewhere.values()),
+        "greedy tokens equal the CPU engine's": got == expected,
+    }
+    for name, passed in checks.items():
+        print(f"{'ok  ' if passed else 'FAIL'} {name}")
+    print(f"devices at steps {sorted(devices_at_steps)}; bytes on other GPUs {elsewhere}")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
