@@ -4,8 +4,9 @@
              → copy the blocks on a worker thread → check the deadline again
              → KVTransfer.Commit, with the target's write token
 
-A subclass says how to open a target's pool (`_open_pool`, which may refuse the source pool too)
-and how to copy into it (`_copy`, usually `copy_blocks`). Invariant: Commit is sent only after
+A subclass says how to open a target's pool (`_open_pool`, which may refuse the source pool too,
+and returns the pool as its `_copy` takes it) and how to copy into it (`_copy`, on a worker
+thread, usually through `copy_blocks`). Invariant: Commit is sent only after
 the copy has finished, so the decode replica never reads a half-written block; a send that raises
 commits nothing. The blocks written are those of the target, which only the caller of Reserve
 got, and only before the reservation's deadline; the decode replica keeps them from anyone else
@@ -17,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -44,10 +46,10 @@ class InPlaceSender:
         self._client = KVTransferClient(rpc_timeout_s, open_channel)
         self._pools: dict[str | bytes, torch.Tensor] = {}  # pool handle -> the decode pool, opened
 
-    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
+    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> Any:
         raise NotImplementedError
 
-    def _copy(self, dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
+    def _copy(self, dst: Any, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
         raise NotImplementedError
 
     async def send(
