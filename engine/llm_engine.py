@@ -32,6 +32,7 @@ from engine.device_guard import bind_thread, resolve_device
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidConfigError, InvalidRequestError
 from engine.kv_cache import KVCacheSpec
+from engine.memory_profile import profiled_kv_pool_bytes
 from engine.model_runner import ModelRunner, ModelRunnerOutput
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -42,7 +43,6 @@ from engine.tokenizer import load_tokenizer
 from engine.weights import load_model
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
-CUDA_KV_CACHE_FRACTION = 0.8  # of the memory free once the weights are loaded
 
 
 KVAllocator = Callable[[KVCacheSpec, int, torch.device], torch.Tensor]
@@ -62,7 +62,7 @@ class LLMEngine:
         model = load_model(Path(config.model), self.model_config, self.dtype, self.device)
 
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
-        num_blocks = self._num_kv_blocks()
+        num_blocks = self._num_kv_blocks(model)
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
@@ -238,13 +238,15 @@ class LLMEngine:
         self._hold_kv.discard(request_id)
         self.output_processor.remove(request_id)
 
-    def _num_kv_blocks(self) -> int:
-        if self.config.num_gpu_blocks is not None:
-            return self.config.num_gpu_blocks
-        num_bytes = self.config.kv_cache_bytes
+    def _num_kv_blocks(self, model) -> int:
+        config = self.config
+        if config.num_gpu_blocks is not None:
+            return config.num_gpu_blocks
+        num_bytes = config.kv_cache_bytes
         if num_bytes is None:
             if self.device.type == "cuda":
-                num_bytes = int(torch.cuda.mem_get_info(self.device)[0] * CUDA_KV_CACHE_FRACTION)
+                num_bytes = profiled_kv_pool_bytes(model, self.kv_spec, config.max_num_batched_tokens,
+                                                   config.max_num_seqs, config.gpu_memory_utilization, self.device)
             else:
                 num_bytes = DEFAULT_CPU_KV_CACHE_BYTES
         num_blocks = self.kv_spec.num_blocks_in(num_bytes)
