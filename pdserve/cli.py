@@ -96,7 +96,7 @@ def run_up(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
-        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus)
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -124,6 +124,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help="with --device cuda: the GPU of each prefill replica, e.g. 0,1")
     parser.add_argument("--decode-gpus", type=_index_list, metavar="LIST",
                         help="with --device cuda: the GPU of each decode replica, e.g. 2,3")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                        help="on CUDA: the share of each GPU's memory its replicas take together, split evenly "
+                             "between the replicas placed on it (default 0.9)")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: the checkpoint's; bfloat16 for a "
                              "float32 checkpoint on a GPU)")

@@ -75,6 +75,7 @@ class UpConfig:
     enable_prefix_caching: bool = True
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
+    gpu_memory_utilization: float = 0.9  # of each GPU, split between the replicas placed on it
     # On plain "cuda": the GPU of each replica (gpu_placement); None before placement.
     prefill_gpus: tuple[int, ...] | None = None
     decode_gpus: tuple[int, ...] | None = None
@@ -156,9 +157,12 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str, internal_secr
     env = {**os.environ, REDIS_URL_ENV: redis_url, SECRET_ENV: internal_secret}
     replicas = [(kind, index) for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode))
                 for index in range(count)]
-    devices = ([f"cuda:{gpu}" for gpu in (*config.prefill_gpus, *config.decode_gpus)]
-               if config.prefill_gpus is not None and config.decode_gpus is not None
-               else [config.device] * len(replicas))
+    gpus = ([*config.prefill_gpus, *config.decode_gpus]
+            if config.prefill_gpus is not None and config.decode_gpus is not None else None)
+    devices = [f"cuda:{gpu}" for gpu in gpus] if gpus else [config.device] * len(replicas)
+    # Replicas that share a GPU share its memory: each sizes its KV pool from its part.
+    utilizations = ([config.gpu_memory_utilization / gpus.count(gpu) for gpu in gpus] if gpus
+                    else [config.gpu_memory_utilization] * len(replicas))
     cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
     slots = []
     for i, (kind, index) in enumerate(replicas):
@@ -166,7 +170,7 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str, internal_secr
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                caching, *pinning)
+                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
     gateway = ChildSpec(
         name="gateway",

@@ -173,3 +173,23 @@ def test_up_on_cuda_gives_each_replica_its_own_gpu_as_its_device(tmp_path):
         startup_timeout_s=1.0, shutdown_timeout_s=1.0, decode_gpus=args.decode_gpus)
     with pytest.raises(PlacementError, match="need --device cuda"):
         placed_on_gpus(config, num_gpus=2)
+
+
+def test_replicas_placed_on_one_gpu_split_its_memory_share(tmp_path):
+    from pdserve.up import UpConfig, child_slots, placed_on_gpus
+
+    args = cli.build_parser().parse_args(["up", "--device", "cuda", "--decode", "2", "--gpu-memory-utilization", "0.8"])
+    config = UpConfig(
+        model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+        transport=args.transport, device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port,
+        http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0,
+        gpu_memory_utilization=args.gpu_memory_utilization)
+
+    def shares(num_gpus: int) -> dict[str, tuple[str, float]]:
+        specs = [slot.make_spec() for slot in child_slots(placed_on_gpus(config, num_gpus), tmp_path, "redis://x", "s")]
+        return {spec.name: (spec.argv[spec.argv.index("--device") + 1],
+                            float(spec.argv[spec.argv.index("--gpu-memory-utilization") + 1]))
+                for spec in specs if spec.name != "gateway"}
+
+    assert shares(3) == {"prefill-0": ("cuda:0", 0.8), "decode-0": ("cuda:1", 0.8), "decode-1": ("cuda:2", 0.8)}
+    assert shares(2) == {"prefill-0": ("cuda:0", 0.4), "decode-0": ("cuda:1", 0.8), "decode-1": ("cuda:0", 0.4)}
