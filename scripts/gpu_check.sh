@@ -9,7 +9,10 @@
 # Steps, each with its own timeout inside one overall deadline; a failing step does not stop
 # the run, and a step the deadline leaves no time for is marked SKIP:
 #   env           a venv under $OUT (seeing the machine's own packages); `pip install .[test,gpu]`
-#                 only if torch, triton, cupy, grpc, redis, transformers or pytest is missing
+#                 only if torch, triton, cupy, grpc, redis, transformers or pytest is missing. That
+#                 needs PyPI: torch==2.13.0 from there is the CUDA build on Linux x86_64 (it pulls
+#                 NVIDIA's runtime wheels), cupy-cuda13x a driver for CUDA 13. Offline, the
+#                 machine's own packages must be enough.
 #   versions      python, torch (and its CUDA), triton, cupy, driver, GPUs
 #   kernels       tests/kernels compiled for the GPU (TRITON_INTERPRET=0): fp32, fp16, bf16
 #   device_guard  an engine on the last GPU runs every step there (needs 2 GPUs)
@@ -94,10 +97,14 @@ num_gpus() {
 
 if [[ -z ${GPU_CHECK_PYTHON:-} ]]; then
     run_step env 200 bash -c setup_env
+    if [[ ! -x $python ]]; then  # no venv module: the machine's python3 as it is
+        python=$(command -v python3)
+        export python
+    fi
 fi
 run_step versions 30 bash -c versions
 gpus=$(num_gpus)
-run_step kernels 120 "$python" -m pytest -q -p no:cacheprovider tests/kernels
+run_step kernels 180 "$python" -m pytest -q -p no:cacheprovider tests/kernels
 run_step device_guard 45 "$python" scripts/gpu_device_guard_check.py
 run_step bandwidth 45 "$python" scripts/decode_bandwidth.py
 run_step roofline 75 "$python" scripts/decode_step_roofline.py
