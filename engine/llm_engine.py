@@ -40,6 +40,7 @@ from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.tokenizer import load_tokenizer
+from engine.warm_up import warm_up
 from engine.weights import load_model
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
@@ -69,6 +70,12 @@ class LLMEngine:
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, self.eos_token_id)
+        if self.device.type == "cuda":
+            from kernels.launch_variants import warm_up_widths
+
+            max_blocks_per_seq = -(-self.max_model_len // config.block_size)
+            warm_up(model, self.kv_cache, config.block_size, warm_up_widths(max_blocks_per_seq, config.block_size),
+                    self.device)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
         self.kv_layer_listener = kv_layer_listener
         self._requests: dict[str, Request] = {}

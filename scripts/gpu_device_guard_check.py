@@ -1,10 +1,12 @@
-"""The device guard on real GPUs: an engine on the last GPU launches everything there.
+"""The device guard and the kernel warm-up on real GPUs: an engine on the last GPU launches
+everything there, and compiles nothing once it has started.
 
-Builds a float32 tiny-model engine on `cuda:{last}` (the thread building it binds that device)
-and drives it from `AsyncEngine`'s engine thread, a thread that CUDA starts on device 0. Checks
-that the engine thread's current device is the engine's at every step, that no memory was
-allocated on any other GPU, and that greedy tokens equal the same engine's on the CPU.
-Exits 2 with fewer than two GPUs, where the check proves nothing.
+Builds a float32 tiny-model engine on `cuda:{last}` (the thread building it binds that device,
+and warms its kernels up) and drives it from `AsyncEngine`'s engine thread, a thread that CUDA
+starts on device 0. Checks that the engine thread's current device is the engine's at every
+step, that no memory was allocated on any other GPU, that Triton compiled no kernel while the
+prompts (contexts from 1 to 20 blocks) ran, and that greedy tokens equal the same engine's on
+the CPU. Exits 2 with fewer than two GPUs, where the device check proves nothing.
 
     python scripts/gpu_device_guard_check.py
 """
@@ -19,13 +21,14 @@ import tempfile
 from pathlib import Path
 
 import torch
+from triton import knobs
 
 from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
-PROMPTS = ([1, 2, 3, 4], [50, 60, 70], [7] * 40)
+PROMPTS = ([1, 2, 3, 4], [50, 60, 70], [7] * 40, list(range(9, 259)), list(range(100, 400)))
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
@@ -66,16 +69,22 @@ def main() -> int:
                        check=True, stdout=subprocess.DEVNULL)
         config = EngineConfig(model=model_dir, dtype="float32", num_gpu_blocks=64)
         expected, _ = greedy(LLMEngine(config))
-        got, devices_at_steps = greedy(LLMEngine(dataclasses.replace(config, device=f"cuda:{last}")))
+        gpu_engine = LLMEngine(dataclasses.replace(config, device=f"cuda:{last}"))
+        compiles: list[str] = []
+        knobs.runtime.jit_cache_hook = lambda *args, **kwargs: compiles.append(str(kwargs.get("repr"))) and False
+        got, devices_at_steps = greedy(gpu_engine)
+        knobs.runtime.jit_cache_hook = None
     elsewhere = {gpu: torch.cuda.memory_allocated(gpu) for gpu in range(num_gpus) if gpu != last}
     checks = {
         f"engine thread on cuda:{last} at every step": devices_at_steps == {last},
         "no memory allocated on another GPU": not any(elsewhere.values()),
         "greedy tokens equal the CPU engine's": got == expected,
+        "no Triton compile after the warm-up": not compiles,
     }
     for name, passed in checks.items():
         print(f"{'ok  ' if passed else 'FAIL'} {name}")
-    print(f"devices at steps {sorted(devices_at_steps)}; bytes on other GPUs {elsewhere}")
+    print(f"devices at steps {sorted(devices_at_steps)}; bytes on other GPUs {elsewhere}; "
+          f"compiled after warm-up: {compiles}")
     return 0 if all(checks.values()) else 1
 
 
