@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine_config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.tiny_model import write_tiny_model
 
 PROMPTS = ([1, 2, 3, 4], [50, 60, 70], [7] * 40, list(range(9, 259)), list(range(100, 400)))
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -64,9 +64,7 @@ def main() -> int:
         return 2
     last = num_gpus - 1
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(Path(tmp) / "tiny")
-        subprocess.run([sys.executable, "-m", "pdserve", "make-tiny-model", model_dir, "--dtype", "float32"],
-                       check=True, stdout=subprocess.DEVNULL)
+        model_dir = str(write_tiny_model(Path(tmp) / "tiny", dtype="float32"))
         config = EngineConfig(model=model_dir, dtype="float32", num_gpu_blocks=64)
         expected, _ = greedy(LLMEngine(config))
         gpu_engine = LLMEngine(dataclasses.replace(config, device=f"cuda:{last}"))

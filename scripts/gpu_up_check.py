@@ -32,9 +32,9 @@ def main() -> int:
     parser.add_argument("--startup-timeout-s", type=float, default=150.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pdserve-up-check-") as tmp:
-        model_dir = Path(tmp) / "tiny"
-        subprocess.run([sys.executable, "-m", "pdserve", "make-tiny-model", str(model_dir), "--dtype", "float32"],
-                       check=True, stdout=subprocess.DEVNULL)
+        from engine.tiny_model import write_tiny_model
+
+        model_dir = write_tiny_model(Path(tmp) / "tiny", dtype="float32")
         expected = [transformers_greedy(model_dir, prompt) for prompt in PROMPTS]
         got = served_greedy(model_dir, args)
     failures = 0

@@ -1,8 +1,5 @@
 """Sizing a GPU replica's KV pool: its share of the GPU less the peak of the largest step, never
 more than is free; the profile step is that largest step (run here on the CPU model)."""
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -33,18 +30,16 @@ def test_a_utilization_outside_zero_to_one_is_refused(utilization):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("profile") / "tiny"
-    subprocess.run([sys.executable, "-m", "pdserve", "make-tiny-model", str(model_dir), "--dtype", "float32"],
-                   check=True, stdout=subprocess.DEVNULL)
+def cpu_model(tiny_model):
+    model_dir = tiny_model(dtype="float32")
     config = ModelConfig.from_dir(model_dir)
     return load_model(model_dir, config, torch.float32, torch.device("cpu")), config
 
 
 @pytest.mark.parametrize("num_tokens, max_num_seqs, num_seqs", [(100, 8, 8), (5, 8, 5), (1, 256, 1)])
-def test_the_profile_step_runs_the_token_budget_with_logits_for_each_sequence(tiny_model, num_tokens, max_num_seqs,
+def test_the_profile_step_runs_the_token_budget_with_logits_for_each_sequence(cpu_model, num_tokens, max_num_seqs,
                                                                               num_seqs):
-    model, config = tiny_model
+    model, config = cpu_model
     spec = KVCacheSpec.for_model(config, 16, torch.float32)
     logits = profile_step(model, spec, num_tokens, max_num_seqs, torch.device("cpu"))
     assert logits.shape == (num_seqs, config.vocab_size)

@@ -1,9 +1,6 @@
 """The warm-up launches each kernel variant serving can ask for: one width per distinct launch
 key, every width serving can use shares a key with one of them, and the warm-up steps run
 against the pool touching block 0 alone. That Triton then compiles nothing more is GPU-only."""
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -29,10 +26,8 @@ def test_widths_reach_every_split_count_and_integer_specialization():
     assert {width_class for *_, width_class in keys} == {"one", "multiple of 16", "other"}
 
 
-def test_the_warm_up_steps_touch_block_zero_only(tmp_path):
-    model_dir = tmp_path / "tiny"
-    subprocess.run([sys.executable, "-m", "pdserve", "make-tiny-model", str(model_dir), "--dtype", "float32"],
-                   check=True, stdout=subprocess.DEVNULL)
+def test_the_warm_up_steps_touch_block_zero_only(tiny_model):
+    model_dir = tiny_model(dtype="float32")
     config = ModelConfig.from_dir(model_dir)
     model = load_model(model_dir, config, torch.float32, torch.device("cpu"))
     spec = KVCacheSpec.for_model(config, 16, torch.float32)

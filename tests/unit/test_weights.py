@@ -1,7 +1,6 @@
 """Loading a checkpoint builds the model without memory of its own: every parameter is the
 checkpoint's tensor, in the target dtype, on the target device."""
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,16 +10,9 @@ from engine.config import ModelConfig
 from engine.weights import load_model
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("weights") / "tiny"
-    subprocess.run([sys.executable, "-m", "pdserve", "make-tiny-model", str(model_dir), "--dtype", "float32"],
-                   check=True, stdout=subprocess.DEVNULL)
-    return model_dir
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_parameters_are_the_checkpoint_cast_once_and_the_model_is_built_on_meta(tiny_model_dir, monkeypatch, dtype):
+def test_parameters_are_the_checkpoint_cast_once_and_the_model_is_built_on_meta(tiny_model, monkeypatch, dtype):
+    tiny_model_dir = Path(tiny_model(dtype="float32"))
     built_on: list[set[str]] = []
     real_causal_lm = engine.weights.CausalLM
 
