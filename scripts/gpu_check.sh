@@ -15,7 +15,8 @@
 #                 machine's own packages must be enough.
 #   versions      python, torch (and its CUDA), triton, cupy, driver, GPUs
 #   kernels       tests/kernels compiled for the GPU (TRITON_INTERPRET=0): fp32, fp16, bf16
-#   device_guard  an engine on the last GPU runs every step there (needs 2 GPUs)
+#   warm_up       an engine on GPU 0 compiles no kernel once started; greedy equals the CPU's
+#   device_guard  the same on the last GPU: every step runs there (needs 2 GPUs)
 #   bandwidth     decode attention at 4k/8k/16k context, batch 32 and 64, GQA 8:1, head dim 128,
 #                 against the measured device copy bandwidth
 #   roofline      an 8B-shaped decode step against its weight+KV roofline
@@ -36,6 +37,10 @@ deadline_s=$((SECONDS + total_budget_s))
 python=${GPU_CHECK_PYTHON:-$out/venv/bin/python}
 export out repo python PYTHONPATH=$repo TRITON_INTERPRET=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
+skip_step() {  # NAME REASON
+    printf '%s\tSKIP\t0\t(%s)\n' "$1" "$2" | tee -a "$status_file"
+}
+
 # run_step NAME TIMEOUT_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log, under the
 # smaller of TIMEOUT_S and what the overall deadline leaves; exit status 2 means SKIP.
 run_step() {
@@ -43,7 +48,7 @@ run_step() {
     shift 2
     local left_s=$((deadline_s - SECONDS))
     if ((left_s < 10)); then
-        printf '%s\tSKIP\t0\t(out of time)\n' "$name" | tee -a "$status_file"
+        skip_step "$name" "out of time"
         return
     fi
     ((timeout_s > left_s)) && timeout_s=$left_s
@@ -105,14 +110,19 @@ fi
 run_step versions 30 bash -c versions
 gpus=$(num_gpus)
 run_step kernels 180 "$python" -m pytest -q -p no:cacheprovider tests/kernels
-run_step device_guard 45 "$python" scripts/gpu_device_guard_check.py
+run_step warm_up 45 "$python" scripts/gpu_device_guard_check.py --gpu 0
+if ((gpus >= 2)); then
+    run_step device_guard 45 "$python" scripts/gpu_device_guard_check.py
+else
+    skip_step device_guard "$gpus GPU"
+fi
 run_step bandwidth 45 "$python" scripts/decode_bandwidth.py
 run_step roofline 75 "$python" scripts/decode_step_roofline.py
 run_step ipc_same_gpu 40 "$python" scripts/gpu_kv_ipc_check.py --device cuda:0
 if ((gpus >= 2)); then
     run_step ipc_cross_gpu 40 "$python" scripts/gpu_kv_ipc_check.py --device cuda:0 --decode-device cuda:1
 else
-    printf '%s\tSKIP\t0\t(%s GPU)\n' ipc_cross_gpu "$gpus" | tee -a "$status_file"
+    skip_step ipc_cross_gpu "$gpus GPU"
 fi
 run_step up 100 "$python" scripts/gpu_up_check.py --device cuda --prefill 1 --decode 1
 

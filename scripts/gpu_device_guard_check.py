@@ -1,14 +1,15 @@
-"""The device guard and the kernel warm-up on real GPUs: an engine on the last GPU launches
-everything there, and compiles nothing once it has started.
+"""The device guard and the kernel warm-up on real GPUs: an engine on GPU K launches everything
+there, and compiles nothing once it has started.
 
-Builds a float32 tiny-model engine on `cuda:{last}` (the thread building it binds that device,
-and warms its kernels up) and drives it from `AsyncEngine`'s engine thread, a thread that CUDA
-starts on device 0. Checks that the engine thread's current device is the engine's at every
-step, that no memory was allocated on any other GPU, that Triton compiled no kernel while the
-prompts (contexts from 1 to 20 blocks) ran, and that greedy tokens equal the same engine's on
-the CPU. Exits 2 with fewer than two GPUs, where the device check proves nothing.
+Builds a float32 tiny-model engine on `cuda:K` (the thread building it binds that device, and
+warms its kernels up) and drives it from `AsyncEngine`'s engine thread, a thread that CUDA
+starts on device 0. Checks that the engine thread's current device is K at every step, that no
+memory was allocated on any other GPU, that Triton compiled no kernel while the prompts
+(contexts from 1 to 20 blocks) ran, and that greedy tokens equal the same engine's on the CPU.
+Only K > 0 tells the device guard apart from CUDA's default; K = 0 checks the rest.
 
-    python scripts/gpu_device_guard_check.py
+    python scripts/gpu_device_guard_check.py            # K = the last GPU
+    python scripts/gpu_device_guard_check.py --gpu 0    # warm-up and greedy on a one-GPU machine
 """
 from __future__ import annotations
 
@@ -57,12 +58,14 @@ def greedy(engine: LLMEngine) -> tuple[list[list[int]], set[int]]:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", type=int, default=None, help="K (default: the last GPU)")
+    args = parser.parse_args()
     num_gpus = torch.cuda.device_count()
-    if num_gpus < 2:
-        print(f"{num_gpus} GPU(s): the device guard needs two to be told apart from device 0", file=sys.stderr)
+    last = num_gpus - 1 if args.gpu is None else args.gpu
+    if not 0 <= last < num_gpus:
+        print(f"no GPU {last}: this machine has {num_gpus}", file=sys.stderr)
         return 2
-    last = num_gpus - 1
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_tiny_model(Path(tmp) / "tiny", dtype="float32"))
         config = EngineConfig(model=model_dir, dtype="float32", num_gpu_blocks=64)
