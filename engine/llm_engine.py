@@ -33,6 +33,7 @@ from engine.engine_config import EngineConfig
 from engine.errors import InvalidConfigError, InvalidRequestError
 from engine.kv_cache import KVCacheSpec
 from engine.memory_profile import profiled_kv_pool_bytes
+from engine.model import CausalLM
 from engine.model_runner import ModelRunner, ModelRunnerOutput
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -71,7 +72,7 @@ class LLMEngine:
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, self.eos_token_id)
         if self.device.type == "cuda":
-            from kernels.launch_variants import warm_up_widths
+            from kernels.launch_variants import warm_up_widths  # imports Triton: CUDA only
 
             max_blocks_per_seq = -(-self.max_model_len // config.block_size)
             warm_up(model, self.kv_cache, config.block_size, warm_up_widths(max_blocks_per_seq, config.block_size),
@@ -245,7 +246,7 @@ class LLMEngine:
         self._hold_kv.discard(request_id)
         self.output_processor.remove(request_id)
 
-    def _num_kv_blocks(self, model) -> int:
+    def _num_kv_blocks(self, model: CausalLM) -> int:
         config = self.config
         if config.num_gpu_blocks is not None:
             return config.num_gpu_blocks

@@ -64,7 +64,8 @@ class InPlaceSender:
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
         _check_in_place_target(request_id, target)
         decode_pool = self._open_pool(target, kv_cache)
-        await asyncio.to_thread(on_device(kv_cache.device, self._copy), decode_pool, list(target.block_ids), kv_cache, list(block_ids))
+        copy = on_device(kv_cache.device, self._copy)
+        await asyncio.to_thread(copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
         _check_deadline(request_id, target, "the copy ended")
         num_bytes = len(block_ids) * self._spec.bytes_per_block
         await self._client.commit(request_id, target, self._layout, num_bytes)
