@@ -76,6 +76,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--kv-cache-bytes", type=int, default=None)
     parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="on CUDA: the share of the GPU's memory this replica may take, weights, activations "
+                             "and KV pool (sized by a profile run) together, unless --kv-cache-bytes or "
+                             "--num-gpu-blocks is given (default 0.9)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV of full blocks of prompts seen before")
     parser.add_argument("--cpus", type=parse_cpu_list, default=None, metavar="LIST",
@@ -117,6 +121,7 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks, kv_cache_bytes=args.kv_cache_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching)
 

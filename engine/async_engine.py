@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from engine.device_guard import bind_thread
 from engine.errors import AbortedError, UnavailableError
 from engine.output_group import GroupEntry, OutputGroup
 from engine.outputs import RequestOutput
@@ -103,6 +104,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
+            bind_thread(self.engine.device)
             while not self._stopping.is_set():
                 self._drain_commands(block=not self.engine.has_unfinished_requests())
                 if self.engine.has_unfinished_requests():

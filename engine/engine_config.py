@@ -20,6 +20,9 @@ class EngineConfig:
     block_size: int = 16
     num_gpu_blocks: int | None = None  # the pool size in blocks; or give kv_cache_bytes
     kv_cache_bytes: int | None = None
+    # On CUDA with neither of the two above: the share of the GPU's memory this replica may take
+    # (weights, activations, KV pool); see engine/memory_profile.py.
+    gpu_memory_utilization: float = 0.9
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's max positions
@@ -31,6 +34,8 @@ class EngineConfig:
             raise InvalidConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.num_gpu_blocks is not None and self.kv_cache_bytes is not None:
             raise InvalidConfigError("give num_gpu_blocks or kv_cache_bytes, not both")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise InvalidConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -28,9 +28,12 @@ from engine.admission import draw_seed, validate_prompt
 from engine.block_allocator import BlockAllocator, OutOfBlocksError
 from engine.block_hash import block_hashes
 from engine.config import ModelConfig
+from engine.device_guard import bind_thread, resolve_device
 from engine.engine_config import EngineConfig
 from engine.errors import InvalidConfigError, InvalidRequestError
 from engine.kv_cache import KVCacheSpec
+from engine.memory_profile import profiled_kv_pool_bytes
+from engine.model import CausalLM
 from engine.model_runner import ModelRunner, ModelRunnerOutput
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
@@ -38,10 +41,10 @@ from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.tokenizer import load_tokenizer
+from engine.warm_up import warm_up
 from engine.weights import load_model
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
-CUDA_KV_CACHE_FRACTION = 0.8  # of the memory free once the weights are loaded
 
 
 KVAllocator = Callable[[KVCacheSpec, int, torch.device], torch.Tensor]
@@ -52,7 +55,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, kv_allocator: KVAllocator | None = None,
                  kv_layer_listener: KVLayerListener | None = None):
         self.config = config
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
+        bind_thread(self.device)  # the constructing thread loads the weights and allocates the pool
         self.model_config = ModelConfig.from_dir(config.model)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.tokenizer = load_tokenizer(config.model)
@@ -60,13 +64,19 @@ class LLMEngine:
         model = load_model(Path(config.model), self.model_config, self.dtype, self.device)
 
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
-        num_blocks = self._num_kv_blocks()
+        num_blocks = self._num_kv_blocks(model)
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, self.eos_token_id)
+        if self.device.type == "cuda":
+            from kernels.launch_variants import warm_up_widths  # imports Triton: CUDA only
+
+            max_blocks_per_seq = -(-self.max_model_len // config.block_size)
+            warm_up(model, self.kv_cache, config.block_size, warm_up_widths(max_blocks_per_seq, config.block_size),
+                    self.device)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
         self.kv_layer_listener = kv_layer_listener
         self._requests: dict[str, Request] = {}
@@ -236,13 +246,15 @@ class LLMEngine:
         self._hold_kv.discard(request_id)
         self.output_processor.remove(request_id)
 
-    def _num_kv_blocks(self) -> int:
-        if self.config.num_gpu_blocks is not None:
-            return self.config.num_gpu_blocks
-        num_bytes = self.config.kv_cache_bytes
+    def _num_kv_blocks(self, model: CausalLM) -> int:
+        config = self.config
+        if config.num_gpu_blocks is not None:
+            return config.num_gpu_blocks
+        num_bytes = config.kv_cache_bytes
         if num_bytes is None:
             if self.device.type == "cuda":
-                num_bytes = int(torch.cuda.mem_get_info(self.device)[0] * CUDA_KV_CACHE_FRACTION)
+                num_bytes = profiled_kv_pool_bytes(model, self.kv_spec, config.max_num_batched_tokens,
+                                                   config.max_num_seqs, config.gpu_memory_utilization, self.device)
             else:
                 num_bytes = DEFAULT_CPU_KV_CACHE_BYTES
         num_blocks = self.kv_spec.num_blocks_in(num_bytes)

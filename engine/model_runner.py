@@ -17,6 +17,7 @@ from engine.model import CausalLM
 from engine.outputs import TokenLogprobs
 from engine.sampler import sample
 from engine.scheduler import ScheduledChunk, SchedulerOutput
+from engine.staging import stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +40,12 @@ class ModelRunner:
     def run(self, output: SchedulerOutput, on_layer_done: Callable[[int], None] | None = None) -> ModelRunnerOutput:
         if not output.chunks:
             return ModelRunnerOutput({}, {})
-        input_ids, positions, attn = self._prepare(output.chunks, output.num_decode_chunks)
+        input_ids, positions, last_rows, attn = self._prepare(output.chunks, output.num_decode_chunks)
         hidden = self.model(input_ids, positions, self.kv_cache, attn, on_layer_done)  # [num_tokens, hidden]
 
         sampling = [chunk for chunk in output.chunks if chunk.samples]
         if not sampling:
             return ModelRunnerOutput({}, {})
-        last_rows = torch.tensor(_last_rows(output.chunks), device=self.device)
         logits = self.model.compute_logits(hidden[last_rows])  # [num_sampling, vocab_size]
         result = sample(
             logits,
@@ -76,23 +76,31 @@ class ModelRunner:
         query_start_loc = [0]
         for chunk in prefills:
             query_start_loc.append(query_start_loc[-1] + chunk.num_new_tokens)
-        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
+        decode_width, decode_rows = _padded_rows(decodes)
+        prefill_width, prefill_rows = _padded_rows(prefills)
+        # Two copies per step, whatever the batch: one per dtype (engine/staging.py).
+        input_ids_t, positions_t, slots_t, last_rows = stage(
+            [input_ids, positions, slots, _last_rows(chunks)], torch.int64, self.device)
+        decode_lens, start_loc, prefill_lens, decode_tables, prefill_tables = stage(
+            [[c.start + 1 for c in decodes], query_start_loc, [c.start + c.num_new_tokens for c in prefills],
+             decode_rows, prefill_rows], torch.int32, self.device)
         attn = AttentionMetadata(
-            slot_mapping=as_tensor(slots, torch.int64),
+            slot_mapping=slots_t,
             num_decode_tokens=num_decodes,
-            decode_block_tables=self._block_tables(decodes),
-            decode_context_lens=as_tensor([c.start + 1 for c in decodes], torch.int32),
-            prefill_block_tables=self._block_tables(prefills),
-            prefill_query_start_loc=as_tensor(query_start_loc, torch.int32),
-            prefill_context_lens=as_tensor([c.start + c.num_new_tokens for c in prefills], torch.int32),
+            decode_block_tables=decode_tables.view(len(decodes), decode_width),
+            decode_context_lens=decode_lens,
+            prefill_block_tables=prefill_tables.view(len(prefills), prefill_width),
+            prefill_query_start_loc=start_loc,
+            prefill_context_lens=prefill_lens,
         )
-        return as_tensor(input_ids, torch.int64), as_tensor(positions, torch.int64), attn
+        return input_ids_t, positions_t, last_rows, attn
 
-    def _block_tables(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        # Rows are padded with block 0; the kernels never read past a row's context length.
-        width = max((len(chunk.block_table) for chunk in chunks), default=0)
-        rows = [chunk.block_table + [0] * (width - len(chunk.block_table)) for chunk in chunks]
-        return torch.tensor(rows, dtype=torch.int32, device=self.device).view(len(chunks), width)
+
+def _padded_rows(chunks: list[ScheduledChunk]) -> tuple[int, list[int]]:
+    """(width, the chunks' block tables padded to it, row after row). Rows are padded with block
+    0; the kernels never read past a row's context length."""
+    width = max((len(chunk.block_table) for chunk in chunks), default=0)
+    return width, [block for chunk in chunks for block in chunk.block_table + [0] * (width - len(chunk.block_table))]
 
 
 def _last_rows(chunks: list[ScheduledChunk]) -> list[int]:

@@ -37,10 +37,13 @@ class RotaryEmbedding:
     """Computes cos/sin once per step; every layer applies them to its q and k.
 
     Not a module buffer on purpose: the frequencies stay float32 whatever the weights' dtype.
+    They are computed on the CPU (one result on every device), even while the model around them
+    is built on the meta device, then moved to `device`.
     """
 
     def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device):
-        self.inv_freq = inverse_frequencies(rope, head_dim).to(device)
+        with torch.device("cpu"):
+            self.inv_freq = inverse_frequencies(rope, head_dim).to(device)
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [num_tokens] -> cos, sin: [num_tokens, 1, head_dim] in dtype

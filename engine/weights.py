@@ -2,6 +2,10 @@
 
 Hugging Face keeps q/k/v and gate/up as separate tensors; the model fuses them, so they are
 concatenated here in the order the model splits them (q, k, v and gate, up).
+
+The model is built on the meta device and its parameters are the checkpoint's tensors, each
+read, cast to the target dtype and moved to the target device one at a time: no parameter is
+ever materialised in the default dtype, so loading needs the weights' memory and no more.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ _PACKED = {
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
     checkpoint = _read_safetensors(Path(model_dir), dtype, device)
-    with torch.device(device):
+    with torch.device("meta"):
         model = CausalLM(config, device)
     state = _pack(checkpoint, config)
     expected, given = set(model.state_dict()), set(state)

@@ -1,21 +1,39 @@
 """TRANSPORT_CUDA_IPC, both ends: the prefill replica copies device-to-device into the decode pool.
 
-Same host, CUDA pools. Decode end: a `CudaIpcKVPool` exports itself once, on the first target
-that asks, through torch's CUDA IPC (`_share_cuda_`); `target_fields` puts the exported fields,
-as JSON, in `KVTarget.cuda_ipc_handle`. Prefill end: `CudaIpcSender` opens them once per decode
-pool, through torch's own IPC cache, copies, and synchronizes before `KVTransfer.Commit`, so the
-decode replica never reads a half-written block. `cuda_device` is a device index as both
-processes see it: they must share CUDA_VISIBLE_DEVICES. There is no fallback: where CUDA IPC
-cannot work, this raises TransportUnavailableError. Nothing here needs CUDA until it is used.
+Same host, CUDA pools, CUDA's own IPC through cupy's public API (the `gpu` extra):
+
+    decode   the pool is a cudaMalloc of its own (an IPC handle maps its whole allocation, and
+             torch's allocator shares allocations between tensors), with a random generation;
+             exported once (ipcGetMemHandle) into `KVTarget.cuda_ipc_handle` (`PoolExport`)
+    prefill  per decode replica, the mapping of its current generation, opened once
+             (ipcOpenMemHandle, on the pool's GPU); a target with a new generation (the replica
+             came back with a new pool) replaces it, and the old mapping is closed once no copy
+             uses it (`OpenedPools`)
+             → the copy, on this sender's own stream of the prefill GPU, after the work already
+             queued there → the copy's event waited on, on the copy thread
+             → the deadline checked again → KVTransfer.Commit (kvtransfer/in_place.py)
+
+Invariant: Commit follows the copy's event, so the decode replica never reads a half-written
+block, and the sender waits for nothing else on either GPU. Across GPUs the copy goes peer to
+peer. Device indexes are as both processes see them: they must share one view of the GPUs
+(`pdserve up` and `pdserve compose-gpus` arrange that). There is no fallback: where CUDA IPC
+cannot work, this raises TransportUnavailableError. Nothing here imports cupy or touches CUDA
+until a CUDA pool or a sender is made.
 """
 from __future__ import annotations
 
 import base64
 import json
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import grpc
 import torch
 
+from engine.device_guard import resolve_device
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.errors import TransferError, TransportUnavailableError
 from kvtransfer.in_place import InPlaceSender, copy_blocks
@@ -25,91 +43,160 @@ from kvtransfer.rpc import ChannelFactory
 from kvtransfer.target import KVTarget
 from pdserve.v1 import common_pb2
 
-_BYTES_FIELDS = ("storage_handle", "ref_counter_handle", "event_handle")
+GENERATION_BYTES = 16
+_LAZY_ENABLE_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess: a pool on another GPU maps too
+T = TypeVar("T")
+
+
+def import_cupy():
+    try:
+        import cupy
+    except ImportError as error:
+        raise TransportUnavailableError(
+            f"TRANSPORT_CUDA_IPC needs cupy (pip install 'pdserve[gpu]'): {error}") from error
+    return cupy
+
+
+@dataclass(frozen=True, slots=True)
+class PoolExport:
+    """What `KVTarget.cuda_ipc_handle` carries: enough for another process to map the pool."""
+    generation: str  # random per pool: a decode replica that came back has a new one
+    mem_handle: bytes  # the cudaIpcMemHandle_t of the pool's allocation
+    num_bytes: int  # of the allocation
+
+    def encode(self) -> bytes:
+        return json.dumps({"generation": self.generation, "num_bytes": self.num_bytes,
+                           "mem_handle": base64.b64encode(self.mem_handle).decode()}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> PoolExport:
+        try:
+            fields = json.loads(data)
+            return cls(str(fields["generation"]), base64.b64decode(fields["mem_handle"], validate=True),
+                       int(fields["num_bytes"]))
+        except (ValueError, KeyError, TypeError) as error:
+            raise TransferError(f"malformed cuda_ipc_handle in the KV target: {error!r}") from error
 
 
 class CudaIpcKVPool(KVPool):
-    """A CUDA pool, exported to other processes on first use and only once."""
+    """A CUDA pool, exported to other processes on first use and only once; a pool torch
+    allocated (cupy missing) serves every transport but this one."""
 
-    def __init__(self, spec: KVCacheSpec, tensor: torch.Tensor):
+    def __init__(self, spec: KVCacheSpec, tensor: torch.Tensor, exportable: bool):
         super().__init__(spec, tensor)
+        self.generation = secrets.token_hex(GENERATION_BYTES)
+        self._exportable = exportable
         self._handle: bytes | None = None
 
     def ipc_handle(self) -> bytes:
+        if not self._exportable:
+            import_cupy()
+            raise TransportUnavailableError("TRANSPORT_CUDA_IPC needs a pool allocated through cupy")
         if self._handle is None:
-            self._handle = export_cuda_pool(self.tensor)
+            cupy = import_cupy()
+            with cupy.cuda.Device(self.tensor.device.index):
+                mem_handle = cupy.cuda.runtime.ipcGetMemHandle(self.tensor.data_ptr())
+            num_bytes = self.tensor.numel() * self.tensor.element_size()
+            self._handle = PoolExport(self.generation, bytes(mem_handle), num_bytes).encode()
         return self._handle
+
+
+def create_cuda_pool(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> CudaIpcKVPool:
+    """A zeroed pool in a cudaMalloc of its own where cupy is at hand, else from torch."""
+    device = resolve_device(device)
+    try:
+        cupy = import_cupy()
+    except TransportUnavailableError:
+        return CudaIpcKVPool(spec, spec.allocate(num_blocks, device), exportable=False)
+    num_bytes = num_blocks * spec.bytes_per_block
+    with cupy.cuda.Device(device.index):
+        memory = cupy.cuda.Memory(num_bytes)  # a cudaMalloc, not cupy's pool
+        raw = cupy.ndarray((num_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+        tensor = torch.from_dlpack(raw).zero_()  # keeps `raw`, and so `memory`, alive
+    return CudaIpcKVPool(spec, tensor.view(spec.dtype).view(spec.shape(num_blocks)), exportable=True)
 
 
 def target_fields(pool: KVPool) -> dict[str, object]:
     """The pool's part of a TRANSPORT_CUDA_IPC `KVTarget`; raises TransportUnavailableError
-    unless the pool is on CUDA."""
+    unless the pool is on CUDA and exportable."""
     if not isinstance(pool, CudaIpcKVPool):
         raise TransportUnavailableError(
             f"TRANSPORT_CUDA_IPC needs a CUDA KV pool, this one is on {pool.tensor.device}"
         )
     return {
         "cuda_ipc_handle": pool.ipc_handle(),
-        "cuda_device": pool.tensor.device.index or 0,
+        "cuda_device": pool.tensor.device.index,
         "pool_num_blocks": pool.num_blocks,
     }
 
 
-def export_cuda_pool(tensor: torch.Tensor) -> bytes:
-    """What a prefill replica needs to open `tensor`, a CUDA pool, from another process."""
-    if not tensor.is_cuda:
-        raise TransportUnavailableError(f"TRANSPORT_CUDA_IPC needs a CUDA KV pool, this one is on {tensor.device}")
-    (
-        device, storage_handle, storage_size_bytes, storage_offset_bytes,
-        ref_counter_handle, ref_counter_offset, event_handle, event_sync_required,
-    ) = tensor.untyped_storage()._share_cuda_()
-    fields = {
-        "device": device,
-        "storage_handle": storage_handle,
-        "storage_size_bytes": storage_size_bytes,
-        "storage_offset_bytes": storage_offset_bytes,
-        "ref_counter_handle": ref_counter_handle,
-        "ref_counter_offset": ref_counter_offset,
-        "event_handle": event_handle,
-        "event_sync_required": event_sync_required,
-        "tensor_offset": tensor.storage_offset(),
-        "shape": list(tensor.shape),
-        "stride": list(tensor.stride()),
-        "dtype": str(tensor.dtype).removeprefix("torch."),
-    }
-    for name in _BYTES_FIELDS:
-        fields[name] = base64.b64encode(fields[name]).decode()
-    return json.dumps(fields).encode()
+class OpenedPools(Generic[T]):
+    """The prefill end's mappings of decode pools (pure policy; the mapping is any `T`).
+
+    `acquire(replica, generation, open_mapping)` returns the mapping of that replica's pool of
+    that generation, opening it on first use; `release(generation)` ends one use. A replica's
+    new generation makes its old mapping stale: closed at once if unused, else at its last
+    release, so no mapping is closed under a copy. Thread-safe: copies run on worker threads.
+    """
+
+    def __init__(self, close_mapping: Callable[[T], None]):
+        self._close_mapping = close_mapping
+        self._lock = threading.Lock()
+        self._generation_of: dict[str, str] = {}  # decode replica -> its current pool generation
+        self._mappings: dict[str, T] = {}  # generation -> its mapping
+        self._num_users: dict[str, int] = {}  # generation -> copies using it now
+        self._stale: set[str] = set()
+
+    def acquire(self, replica: str, generation: str, open_mapping: Callable[[], T]) -> T:
+        with self._lock:
+            if generation in self._stale:
+                raise TransferError(f"decode replica {replica!r} has a newer pool than the one targeted")
+            previous = self._generation_of.get(replica)
+            if previous is not None and previous != generation:
+                self._retire(previous)
+            if generation not in self._mappings:
+                self._mappings[generation] = open_mapping()
+                self._num_users[generation] = 0
+            self._generation_of[replica] = generation
+            self._num_users[generation] += 1
+            return self._mappings[generation]
+
+    def release(self, generation: str) -> None:
+        with self._lock:
+            self._num_users[generation] -= 1
+            if generation in self._stale and self._num_users[generation] == 0:
+                self._close(generation)
+
+    def close(self) -> None:
+        """Retires every mapping (each closes once unused)."""
+        with self._lock:
+            for generation in list(self._mappings):
+                self._retire(generation)
+            self._generation_of.clear()
+
+    def _retire(self, generation: str) -> None:
+        self._stale.add(generation)
+        if self._num_users[generation] == 0:
+            self._close(generation)
+
+    def _close(self, generation: str) -> None:
+        del self._num_users[generation]
+        self._close_mapping(self._mappings.pop(generation))
 
 
-def open_cuda_pool(handle: bytes) -> torch.Tensor:
-    """Opens a pool exported by `export_cuda_pool` in another process on this host."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+@dataclass(frozen=True, slots=True)
+class _Mapping:
+    pool: torch.Tensor  # the decode pool, on its own GPU, as this process maps it
+    pointer: int  # what ipcOpenMemHandle returned, for ipcCloseMemHandle
 
-    try:
-        fields = json.loads(handle)
-        for name in _BYTES_FIELDS:
-            fields[name] = base64.b64decode(fields[name])
-        dtype = getattr(torch, fields["dtype"])
-    except (ValueError, KeyError, AttributeError, TypeError) as error:
-        raise TransferError(f"malformed cuda_ipc_handle in the KV target: {error}") from error
-    return rebuild_cuda_tensor(
-        torch.Tensor,
-        torch.Size(fields["shape"]),
-        tuple(fields["stride"]),
-        fields["tensor_offset"],
-        torch.UntypedStorage,
-        dtype,
-        fields["device"],
-        fields["storage_handle"],
-        fields["storage_size_bytes"],
-        fields["storage_offset_bytes"],
-        False,
-        fields["ref_counter_handle"],
-        fields["ref_counter_offset"],
-        fields["event_handle"],
-        fields["event_sync_required"],
-    )
+
+@dataclass(frozen=True, slots=True)
+class _PoolRef:
+    """A target's decode pool, before it is mapped (on the copy thread)."""
+    replica: str
+    export: PoolExport
+    device_index: int
+    num_blocks: int
 
 
 class CudaIpcSender(InPlaceSender):
@@ -120,9 +207,12 @@ class CudaIpcSender(InPlaceSender):
             raise TransportUnavailableError(
                 "TRANSPORT_CUDA_IPC needs a CUDA device, and this process sees none"
             )
+        self._cupy = import_cupy()
         super().__init__(local_layout, rpc_timeout_s, open_channel)
+        self._opened: OpenedPools[_Mapping] = OpenedPools(self._close_mapping)
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
+    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> _PoolRef:
         if not kv_cache.is_cuda:
             raise TransportUnavailableError(
                 f"TRANSPORT_CUDA_IPC needs the prefill pool on CUDA, it is on {kv_cache.device}"
@@ -131,19 +221,45 @@ class CudaIpcSender(InPlaceSender):
             raise TransportUnavailableError(
                 f"KV target of request {target.request_id} carries no CUDA IPC handle"
             )
-        pool = self._pools.get(target.cuda_ipc_handle)
-        if pool is None:
-            pool = open_cuda_pool(target.cuda_ipc_handle)
-            if pool.shape[2] != target.pool_num_blocks:
-                raise TransferError(
-                    f"opened decode pool has {pool.shape[2]} blocks, the target says {target.pool_num_blocks}"
-                )
-            self._pools[target.cuda_ipc_handle] = pool
-        return pool
+        export = PoolExport.decode(target.cuda_ipc_handle)
+        if export.num_bytes != target.pool_num_blocks * self._spec.bytes_per_block:
+            raise TransferError(
+                f"the decode pool exports {export.num_bytes} bytes, {target.pool_num_blocks} blocks take "
+                f"{target.pool_num_blocks * self._spec.bytes_per_block}"
+            )
+        return _PoolRef(target.decode_replica or target.kv_endpoint, export, target.cuda_device,
+                        target.pool_num_blocks)
 
-    def _copy(self, dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
-        # The prefill pool may have been written on another stream: finish that before reading it,
-        # and finish the copy before the decode replica is told the blocks are complete.
-        torch.cuda.synchronize(src.device)
-        copy_blocks(dst, dst_block_ids, src, src_block_ids)
-        torch.cuda.synchronize(dst.device)
+    def _copy(self, dst: _PoolRef, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
+        mapping = self._opened.acquire(dst.replica, dst.export.generation, lambda: self._open_mapping(dst))
+        try:
+            if (stream := self._streams.get(src.device)) is None:
+                stream = self._streams[src.device] = torch.cuda.Stream(src.device)
+            stream.wait_stream(torch.cuda.current_stream(src.device))  # the prefill pool's writes
+            with torch.cuda.stream(stream):
+                copy_blocks(mapping.pool, dst_block_ids, src, src_block_ids)
+                done = torch.cuda.Event()
+                done.record(stream)
+            done.synchronize()
+        finally:
+            self._opened.release(dst.export.generation)
+
+    async def close(self) -> None:
+        self._opened.close()
+        await super().close()
+
+    def _open_mapping(self, ref: _PoolRef) -> _Mapping:
+        cupy = self._cupy
+        with cupy.cuda.Device(ref.device_index):
+            try:
+                pointer = cupy.cuda.runtime.ipcOpenMemHandle(ref.export.mem_handle, _LAZY_ENABLE_PEER_ACCESS)
+            except cupy.cuda.runtime.CUDARuntimeError as error:
+                raise TransferError(f"cannot open decode replica {ref.replica!r}'s pool: {error}") from error
+            memory = cupy.cuda.UnownedMemory(pointer, ref.export.num_bytes, None, ref.device_index)
+            raw = cupy.ndarray((ref.export.num_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+            pool = torch.from_dlpack(raw).view(self._spec.dtype).view(self._spec.shape(ref.num_blocks))
+        return _Mapping(pool, pointer)
+
+    def _close_mapping(self, mapping: _Mapping) -> None:
+        with self._cupy.cuda.Device(mapping.pool.device.index):
+            self._cupy.cuda.runtime.ipcCloseMemHandle(mapping.pointer)

@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 import torch
 
+from engine.device_guard import on_device
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.chunk_wire import MalformedChunk, ReceivedChunk, encode_chunk
@@ -112,7 +113,8 @@ class GrpcSender:
                 write_token=write_token,
             )
             src_ids = src_block_ids[start : start + blocks_per_chunk]
-            yield await asyncio.to_thread(_encode_chunk, header, kv_cache, layer, src_ids)
+            encode = on_device(kv_cache.device, _encode_chunk)
+            yield await asyncio.to_thread(encode, header, kv_cache, layer, src_ids)
 
     async def close(self) -> None:
         await self._client.close()
@@ -167,7 +169,8 @@ async def receive_push(
             )
         with end.writing(request_id, chunk.write_token) as reserved:
             _check_chunk(spec, request_id, chunk, key, value, set(reserved))
-            await _finish_even_if_cancelled(asyncio.to_thread(_write, pool, chunk.layer, list(chunk.block_ids), key, value))
+            write = on_device(pool.tensor.device, _write)
+            await _finish_even_if_cancelled(asyncio.to_thread(write, pool, chunk.layer, list(chunk.block_ids), key, value))
         written_block_ids[chunk.layer].update(chunk.block_ids)
         num_bytes += key.nbytes + value.nbytes
         if chunk.last:

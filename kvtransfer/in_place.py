@@ -4,8 +4,9 @@
              → copy the blocks on a worker thread → check the deadline again
              → KVTransfer.Commit, with the target's write token
 
-A subclass says how to open a target's pool (`_open_pool`, which may refuse the source pool too)
-and how to copy into it (`_copy`, usually `copy_blocks`). Invariant: Commit is sent only after
+A subclass says how to open a target's pool (`_open_pool`, which may refuse the source pool too,
+and returns the pool as its `_copy` takes it) and how to copy into it (`_copy`, on a worker
+thread, usually through `copy_blocks`). Invariant: Commit is sent only after
 the copy has finished, so the decode replica never reads a half-written block; a send that raises
 commits nothing. The blocks written are those of the target, which only the caller of Reserve
 got, and only before the reservation's deadline; the decode replica keeps them from anyone else
@@ -17,11 +18,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 import numpy as np
 import torch
 
+from engine.device_guard import on_device
 from engine.kv_cache import KVCacheSpec
 from kvtransfer.base import TransferResult, validate_send
 from kvtransfer.choice import transport_name
@@ -43,10 +46,10 @@ class InPlaceSender:
         self._client = KVTransferClient(rpc_timeout_s, open_channel)
         self._pools: dict[str | bytes, torch.Tensor] = {}  # pool handle -> the decode pool, opened
 
-    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> torch.Tensor:
+    def _open_pool(self, target: KVTarget, kv_cache: torch.Tensor) -> Any:
         raise NotImplementedError
 
-    def _copy(self, dst: torch.Tensor, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
+    def _copy(self, dst: Any, dst_block_ids: list[int], src: torch.Tensor, src_block_ids: list[int]) -> None:
         raise NotImplementedError
 
     async def send(
@@ -61,7 +64,8 @@ class InPlaceSender:
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
         _check_in_place_target(request_id, target)
         decode_pool = self._open_pool(target, kv_cache)
-        await asyncio.to_thread(self._copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
+        copy = on_device(kv_cache.device, self._copy)
+        await asyncio.to_thread(copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
         _check_deadline(request_id, target, "the copy ended")
         num_bytes = len(block_ids) * self._spec.bytes_per_block
         await self._client.commit(request_id, target, self._layout, num_bytes)

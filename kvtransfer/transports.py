@@ -29,11 +29,12 @@ _TRANSPORTS = {
 
 
 def create_kv_pool(spec: KVCacheSpec, num_blocks: int, device: torch.device | str, shared: bool) -> KVPool:
-    """A zeroed decode pool. A CUDA pool can always be exported through CUDA IPC; `shared` puts a
-    CPU pool in shared memory, so that same-host prefill replicas can write into it."""
+    """A zeroed decode pool. A CUDA pool can be exported through CUDA IPC wherever cupy is at
+    hand; `shared` puts a CPU pool in shared memory, so that same-host prefill replicas can
+    write into it."""
     device = torch.device(device)
     if device.type == "cuda":
-        return cuda_ipc.CudaIpcKVPool(spec, spec.allocate(num_blocks, device))
+        return cuda_ipc.create_cuda_pool(spec, num_blocks, device)
     if shared and device.type == "cpu":
         return shm.create_shared_pool(spec, num_blocks)
     return KVPool(spec, spec.allocate(num_blocks, device))

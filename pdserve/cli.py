@@ -95,7 +95,8 @@ def run_up(args: argparse.Namespace) -> int:
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
-        enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit)
+        enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -116,7 +117,16 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--redis-url", help="use this Redis instead of starting one")
     parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
                         help="how KV blocks move from prefill to decode (default auto)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda (each replica on its own GPU while there are enough) or cuda:N "
+                             "(all on GPU N) (default cpu)")
+    parser.add_argument("--prefill-gpus", type=_index_list, metavar="LIST",
+                        help="with --device cuda: the GPU of each prefill replica, e.g. 0,1")
+    parser.add_argument("--decode-gpus", type=_index_list, metavar="LIST",
+                        help="with --device cuda: the GPU of each decode replica, e.g. 2,3")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                        help="on CUDA: the share of each GPU's memory its replicas take together, split evenly "
+                             "between the replicas placed on it (default 0.9)")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: the checkpoint's; bfloat16 for a "
                              "float32 checkpoint on a GPU)")
@@ -140,6 +150,28 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shutdown-timeout-s", type=float, default=15.0,
                         help="grace after SIGTERM before SIGKILL (default 15)")
     parser.set_defaults(run=run_up)
+
+
+def run_compose_gpus(args: argparse.Namespace) -> int:
+    from pdserve.compose_gpus import render
+
+    sys.stdout.write(render(args.compose_file, args.prefill_gpus, args.decode_gpus))
+    return 0
+
+
+def add_compose_gpus(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compose-gpus", help="print compose.yaml with one prefill or decode service per GPU",
+        description="Prints a Compose file (JSON) that runs compose.yaml's prefill and decode "
+                    "services once per listed host GPU; every replica reserves all listed GPUs "
+                    "and runs on its own. Use it as `docker compose -f FILE up`.")
+    parser.add_argument("--prefill-gpus", type=_index_list, required=True, metavar="LIST",
+                        help="host GPUs with a prefill replica each, e.g. 0")
+    parser.add_argument("--decode-gpus", type=_index_list, required=True, metavar="LIST",
+                        help="host GPUs with a decode replica each, e.g. 1,2,3")
+    parser.add_argument("--compose-file", type=Path, default=Path("compose.yaml"),
+                        help="the Compose file to rewrite (default ./compose.yaml)")
+    parser.set_defaults(run=run_compose_gpus)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -266,6 +298,13 @@ def add_bench_compare(subparsers: argparse._SubParsersAction) -> None:
                  "benchmark them side by side on one trace")
 
 
+def _index_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated device indexes, got {text!r}") from None
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -273,7 +312,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-SUBCOMMANDS = (add_up, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
+SUBCOMMANDS = (add_up, add_compose_gpus, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
                add_bench, add_bench_compare, add_make_tiny_model)
 
 

@@ -23,6 +23,7 @@ kernel sends every child, Redis included, SIGTERM (parent_death).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -46,6 +47,7 @@ from engine.tiny_model_cache import cache_root, ensure_tiny_model
 from gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.child_process import ChildSpec, UpLog
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
+from pdserve.gpu_placement import PlacementError, place_replicas
 from pdserve.redis_process import RedisStartError, start_redis
 from pdserve.supervisor import Slot, StopRequested, Supervisor, UpError
 
@@ -73,6 +75,10 @@ class UpConfig:
     enable_prefix_caching: bool = True
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
+    gpu_memory_utilization: float = 0.9  # of each GPU, split between the replicas placed on it
+    # On plain "cuda": the GPU of each replica (gpu_placement); None before placement.
+    prefill_gpus: tuple[int, ...] | None = None
+    decode_gpus: tuple[int, ...] | None = None
 
 
 def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
@@ -83,6 +89,7 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="pdserve-up-"))
     supervisor = Supervisor(UpLog(log), config.startup_timeout_s)
     try:
+        config = placed_on_gpus(config, _cuda_device_count() if config.device == "cuda" else 0)
         _check_port_free(config.host, config.grpc_port, "--grpc-port")
         _check_port_free(config.host, config.http_port, "--http-port")
         model_dir = config.model_dir or ensure_tiny_model(cache_root(os.environ))
@@ -102,7 +109,7 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         return 0
     except StopRequested:
         return 0
-    except (UpError, RedisStartError, grpc.RpcError) as error:
+    except (UpError, PlacementError, RedisStartError, grpc.RpcError) as error:
         log.write(f"pdserve up: {error}\n")
         return 1
     finally:
@@ -111,6 +118,18 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
+
+
+def placed_on_gpus(config: UpConfig, num_gpus: int) -> UpConfig:
+    """`config` with a GPU for every replica when they run on plain "cuda" (see gpu_placement);
+    GPU lists are refused on any other device."""
+    if config.device != "cuda":
+        if config.prefill_gpus is not None or config.decode_gpus is not None:
+            raise PlacementError(f"--prefill-gpus and --decode-gpus need --device cuda, not {config.device}")
+        return config
+    prefill_gpus, decode_gpus = place_replicas(
+        config.num_prefill, config.num_decode, num_gpus, config.prefill_gpus, config.decode_gpus)
+    return dataclasses.replace(config, prefill_gpus=tuple(prefill_gpus), decode_gpus=tuple(decode_gpus))
 
 
 def served_model_id(target: str, timeout_s: float, api_key: str | None = None) -> str:
@@ -133,19 +152,25 @@ def gateway_target(config: UpConfig) -> str:
 def child_slots(config: UpConfig, model_dir: Path, redis_url: str, internal_secret: str) -> list[Slot]:
     """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...`,
     the Redis URL and the deployment secret in their environment. On CPU each replica gets its
-    own CPUs (see cpu_placement), kept across its restarts."""
+    own CPUs (see cpu_placement), on GPUs the one placement gave it, kept across its restarts."""
     common = ("--model", str(model_dir))
     env = {**os.environ, REDIS_URL_ENV: redis_url, SECRET_ENV: internal_secret}
     replicas = [(kind, index) for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode))
                 for index in range(count)]
+    gpus = ([*config.prefill_gpus, *config.decode_gpus]
+            if config.prefill_gpus is not None and config.decode_gpus is not None else None)
+    devices = [f"cuda:{gpu}" for gpu in gpus] if gpus else [config.device] * len(replicas)
+    # Replicas that share a GPU share its memory: each sizes its KV pool from its part.
+    utilizations = ([config.gpu_memory_utilization / gpus.count(gpu) for gpu in gpus] if gpus
+                    else [config.gpu_memory_utilization] * len(replicas))
     cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
     slots = []
     for i, (kind, index) in enumerate(replicas):
         name = f"{kind}-{index}"  # also its replica id, kept across restarts
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
-        argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", config.device, "--dtype", config.dtype,
-                caching, *pinning)
+        argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
+                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
     gateway = ChildSpec(
         name="gateway",
@@ -183,11 +208,24 @@ def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis: str)
         f"  Redis            {redis}\n"
         f"  model            {model_dir}\n"
         f"  replicas         {config.num_prefill} prefill, {config.num_decode} decode "
-        f"on {config.device}, transport {config.transport}\n"
+        f"on {_devices_text(config)}, transport {config.transport}\n"
         f"Try:\n"
         f"  pdserve generate \"hello\" --gateway {grpc_target}\n"
         f"  curl -s {http_base}/v1/completions -H 'Content-Type: application/json' -d '{body}'\n"
         f"Ctrl-C stops everything.\n")
+
+
+def _devices_text(config: UpConfig) -> str:
+    if config.prefill_gpus is None or config.decode_gpus is None:
+        return config.device
+    return (f"cuda (prefill on GPUs {','.join(map(str, config.prefill_gpus))}, "
+            f"decode on GPUs {','.join(map(str, config.decode_gpus))})")
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _probe_key(config: UpConfig) -> str | None:

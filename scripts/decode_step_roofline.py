@@ -1,15 +1,16 @@
-"""One decode step of an 8B-shaped Llama (random weights) against its weight-read roofline.
+"""One decode step of an 8B-shaped Llama (random weights, bf16) against its weight+KV roofline.
 
-A decode step reads every weight once, so its floor is `weight bytes / memory bandwidth`; the
-K/V read by attention adds `batch * context * kv bytes per token`. The script times steps of
-`--batch-size` sequences at `--context-len` with CUDA events and prints the time, both floors and
-the fraction of the roofline reached. `--tiny --device cpu` runs the same code on a small shape
+A decode step reads every weight once and, in attention, every context token's K and V, so its
+floor is `(weight bytes + batch * context * KV bytes per token) / memory bandwidth`, the
+bandwidth being this device's measured copy bandwidth (decode_bandwidth.copy_gbps). The script
+times steps of each `--batch-sizes` at `--context-len` (CUDA events) and prints the time, the
+floor and the fraction of it reached. `--tiny --device cpu` runs the same code on a small shape
 to check the script itself where no GPU is at hand.
 """
 import argparse
-import time
 
 import torch
+from decode_bandwidth import copy_gbps, seconds_per_call
 
 from engine.attention_metadata import AttentionMetadata
 from engine.config import ModelConfig, RopeConfig
@@ -55,37 +56,25 @@ def decode_step_seconds(config: ModelConfig, batch_size: int, context_len: int, 
         with torch.inference_mode():
             model.compute_logits(model(input_ids, positions, kv_cache, attn))
 
-    for _ in range(2):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(num_iters):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / num_iters, weight_bytes, kv_bytes
-    started = time.perf_counter()
-    for _ in range(num_iters):
-        step()
-    return (time.perf_counter() - started) / num_iters, weight_bytes, kv_bytes
+    return seconds_per_call(step, num_iters, device), weight_bytes, kv_bytes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a small shape, to check the script on CPU")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--context-len", type=int, default=1024)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 64])
+    parser.add_argument("--context-len", type=int, default=4096)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--hbm-gbps", type=float, default=4800.0, help="peak memory bandwidth (H200: 4800)")
+    parser.add_argument("--copy-mib", type=int, default=4096, help="buffer the copy bandwidth is measured on")
     args = parser.parse_args()
     config = model_config(TINY if args.tiny else LLAMA_8B)
     device = torch.device(args.device)
+    bandwidth_gbps = copy_gbps(args.copy_mib * 2**20, args.iters, device)
+    print(f"{config.num_layers}-layer decode step on {device}; measured copy bandwidth {bandwidth_gbps:.0f} GB/s")
     for batch_size in args.batch_sizes:
         seconds, weight_bytes, kv_bytes = decode_step_seconds(config, batch_size, args.context_len, device, args.iters)
-        floor_s = (weight_bytes + kv_bytes) / (args.hbm_gbps * 1e9)
+        floor_s = (weight_bytes + kv_bytes) / (bandwidth_gbps * 1e9)
         print(f"batch {batch_size:>3}, context {args.context_len}: step {seconds * 1e3:8.2f} ms; "
               f"weights {weight_bytes / 2**30:.2f} GiB + KV {kv_bytes / 2**30:.2f} GiB -> roofline "
               f"{floor_s * 1e3:.2f} ms ({floor_s / seconds:.0%} of it reached)")

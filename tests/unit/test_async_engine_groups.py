@@ -3,6 +3,7 @@ per-request streams keep getting one output at a time, and an abort reaches eith
 import asyncio
 
 import pytest
+import torch
 
 from engine.async_engine import AsyncEngine, EngineDeadError, RequestAbortedError
 from engine.output_group import OutputGroup, RequestFailure
@@ -14,6 +15,7 @@ DEADLINE_S = 5.0
 class ScriptedEngine:
     """Each step emits one token for every request added and not yet finished or aborted;
     a request finishes after `num_tokens`. `fail_on_step` makes a step raise."""
+    device = torch.device("cpu")
 
     def __init__(self, num_tokens: int, fail_on_step: int | None = None):
         self.num_tokens = num_tokens

@@ -5,6 +5,8 @@ import dataclasses
 import subprocess
 import sys
 
+import pytest
+
 from pdserve import cli
 
 
@@ -141,3 +143,53 @@ def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_
     changed = children("--no-enable-prefix-caching", "--routing", "load", "--migration-limit", "0")
     assert not changed["prefill-0"].enable_prefix_caching and not changed["decode-0"].enable_prefix_caching
     assert (changed["gateway"].routing, changed["gateway"].migration_limit) == ("load", 0)
+
+
+def test_up_on_cuda_gives_each_replica_its_own_gpu_as_its_device(tmp_path):
+    from pdserve.gpu_placement import PlacementError
+    from pdserve.up import UpConfig, child_slots, placed_on_gpus
+
+    def replica_devices(argv: list[str], num_gpus: int) -> dict[str, str]:
+        args = cli.build_parser().parse_args(["up", "--device", "cuda", *argv])
+        config = UpConfig(
+            model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+            transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
+            grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0,
+            prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus)
+        specs = [slot.make_spec() for slot in child_slots(placed_on_gpus(config, num_gpus), tmp_path, "redis://x", "s")]
+        return {spec.name: spec.argv[spec.argv.index("--device") + 1] for spec in specs if spec.name != "gateway"}
+
+    assert replica_devices(["--prefill", "1", "--decode", "3"], num_gpus=4) == {
+        "prefill-0": "cuda:0", "decode-0": "cuda:1", "decode-1": "cuda:2", "decode-2": "cuda:3"}
+    assert replica_devices(["--prefill", "2", "--decode", "2", "--prefill-gpus", "2,3", "--decode-gpus", "0,1"],
+                           num_gpus=4) == {"prefill-0": "cuda:2", "prefill-1": "cuda:3",
+                                           "decode-0": "cuda:0", "decode-1": "cuda:1"}
+    with pytest.raises(PlacementError, match="no CUDA device"):
+        replica_devices([], num_gpus=0)
+    args = cli.build_parser().parse_args(["up", "--decode-gpus", "1"])
+    config = UpConfig(
+        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=1.0, shutdown_timeout_s=1.0, decode_gpus=args.decode_gpus)
+    with pytest.raises(PlacementError, match="need --device cuda"):
+        placed_on_gpus(config, num_gpus=2)
+
+
+def test_replicas_placed_on_one_gpu_split_its_memory_share(tmp_path):
+    from pdserve.up import UpConfig, child_slots, placed_on_gpus
+
+    args = cli.build_parser().parse_args(["up", "--device", "cuda", "--decode", "2", "--gpu-memory-utilization", "0.8"])
+    config = UpConfig(
+        model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+        transport=args.transport, device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port,
+        http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0,
+        gpu_memory_utilization=args.gpu_memory_utilization)
+
+    def shares(num_gpus: int) -> dict[str, tuple[str, float]]:
+        specs = [slot.make_spec() for slot in child_slots(placed_on_gpus(config, num_gpus), tmp_path, "redis://x", "s")]
+        return {spec.name: (spec.argv[spec.argv.index("--device") + 1],
+                            float(spec.argv[spec.argv.index("--gpu-memory-utilization") + 1]))
+                for spec in specs if spec.name != "gateway"}
+
+    assert shares(3) == {"prefill-0": ("cuda:0", 0.8), "decode-0": ("cuda:1", 0.8), "decode-1": ("cuda:2", 0.8)}
+    assert shares(2) == {"prefill-0": ("cuda:0", 0.4), "decode-0": ("cuda:1", 0.8), "decode-1": ("cuda:0", 0.4)}

@@ -42,16 +42,17 @@ pytestmark = pytest.mark.skipif(
     COMPOSE is None, reason="no Compose CLI (apt-get install docker-compose) to parse compose.yaml")
 
 
-def run_compose_config(variables: dict[str, str]) -> subprocess.CompletedProcess:
+def run_compose_config(variables: dict[str, str], compose_file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess:
     environ = {name: value for name, value in os.environ.items() if name not in COMPOSE_VARIABLES}
-    return subprocess.run([*COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=REPO_ROOT,
+    return subprocess.run([*COMPOSE, "-f", str(compose_file), "--project-directory", str(REPO_ROOT), "config"],
+                          cwd=REPO_ROOT,
                           env={**environ, **variables}, capture_output=True, text=True, timeout=60)
 
 
-def compose_config(**variables: str) -> dict:
+def compose_config(compose_file: Path = COMPOSE_FILE, **variables: str) -> dict:
     """`compose config`: the file validated, merged and interpolated with `variables` (and the
     required secrets)."""
-    result = run_compose_config({**SECRETS, **variables})
+    result = run_compose_config({**SECRETS, **variables}, compose_file)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -203,3 +204,27 @@ def test_redis_requires_the_password_and_only_the_gateway_publishes_ports(servic
     assert services["redis"]["environment"]["REDIS_PASSWORD"] == "redis-pw"
     assert "redis-pw" not in " ".join(services["redis"]["command"])
     assert [name for name, service in services.items() if service.get("ports")] == ["gateway"]
+
+
+@pytest.mark.parametrize("prefill_gpus, decode_gpus, expected", [
+    ("0", "1,2,3", {"prefill-gpu0": "cuda:0", "decode-gpu1": "cuda:1", "decode-gpu2": "cuda:2", "decode-gpu3": "cuda:3"}),
+    ("4", "6,2", {"prefill-gpu4": "cuda:1", "decode-gpu6": "cuda:2", "decode-gpu2": "cuda:0"}),
+])
+def test_compose_gpus_runs_one_replica_per_gpu_and_every_replica_sees_them_all(
+        tmp_path, capsys, prefill_gpus, decode_gpus, expected):
+    argv = ["compose-gpus", "--prefill-gpus", prefill_gpus, "--decode-gpus", decode_gpus,
+            "--compose-file", str(COMPOSE_FILE)]
+    assert cli.main(argv) == 0
+    generated = tmp_path / "compose.gpus.yaml"
+    generated.write_text(capsys.readouterr().out)
+    services = compose_config(generated)["services"]
+    assert set(services) == {"redis", "gateway", *expected}
+    all_gpus = sorted({*prefill_gpus.split(","), *decode_gpus.split(",")})
+    for name, device in expected.items():
+        (reservation,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert sorted(str(gpu) for gpu in reservation["device_ids"]) == all_gpus
+        args = parse_service(services[name])
+        assert args.device == device
+        assert args.service == ("prefill_svc.main" if name.startswith("prefill") else "decode_svc.main")
+        assert services[name]["ipc"] == services[name]["pid"] == "host"
+        assert services[name]["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

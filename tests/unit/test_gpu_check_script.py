@@ -1,0 +1,68 @@
+"""scripts/gpu_check.sh, checked where no GPU is: it parses, it runs every step the GPU path needs
+under its own timeout, every script it calls takes the flags it is given, and the checks that
+have a CPU mode pass in it. What the steps measure on a GPU is not proven here."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+STEPS = ("env", "versions", "kernels", "warm_up", "device_guard", "bandwidth", "roofline", "ipc_same_gpu", "ipc_cross_gpu", "up")
+BUDGET_S = 8 * 60
+
+
+def script_steps() -> dict[str, tuple[int, list[str]]]:
+    """step -> (timeout in seconds, the command's words after the interpreter)."""
+    steps = {}
+    for match in re.finditer(r"run_step (\w+) (\d+) (.*)", SCRIPT.read_text()):
+        name, timeout_s, command = match.groups()
+        steps[name] = (int(timeout_s), command.split())
+    return steps
+
+
+def python_commands() -> list[list[str]]:
+    return [words[1:] for _, words in script_steps().values() if words[0] == '"$python"']
+
+
+def test_the_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_every_step_has_a_timeout_and_the_run_fits_in_eight_minutes():
+    steps = script_steps()
+    assert set(steps) == set(STEPS)
+    assert "GPU_CHECK_BUDGET_S:-480" in SCRIPT.read_text()
+    assert all(0 < timeout_s <= BUDGET_S for timeout_s, _ in steps.values())
+
+
+@pytest.mark.parametrize("command", python_commands(), ids=lambda command: command[0])
+def test_every_python_step_accepts_its_flags(command):
+    if command[0] == "-m":
+        return  # pytest
+    script, *flags = command
+    parser_help = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120)
+    assert parser_help.returncode == 0, parser_help.stderr
+    for flag in flags:
+        if flag.startswith("--"):
+            assert flag in parser_help.stdout, (script, flag)
+
+
+def test_the_roofline_script_runs_on_a_tiny_shape_on_cpu():
+    result = subprocess.run(
+        [sys.executable, "scripts/decode_step_roofline.py", "--tiny", "--device", "cpu", "--batch-sizes", "2",
+         "--context-len", "32", "--iters", "1", "--copy-mib", "16"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "roofline" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_up_check_passes_on_cpu():
+    result = subprocess.run([sys.executable, "scripts/gpu_up_check.py", "--device", "cpu"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("ok   ") == 3
