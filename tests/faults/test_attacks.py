@@ -13,7 +13,7 @@ import grpc
 import pytest
 import redis
 import torch
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2_grpc
 
 from cluster.health_probe import probe
 from cluster.internal_auth import InternalAuth
@@ -67,9 +67,12 @@ async def stranger_calls(decode_endpoint: str, prefill_endpoint: str, channel_of
         async for _ in stream:
             pass
 
-    async def one(*messages):
-        for message in messages:
-            yield message
+    async def silent():
+        """A request stream that writes nothing: the refusal reads none of it, and a client write
+        that races the server's early status turns that status into INTERNAL on the client
+        (grpc/grpc#36066), which would hide what the server said."""
+        await asyncio.Event().wait()
+        yield
 
     decode_channel, prefill_channel = channel_of(decode_endpoint), channel_of(prefill_endpoint)
     try:
@@ -80,18 +83,15 @@ async def stranger_calls(decode_endpoint: str, prefill_endpoint: str, channel_of
         await status_of("Decode.Reserve", decode.Reserve(decode_pb2.ReserveRequest(
             request_id="stranger", num_prompt_tokens=16, transport=SHM), timeout=timeout))
         await status_of("Decode.Abort", decode.Abort(decode_pb2.DecodeAbortRequest(request_id="victim"), timeout=timeout))
-        await status_of("Decode.Session", read_all(decode.Session(one(decode_pb2.DecodeCommand(
-            abort_request_id="victim")), timeout=timeout)))
+        await status_of("Decode.Session", read_all(decode.Session(silent(), timeout=timeout)))
         await status_of("Prefill.Run", read_all(prefill.Run(prefill_pb2.PrefillRequest(
             request_id="stranger", prompt_token_ids=[5, 6, 7]), timeout=timeout)))
         await status_of("Prefill.Abort", prefill.Abort(prefill_pb2.PrefillAbortRequest(request_id="victim"),
                                                        timeout=timeout))
-        await status_of("KVTransfer.Push", kv.Push(one(kv_transfer_pb2.KVChunk(request_id="victim", last=True)),
-                                                   timeout=timeout))
+        await status_of("KVTransfer.Push", kv.Push(silent(), timeout=timeout))
         await status_of("KVTransfer.Commit", kv.Commit(kv_transfer_pb2.KVCommit(request_id="victim"), timeout=timeout))
         reflection = reflection_pb2_grpc.ServerReflectionStub(decode_channel)
-        await status_of("reflection", read_all(reflection.ServerReflectionInfo(one(
-            reflection_pb2.ServerReflectionRequest(list_services="")), timeout=timeout)))
+        await status_of("reflection", read_all(reflection.ServerReflectionInfo(silent(), timeout=timeout)))
     finally:
         await decode_channel.close()
         await prefill_channel.close()
