@@ -1,0 +1,151 @@
+"""A measured profile of one model on one device: step-time fits, KV size, transfer, overheads.
+
+Invariant: every figure here was measured (engine steps timed on the device, a serving run
+through `pdserve up`), and `fit_linear` only turns samples into coefficients; nothing is tuned
+to a benchmark the planner is later checked against. Step times are linear models:
+
+    prefill step_s = intercept_s + per_token_s * batch_tokens
+                     + per_attention_pair_s * sum(chunk_len * (chunk_start + chunk_len))
+    decode step_s  = intercept_s + per_seq_s * num_seqs + per_context_token_s * context_tokens
+
+Fits minimise relative error (each sample's row is divided by its time), so short steps count as
+much as long ones, and coefficients are kept non-negative (a term whose weight comes out negative
+is dropped and the rest refitted): a fit never predicts a step faster with more work.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+def fit_linear(features: list[list[float]], targets: list[float]) -> list[float]:
+    """Non-negative least squares of the relative error, by elimination: one coefficient per
+    column of `features` (add a column of ones for an intercept); targets must be positive."""
+    y = np.asarray(targets, dtype=float)
+    if (y <= 0).any():
+        raise ValueError("targets must be positive")
+    x = np.asarray(features, dtype=float) / y[:, None]
+    y = np.ones_like(y)
+    active = list(range(x.shape[1]))
+    while True:
+        coefficients, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        negative = [index for index, value in zip(active, coefficients) if value < 0]
+        if not negative:
+            result = [0.0] * x.shape[1]
+            for index, value in zip(active, coefficients):
+                result[index] = float(value)
+            return result
+        active.remove(min(negative, key=lambda index: coefficients[active.index(index)]))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFit:
+    intercept_s: float
+    per_token_s: float
+    per_attention_pair_s: float
+
+    def step_s(self, chunks: list[tuple[int, int]]) -> float:
+        """`chunks`: (first position, tokens) of each prompt chunk in the step."""
+        return (self.intercept_s + self.per_token_s * sum(n for _, n in chunks)
+                + self.per_attention_pair_s * sum(n * (start + n) for start, n in chunks))
+
+    @staticmethod
+    def fit(samples: list[PrefillSample]) -> PrefillFit:
+        return PrefillFit(*fit_linear(
+            [[1.0, s.num_tokens, s.num_attention_pairs] for s in samples], [s.step_s for s in samples]))
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFit:
+    intercept_s: float
+    per_seq_s: float
+    per_context_token_s: float
+
+    def step_s(self, num_seqs: int, num_context_tokens: int) -> float:
+        return self.intercept_s + self.per_seq_s * num_seqs + self.per_context_token_s * num_context_tokens
+
+    @staticmethod
+    def fit(samples: list[DecodeSample]) -> DecodeFit:
+        return DecodeFit(*fit_linear(
+            [[1.0, s.num_seqs, s.num_context_tokens] for s in samples], [s.step_s for s in samples]))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSample:
+    num_seqs: int
+    prompt_len: int  # every prompt of the batch has this length
+    step_s: float  # median of the repeats
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_seqs * self.prompt_len
+
+    @property
+    def num_attention_pairs(self) -> int:
+        return self.num_seqs * self.prompt_len ** 2
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSample:
+    num_seqs: int
+    num_context_tokens: int  # summed over the batch
+    step_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServingOverhead:
+    """What the serving path adds to the engine, measured on one request at a time through
+    `pdserve up` (planner/serving.py); zeros for an engine-only profile."""
+
+    ttft_s: float = 0.0  # client → gateway → prefill and the first token back, beyond the step
+    handoff_s: float = 0.0  # the client's first token → KV landed at decode, beyond the copy itself
+    step_s: float = 0.0  # per decode step, beyond the engine step
+    per_seq_step_s: float = 0.0  # per decode step and running request: a streamed token (gRPC, SSE)
+    samples: list[dict] = field(default_factory=list)  # the single-request runs it was read from
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    hardware: dict  # device, CPU model or GPU name, threads
+    model: dict  # folder, architecture, sizes, dtype
+    max_num_batched_tokens: int  # the prefill token budget per step
+    max_num_seqs: int
+    kv_bytes_per_token: int
+    transfer_gb_per_s: float
+    prefill: PrefillFit
+    decode: DecodeFit
+    serving: ServingOverhead = ServingOverhead()
+    prefill_samples: list[PrefillSample] = field(default_factory=list)
+    decode_samples: list[DecodeSample] = field(default_factory=list)
+
+    def transfer_s(self, num_tokens: int) -> float:
+        return num_tokens * self.kv_bytes_per_token / (self.transfer_gb_per_s * 1e9)
+
+    def to_json_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json_dict(), indent=2) + "\n")
+        return path
+
+    @staticmethod
+    def from_json_dict(data: dict) -> Profile:
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"profile schema {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+        return Profile(
+            hardware=data["hardware"], model=data["model"], max_num_batched_tokens=data["max_num_batched_tokens"],
+            max_num_seqs=data["max_num_seqs"], kv_bytes_per_token=data["kv_bytes_per_token"],
+            transfer_gb_per_s=data["transfer_gb_per_s"], prefill=PrefillFit(**data["prefill"]),
+            decode=DecodeFit(**data["decode"]), serving=ServingOverhead(**data["serving"]),
+            prefill_samples=[PrefillSample(**s) for s in data["prefill_samples"]],
+            decode_samples=[DecodeSample(**s) for s in data["decode_samples"]])
+
+    @staticmethod
+    def load(path: Path) -> Profile:
+        return Profile.from_json_dict(json.loads(Path(path).read_text()))
