@@ -102,7 +102,8 @@ class ServingOverhead:
     """What the serving path adds to the engine, measured on one request at a time through
     `pdserve up` (planner/serving.py); zeros for an engine-only profile."""
 
-    ttft_s: float = 0.0  # client → gateway → prefill and the first token back, beyond the step
+    gateway_s: float = 0.0  # per request, served one at a time before it reaches a prefill queue
+    ttft_s: float = 0.0  # the rest of TTFT beyond the gateway and the prefill step, on an idle system
     handoff_s: float = 0.0  # the client's first token → KV landed at decode, beyond the copy itself
     step_s: float = 0.0  # per decode step, beyond the engine step
     per_seq_step_s: float = 0.0  # per decode step and running request: a streamed token (gRPC, SSE)

@@ -1,6 +1,8 @@
 """A discrete-event model of xPyD serving: P prefill servers, D decode servers, one trace.
 
-    arrival ─▶ gateway picks a prefill (fewest queued tokens) and a decode (fewest held tokens)
+    arrival ─▶ gateway: `num_gateways` FIFO servers (the first free one takes the request),
+               `serving.gateway_s` per request (tokenize, Redis round trips, gRPC)
+            ─▶ it picks a prefill (fewest queued tokens) and a decode (fewest held tokens)
             ─▶ prefill queue ─▶ steps of chunked prefill under the token budget (FIFO, partial
                chunks carried over, as engine/scheduler.py does)
             ─▶ step end: the first token, seen by the client `serving.ttft_s` later (TTFT)
@@ -110,9 +112,12 @@ class _Server:
 
 
 class Simulation:
-    def __init__(self, profile: Profile, config: XpYd):
+    def __init__(self, profile: Profile, config: XpYd, num_gateways: int = 1):
+        if num_gateways < 1:
+            raise ValueError(f"need at least one gateway, got {num_gateways}")
         self.profile = profile
         self.config = config
+        self.num_gateways = num_gateways
 
     def run(self, requests: list[SimRequest]) -> list[RequestTimes]:
         """Times of every request, in the order given."""
@@ -121,6 +126,7 @@ class Simulation:
         self._prefills = [_Server() for _ in range(self.config.num_prefill)]
         self._decodes = [_Server() for _ in range(self.config.num_decode)]
         self._done: dict[int, RequestTimes] = {}
+        self._gateways_free_s = [0.0] * self.num_gateways  # a heap: when each gateway is next free
         for index, request in enumerate(requests):
             self._at(request.arrival_s, self._arrive, _Job(index, request, decode=-1))
         while self._events:
@@ -132,6 +138,11 @@ class Simulation:
         heapq.heappush(self._events, (time_s, next(self._sequence), action, argument))
 
     def _arrive(self, now_s: float, job: _Job) -> None:
+        routed_s = max(now_s, heapq.heappop(self._gateways_free_s)) + self.profile.serving.gateway_s
+        heapq.heappush(self._gateways_free_s, routed_s)
+        self._at(routed_s, self._route, job)
+
+    def _route(self, now_s: float, job: _Job) -> None:
         prefill = min(range(len(self._prefills)), key=lambda i: (self._prefills[i].load_tokens, i))
         job.decode = min(range(len(self._decodes)), key=lambda i: (self._decodes[i].load_tokens, i))
         self._decodes[job.decode].load_tokens += job.request.prompt_len + job.request.output_len
@@ -211,5 +222,6 @@ class Simulation:
                                              job.request.output_len)
 
 
-def simulate(profile: Profile, config: XpYd, requests: list[SimRequest], slo: Slo) -> SimSummary:
-    return SimSummary.of(Simulation(profile, config).run(requests), slo)
+def simulate(profile: Profile, config: XpYd, requests: list[SimRequest], slo: Slo,
+             num_gateways: int = 1) -> SimSummary:
+    return SimSummary.of(Simulation(profile, config, num_gateways).run(requests), slo)

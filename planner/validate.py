@@ -1,0 +1,77 @@
+"""Predicted against measured: the planner's simulation beside `pdserve bench` on the same trace.
+
+For each configuration this machine can run (xPyD with one CPU per replica) the system is
+launched once (planner/bench_runs.py) and each request rate's trace is sent through the
+benchmark's runner. The simulation gets that trace: each request's send time and its prompt and
+output lengths, nothing the system measured. Rows pair the percentiles and the goodput, with
+predicted / measured ratios; a row is within tolerance when every TTFT and TPOT ratio is.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.runner import BenchResult
+from planner.bench_runs import bench, launched, random_requests
+from planner.profile import Profile
+from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
+from planner.workload import SimRequest, Slo
+
+TOLERANCE = 0.25
+COMPARED = ("p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationConfig:
+    profile: Profile
+    model_dir: Path
+    configs: tuple[XpYd, ...]
+    request_rates: tuple[float, ...]
+    num_prompts: int
+    input_len: int
+    output_len: int
+    range_ratio: float
+    slo: Slo
+    log_dir: Path
+    seed: int = 0
+    dtype: str = "float32"
+
+
+def check_runnable(config: XpYd) -> None:
+    """`pdserve bench-compare`'s disaggregated system has one prefill replica, and the profile
+    measured a replica alone on its CPUs: replicas sharing a core are outside it."""
+    if config.num_prefill != 1:
+        raise ValueError(f"{config}: the measured system runs one prefill replica")
+    if config.num_gpus > len(os.sched_getaffinity(0)):
+        raise ValueError(f"{config}: {config.num_gpus} replicas on {len(os.sched_getaffinity(0))} CPUs would share cores")
+
+
+def validate(config: ValidationConfig) -> list[dict]:
+    for xpyd in config.configs:
+        check_runnable(xpyd)
+    rows = []
+    for xpyd in config.configs:
+        with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
+                      dtype=config.dtype) as base_url:
+            bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999),
+                  "warm-up", progress=False)
+            for index, rate in enumerate(config.request_rates):
+                seed = config.seed + index
+                requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
+                                           config.output_len, seed, config.range_ratio)
+                result = bench(base_url, requests, f"{xpyd} rate {rate:g}", request_rate=rate, seed=seed,
+                               goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms})
+                rows.append(compare_row(config.profile, xpyd, rate, result, config.slo))
+    return rows
+
+
+def compare_row(profile: Profile, xpyd: XpYd, rate: float, result: BenchResult, slo: Slo) -> dict:
+    trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
+    predicted = simulate(profile, xpyd, trace, slo).to_dict()
+    measured = SimSummary.of([RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
+                              for r in result.records], slo).to_dict()
+    ratios = {key: predicted[key] / measured[key] for key in COMPARED if measured[key] > 0}
+    return {"config": str(xpyd), "request_rate": rate, "num_requests": len(trace),
+            "predicted": predicted, "measured": measured, "ratios": ratios,
+            "within_tolerance": all(abs(ratio - 1) <= TOLERANCE for ratio in ratios.values())}

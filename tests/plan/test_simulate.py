@@ -1,0 +1,119 @@
+import numpy as np
+import pytest
+
+from planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from planner.simulate import Simulation, XpYd, simulate
+from planner.workload import SimRequest, Slo, Workload
+
+from tests.plan.profiles import make_profile
+
+ONE_TO_ONE = XpYd(1, 1)
+
+
+def test_a_request_alone_waits_for_nothing_but_its_own_steps_and_the_overheads():
+    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, step_s=0.0005, per_seq_step_s=0.0001)
+    profile = make_profile(decode=DecodeFit(0.005, 0.001, 1e-6), serving=serving)
+    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
+
+    prefill_s = 0.010 + 0.0001 * 100
+    assert times.ttft_s == pytest.approx(0.002 + prefill_s + 0.003)
+    transfer_s = 100 * 1000 / 1e9
+    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) + 0.0005 + 0.0001 for generated in range(1, 5))
+    assert times.finish_s - times.first_token_s == pytest.approx(0.004 + transfer_s + steps_s)
+
+
+def test_a_one_token_request_ends_at_its_first_token():
+    [times] = Simulation(make_profile(), ONE_TO_ONE).run([SimRequest(0.0, 50, 1)])
+    assert times.finish_s == times.first_token_s
+    assert times.tpot_s == 0.0
+
+
+def test_a_burst_decodes_as_one_batch_so_tpot_is_the_step_time_at_that_batch():
+    profile = make_profile(prefill=PrefillFit(1e-6, 0.0, 0.0), transfer_gb_per_s=1e12)
+    requests = [SimRequest(0.0, 16, 101) for _ in range(8)]
+    times = Simulation(profile, ONE_TO_ONE).run(requests)
+    step_s = 0.005 + 0.001 * 8  # one request fewer in the batch would be 12 % off
+    # the first request, routed alone, runs one step before the others join: within 1 %
+    assert [t.tpot_s for t in times] == pytest.approx([step_s] * 8, rel=0.01)
+
+
+def test_decode_servers_share_a_burst_so_each_steps_a_smaller_batch():
+    profile = make_profile(prefill=PrefillFit(1e-6, 0.0, 0.0), transfer_gb_per_s=1e12)
+    requests = [SimRequest(0.0, 16, 101) for _ in range(8)]
+    times = Simulation(profile, XpYd(1, 2)).run(requests)
+    assert [t.tpot_s for t in times] == pytest.approx([0.005 + 0.001 * 4] * 8, rel=0.01)
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks():
+    profile = make_profile(max_num_batched_tokens=100)
+    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 250, 1)])
+    assert times.ttft_s == pytest.approx(3 * 0.010 + 0.0001 * 250)
+
+
+def test_prompts_that_wait_together_share_one_prefill_step():
+    profile = make_profile()
+    times = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 100, 1), SimRequest(0.001, 100, 1),
+                                                 SimRequest(0.002, 100, 1)])
+    first_step_s = 0.010 + 0.0001 * 100
+    second_step_s = 0.010 + 0.0001 * 200  # the two that arrived during the first step
+    assert times[0].first_token_s == pytest.approx(first_step_s)
+    assert times[1].first_token_s == times[2].first_token_s == pytest.approx(first_step_s + second_step_s)
+
+
+def _mean_prefill_wait_s(profile, rate: float, num_requests: int = 20000) -> float:
+    rng = np.random.default_rng(0)
+    arrivals_s = np.cumsum(rng.exponential(1 / rate, num_requests))
+    requests = [SimRequest(float(t), 100, 1) for t in arrivals_s]
+    times = Simulation(profile, ONE_TO_ONE).run(requests)
+    service_s = profile.prefill.step_s([(0, 100)])
+    return float(np.mean([t.ttft_s for t in times])) - service_s
+
+
+def test_prefill_queueing_of_unbatched_prompts_is_m_d_1():
+    # The budget holds one prompt, so each is served alone in a fixed time: an M/D/1 queue,
+    # whose mean wait is rho * S / (2 * (1 - rho)) (Pollaczek-Khinchine).
+    profile = make_profile(max_num_batched_tokens=100)
+    service_s = profile.prefill.step_s([(0, 100)])
+    for rho in (0.3, 0.6, 0.8):
+        expected_s = rho * service_s / (2 * (1 - rho))
+        assert _mean_prefill_wait_s(profile, rho / service_s) == pytest.approx(expected_s, rel=0.1)
+
+
+def test_a_second_prefill_server_cuts_the_queueing():
+    profile = make_profile(max_num_batched_tokens=100)
+    rate = 0.8 / profile.prefill.step_s([(0, 100)])
+    requests = Workload(rate, 3000, 100, 1).requests()
+    one = simulate(profile, XpYd(1, 1), requests, Slo(1000, 1000)).ttft_ms[90]
+    two = simulate(profile, XpYd(2, 1), requests, Slo(1000, 1000)).ttft_ms[90]
+    assert two < 0.7 * one
+
+
+def test_the_gateway_serialises_requests_before_prefill():
+    profile = make_profile(serving=ServingOverhead(gateway_s=0.05))
+    times = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 10, 1) for _ in range(3)])
+    # the second and third reach prefill 50 and 100 ms after the first, each alone in its step
+    step_s = 0.010 + 0.0001 * 10
+    assert [t.ttft_s for t in times] == pytest.approx([0.05 + step_s, 0.10 + step_s, 0.15 + step_s])
+    three_gateways = Simulation(profile, ONE_TO_ONE, num_gateways=3).run([SimRequest(0.0, 10, 1) for _ in range(3)])
+    # all reach prefill at 50 ms: the first starts a step alone, the other two share the next
+    assert [t.ttft_s for t in three_gateways] == pytest.approx([0.05 + step_s, 0.05 + step_s + 0.012, 0.05 + step_s + 0.012])
+
+
+def test_goodput_counts_requests_within_both_slos():
+    profile = make_profile(prefill=PrefillFit(0.010, 0.0, 0.0), decode=DecodeFit(0.020, 0.0, 0.0))
+    requests = [SimRequest(float(i), 10, 11) for i in range(10)]
+    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=11, tpot_ms=21)).slo_attainment == 1.0
+    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=9, tpot_ms=21)).slo_attainment == 0.0
+    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=11, tpot_ms=19)).slo_attainment == 0.0
+
+
+def test_the_simulation_is_a_pure_function_of_its_inputs():
+    requests = Workload(20, 300, 200, 30, range_ratio=0.5, seed=3).requests()
+    first = simulate(make_profile(), XpYd(2, 3), requests, Slo(200, 20))
+    assert simulate(make_profile(), XpYd(2, 3), requests, Slo(200, 20)) == first
+
+
+def test_a_configuration_needs_both_kinds_of_server():
+    with pytest.raises(ValueError):
+        XpYd(0, 2)
+    assert str(XpYd(3, 5)) == "3P5D" and XpYd(3, 5).num_gpus == 8
