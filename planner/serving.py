@@ -3,13 +3,15 @@
 Two kinds of profile runs on a 1P1D system, neither of them a validation workload:
 1. One request at a time (concurrency 1) at a few prompt and output lengths. Per request,
    TTFT less the engine's prefill step is the TTFT overhead. E2EL - TTFT less the engine's decode
-   steps at batch 1 is regressed on the number of decode steps: the slope is the overhead per
-   step, the intercept less the KV copy is the handoff (reserve, commit, join, first step wait).
-2. Waves of `batch_size` requests sent at once. The gateway takes them one at a time: the last
-   TTFT of a wave, less an idle request's TTFT and the engine's prefill of the whole wave, over
-   the requests before it, is the gateway's time per request. Decode runs the wave as one batch:
-   what TPOT exceeds the engine step, the single-request overheads and the handoff's share by,
-   divided by the batch, is the overhead per running request per step (a streamed token).
+   steps at batch 1 is regressed on the number of decode steps: the slope is the overhead of a
+   step at batch 1, the intercept less the KV copy is the handoff (reserve, commit, join).
+2. Waves of `batch_size` requests sent at once. The gateway takes them one at a time, and the
+   prefill steps of the short prompts overlap it: the last TTFT of a wave, less an idle
+   request's TTFT, over the requests before it, is the gateway's time per request (an upper
+   bound, were prefill the slower of the two). Decode runs the wave as one batch:
+   how much more TPOT exceeds the engine step and the handoff's share by than at batch 1, over
+   the batch less one, is the overhead per running request per step (a streamed token); the
+   rest of the batch-1 overhead is the fixed overhead per step.
 Medians throughout, since the machine is shared.
 """
 from __future__ import annotations
@@ -63,14 +65,13 @@ def overhead_from_records(profile: Profile, singles: list[RequestRecord],
                           waves: list[list[RequestRecord]]) -> ServingOverhead:
     idle_ttft_s = statistics.median(r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)]) for r in singles)
     gateway_s = max(0.0, statistics.median(
-        (max(r.ttft_s for r in records) - idle_ttft_s - _engine_prefill_s(profile, records)) / (len(records) - 1)
+        (max(r.ttft_s for r in records) - idle_ttft_s - profile.prefill.intercept_s) / (len(records) - 1)
         for records in waves))
     ttft_s = max(0.0, idle_ttft_s - gateway_s)
     num_steps = [r.output_len - 1 for r in singles]
     beyond_engine_s = [r.e2el_s - r.ttft_s - _engine_decode_s(profile, r.prompt_len, r.output_len, 1)
                        for r in singles]
-    step_s, intercept_s = np.polyfit(num_steps, beyond_engine_s, 1)
-    step_s = max(0.0, float(step_s))
+    single_step_s, intercept_s = np.polyfit(num_steps, beyond_engine_s, 1)  # both overheads, at batch 1
     transfer_s = statistics.median(profile.transfer_s(r.prompt_len) for r in singles)
     handoff_s = max(0.0, float(intercept_s) - transfer_s)
 
@@ -81,9 +82,10 @@ def overhead_from_records(profile: Profile, singles: list[RequestRecord],
             _engine_decode_s(profile, r.prompt_len, r.output_len, batch_size) / (r.output_len - 1) for r in records)
         handoff_share_s = statistics.median(
             (handoff_s + profile.transfer_s(r.prompt_len)) / (r.output_len - 1) for r in records)
-        tpot = statistics.median(tpot_s(r) for r in records)
-        per_seq_samples_s.append((tpot - engine_s - step_s - handoff_share_s) / batch_size)
-    per_seq_step_s = max(0.0, statistics.median(per_seq_samples_s))
+        beyond_s = statistics.median(tpot_s(r) for r in records) - engine_s - handoff_share_s
+        per_seq_samples_s.append((beyond_s - single_step_s) / (batch_size - 1))
+    per_seq_step_s = max(0.0, float(statistics.median(per_seq_samples_s)))
+    step_s = max(0.0, float(single_step_s) - per_seq_step_s)
     samples = [{"kind": "single", "prompt_len": r.prompt_len, "output_len": r.output_len,
                 "ttft_s": r.ttft_s, "e2el_s": r.e2el_s} for r in singles]
     samples += [{"kind": "wave", "batch_size": len(records), "prompt_len": r.prompt_len,
@@ -91,22 +93,6 @@ def overhead_from_records(profile: Profile, singles: list[RequestRecord],
                 for records in waves for r in records]
     return ServingOverhead(gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=handoff_s, step_s=step_s,
                            per_seq_step_s=per_seq_step_s, samples=samples)
-
-
-def _engine_prefill_s(profile: Profile, records: list[RequestRecord]) -> float:
-    """The engine's prefill steps of a wave, the token budget filled step after step."""
-    lens = sorted(r.prompt_len for r in records)
-    steps_s, chunks, budget = 0.0, [], profile.max_num_batched_tokens
-    for prompt_len in lens:
-        start = 0
-        while start < prompt_len:
-            num_new = min(prompt_len - start, budget)
-            chunks.append((start, num_new))
-            start, budget = start + num_new, budget - num_new
-            if budget == 0:
-                steps_s += profile.prefill.step_s(chunks)
-                chunks, budget = [], profile.max_num_batched_tokens
-    return steps_s + (profile.prefill.step_s(chunks) if chunks else 0.0)
 
 
 def _engine_decode_s(profile: Profile, prompt_len: int, output_len: int, batch_size: int) -> float:
