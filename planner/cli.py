@@ -64,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     validate.add_argument("--config", action="append", type=_xpyd, metavar="xPyD", help="default 1P1D")
     validate.add_argument("--request-rates", type=_floats, default=(2.0, 6.0), metavar="LIST")
     validate.add_argument("--dtype", default="float32")
+    validate.add_argument("--num-repeats", type=int, default=3, help="runs of each trace; medians reported (default 3)")
 
 
 def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
@@ -161,13 +162,13 @@ def _validate(args: argparse.Namespace) -> int:
         profile=Profile.load(args.profile), model_dir=args.model, configs=tuple(args.config or [XpYd(1, 1)]),
         request_rates=tuple(args.request_rates), num_prompts=args.num_prompts, input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio, slo=_slo(args), log_dir=result_dir / "logs",
-        seed=args.seed, dtype=args.dtype)
+        seed=args.seed, dtype=args.dtype, num_repeats=args.num_repeats)
     rows = validate(config)
     markdown = validation_markdown(rows)
     print(markdown)
     _write(result_dir, "validation", {"profile": str(args.profile), "workload": {
         "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-        "range_ratio": args.range_ratio, "request_rates": list(args.request_rates)},
+        "range_ratio": args.range_ratio, "request_rates": list(args.request_rates), "num_repeats": args.num_repeats},
         "slo": dataclasses.asdict(config.slo), "rows": rows}, markdown)
     return 0 if all(row["within_tolerance"] for row in rows) else 1
 

@@ -11,6 +11,7 @@ process, the copy the shared-memory transport makes.
 from __future__ import annotations
 
 import itertools
+import os
 import platform
 import random
 import statistics
@@ -153,7 +154,8 @@ def _hardware(config: MeasureConfig) -> dict:
     else:
         name = _cpu_model() or platform.processor()
     return {"device": config.device, "name": name, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "host": platform.node()}
+            "torch": torch.__version__, "host": platform.node(),
+            "load_average_1m": os.getloadavg()[0], "num_cpus": os.cpu_count()}  # a shared machine's noise
 
 
 def _cpu_model() -> str | None:

@@ -6,9 +6,9 @@ Two kinds of profile runs on a 1P1D system, neither of them a validation workloa
    steps at batch 1 is regressed on the number of decode steps: the slope is the overhead of a
    step at batch 1, the intercept less the KV copy is the handoff (reserve, commit, join).
 2. Waves of `batch_size` requests sent at once. The gateway takes them one at a time, and the
-   prefill steps of the short prompts overlap it: the last TTFT of a wave, less an idle
-   request's TTFT, over the requests before it, is the gateway's time per request (an upper
-   bound, were prefill the slower of the two). Decode runs the wave as one batch:
+   prefill steps of the short prompts overlap it: the slope of the wave's sorted TTFTs against
+   their rank is the gateway's time per request (an upper bound, were prefill the slower of the
+   two; a slope, not the last TTFT, so that one stall of a shared machine does not set it). Decode runs the wave as one batch:
    how much more TPOT exceeds the engine step and the handoff's share by than at batch 1, over
    the batch less one, is the overhead per running request per step (a streamed token); the
    rest of the batch-1 overhead is the fixed overhead per step.
@@ -65,8 +65,7 @@ def overhead_from_records(profile: Profile, singles: list[RequestRecord],
                           waves: list[list[RequestRecord]]) -> ServingOverhead:
     idle_ttft_s = statistics.median(r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)]) for r in singles)
     gateway_s = max(0.0, statistics.median(
-        (max(r.ttft_s for r in records) - idle_ttft_s - profile.prefill.intercept_s) / (len(records) - 1)
-        for records in waves))
+        float(np.polyfit(range(len(records)), sorted(r.ttft_s for r in records), 1)[0]) for records in waves))
     ttft_s = max(0.0, idle_ttft_s - gateway_s)
     num_steps = [r.output_len - 1 for r in singles]
     beyond_engine_s = [r.e2el_s - r.ttft_s - _engine_decode_s(profile, r.prompt_len, r.output_len, 1)

@@ -2,13 +2,16 @@
 
 For each configuration this machine can run (xPyD with one CPU per replica) the system is
 launched once (planner/bench_runs.py) and each request rate's trace is sent through the
-benchmark's runner. The simulation gets that trace: each request's send time and its prompt and
-output lengths, nothing the system measured. Rows pair the percentiles and the goodput, with
-predicted / measured ratios; a row is within tolerance when every TTFT and TPOT ratio is.
+benchmark's runner `num_repeats` times, since the machine is shared and one run can be far off.
+The simulation gets each run's trace: each request's send time and its prompt and output
+lengths, nothing the system measured. A row pairs the medians over the repeats of each
+percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
+figures; it is within tolerance when every TTFT and TPOT ratio is.
 """
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,7 @@ class ValidationConfig:
     log_dir: Path
     seed: int = 0
     dtype: str = "float32"
+    num_repeats: int = 3
 
 
 def check_runnable(config: XpYd) -> None:
@@ -60,18 +64,28 @@ def validate(config: ValidationConfig) -> list[dict]:
                 seed = config.seed + index
                 requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
                                            config.output_len, seed, config.range_ratio)
-                result = bench(base_url, requests, f"{xpyd} rate {rate:g}", request_rate=rate, seed=seed,
-                               goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms})
-                rows.append(compare_row(config.profile, xpyd, rate, result, config.slo))
+                results = [bench(base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
+                                 seed=seed, goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms})
+                           for repeat in range(config.num_repeats)]
+                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo))
     return rows
 
 
-def compare_row(profile: Profile, xpyd: XpYd, rate: float, result: BenchResult, slo: Slo) -> dict:
-    trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
-    predicted = simulate(profile, xpyd, trace, slo).to_dict()
-    measured = SimSummary.of([RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
-                              for r in result.records], slo).to_dict()
+def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo) -> dict:
+    predicted_runs, measured_runs = [], []
+    for result in results:
+        trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
+        predicted_runs.append(simulate(profile, xpyd, trace, slo).to_dict())
+        measured_runs.append(SimSummary.of(
+            [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
+             for r in result.records], slo).to_dict())
+    predicted, measured = _medians(predicted_runs), _medians(measured_runs)
     ratios = {key: predicted[key] / measured[key] for key in COMPARED if measured[key] > 0}
-    return {"config": str(xpyd), "request_rate": rate, "num_requests": len(trace),
-            "predicted": predicted, "measured": measured, "ratios": ratios,
-            "within_tolerance": all(abs(ratio - 1) <= TOLERANCE for ratio in ratios.values())}
+    return {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
+            "num_repeats": len(results), "predicted": predicted, "measured": measured, "ratios": ratios,
+            "within_tolerance": all(abs(ratio - 1) <= TOLERANCE for ratio in ratios.values()),
+            "measured_runs": measured_runs, "load_average_1m": os.getloadavg()[0]}
+
+
+def _medians(runs: list[dict]) -> dict:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
