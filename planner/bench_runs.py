@@ -57,11 +57,11 @@ def random_requests(model_dir: Path, num_prompts: int, input_len: int, output_le
 
 
 def bench(base_url: str, requests: list[BenchRequest], label: str, request_rate: float = math.inf,
-          max_concurrency: int | None = None, seed: int = 0, goodput_slos_ms: dict[str, float] | None = None,
-          progress: bool = True, attempts: int = 2) -> BenchResult:
+          max_concurrency: int | None = None, burstiness: float = 1.0, seed: int = 0,
+          goodput_slos_ms: dict[str, float] | None = None, progress: bool = True, attempts: int = 2) -> BenchResult:
     """Runs the trace again (up to `attempts` in all) when a request failed, as one does when a
     replica's heartbeat lapsed on a loaded machine; raises when the last attempt failed too."""
-    config = BenchConfig(backend="openai", target=base_url, request_rate=request_rate,
+    config = BenchConfig(backend="openai", target=base_url, request_rate=request_rate, burstiness=burstiness,
                          max_concurrency=max_concurrency, seed=seed, goodput_slos_ms=goodput_slos_ms or {},
                          label=label)
     for attempt in range(1, attempts + 1):

@@ -1,7 +1,9 @@
 """What the serving path adds to the engine's step times, measured through `pdserve up`.
 
 Two kinds of profile runs on a 1P1D system, neither of them a validation workload:
-1. One request at a time (concurrency 1) at a few prompt and output lengths. Per request,
+1. One request at a time at a few prompt and output lengths, `single_gap_s` apart (nearly
+   regular arrivals, concurrency 1), so each finds the system idle, its predecessor's clean-up
+   (KV release, Redis writes) done, as a request of a light load does. Per request,
    TTFT less the engine's prefill step is the TTFT overhead. E2EL - TTFT less the engine's decode
    steps at batch 1 is regressed on the number of decode steps: the slope is the overhead of a
    step at batch 1, the intercept less the KV copy is the handoff (reserve, commit, join).
@@ -27,6 +29,8 @@ from bench.records import RequestRecord
 from planner.bench_runs import bench, launched, random_requests
 from planner.profile import Profile, ServingOverhead
 
+REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServingRunConfig:
@@ -35,6 +39,7 @@ class ServingRunConfig:
     prompt_lens: tuple[int, ...] = (64, 512)
     output_lens: tuple[int, ...] = (8, 64)
     num_repeats: int = 5  # requests per (prompt, output) point
+    single_gap_s: float = 0.6  # longer than a single request takes
     batch_size: int = 16
     batch_prompt_len: int = 64
     batch_output_len: int = 64
@@ -51,8 +56,8 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
             for output_len in config.output_lens:
                 requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
                                            config.seed + len(singles))
-                singles += bench(base_url, requests, f"single p{prompt_len} o{output_len}",
-                                 max_concurrency=1).records
+                singles += bench(base_url, requests, f"single p{prompt_len} o{output_len}", max_concurrency=1,
+                                 request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS).records
         waves = []
         for wave in range(config.num_waves):
             requests = random_requests(config.model_dir, config.batch_size, config.batch_prompt_len,
