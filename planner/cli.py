@@ -110,19 +110,17 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     from planner.profile import Profile
+    from planner.report import simulation_markdown
     from planner.simulate import simulate
 
     profile, workload, slo = Profile.load(args.profile), _workload(args, args.request_rate), _slo(args)
     requests = workload.requests()
     rows = [{"config": str(config), **simulate(profile, config, requests, slo, args.num_gateways).to_dict()}
             for config in args.config]
-    lines = ["| config | p50 TTFT (ms) | p90 TTFT (ms) | p50 TPOT (ms) | p90 TPOT (ms) | goodput (req/s) | attainment |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | {r['p50_ttft_ms']:.1f} | {r['p90_ttft_ms']:.1f} | {r['p50_tpot_ms']:.2f} | "
-              f"{r['p90_tpot_ms']:.2f} | {r['goodput_rps']:.2f} | {r['slo_attainment']:.3f} |" for r in rows]
-    print("\n".join(lines))
+    markdown = simulation_markdown(rows)
+    print(markdown)
     _write(args.result_dir, "simulate", {"workload": workload.to_dict(), "slo": dataclasses.asdict(slo),
-                                         "profile": str(args.profile), "rows": rows}, "\n".join(lines) + "\n")
+                                         "profile": str(args.profile), "rows": rows}, markdown)
     return 0
 
 

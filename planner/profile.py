@@ -93,7 +93,7 @@ class PrefillSample:
 @dataclass(frozen=True, slots=True)
 class DecodeSample:
     num_seqs: int
-    num_context_tokens: int  # summed over the batch
+    num_context_tokens: int  # prompt tokens summed over the batch (the few generated while timing left out)
     step_s: float
 
 

@@ -27,6 +27,14 @@ def validation_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def simulation_markdown(rows: list[dict]) -> str:
+    lines = ["| config | p50 TTFT (ms) | p90 TTFT (ms) | p50 TPOT (ms) | p90 TPOT (ms) | goodput (req/s) | "
+             "attainment |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['config']} | {r['p50_ttft_ms']:.1f} | {r['p90_ttft_ms']:.1f} | {r['p50_tpot_ms']:.2f} | "
+              f"{r['p90_tpot_ms']:.2f} | {r['goodput_rps']:.2f} | {r['slo_attainment']:.3f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def fleet_markdown(fleet: dict) -> str:
     lines = ["| GPUs | rate (req/s) | recommended | goodput (req/s) | per GPU | SLO attainment | "
              "p90 TTFT (ms) | p90 TPOT (ms) | worst split (goodput) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -51,7 +59,8 @@ def plot_fleet(fleet: dict, path: Path) -> Path:
         attainments = [c["slo_attainment"] for c in entry["candidates"]]
         best = entry["recommended"]
         color = f"C{index}"
-        left.plot(prefills, goodputs, marker=".", color=color, label=f"{num_gpus} GPUs ({entry['request_rate']:g} req/s)")
+        left.plot(prefills, goodputs, marker=".", color=color,
+                  label=f"{num_gpus} GPUs ({entry['request_rate']:g} req/s)")
         left.plot([best["num_prefill"]], [best["goodput_rps"]], marker="*", markersize=14, color=color)
         right.plot([p / num_gpus for p in prefills], attainments, marker=".", color=color, label=f"{num_gpus} GPUs")
         right.plot([best["num_prefill"] / num_gpus], [best["slo_attainment"]], marker="*", markersize=14, color=color)

@@ -4,16 +4,17 @@ Two kinds of profile runs on a 1P1D system, neither of them a validation workloa
 1. One request at a time at a few prompt and output lengths, `single_gap_s` apart (nearly
    regular arrivals, concurrency 1), so each finds the system idle, its predecessor's clean-up
    (KV release, Redis writes) done, as a request of a light load does. Per request,
-   TTFT less the engine's prefill step is the TTFT overhead. E2EL - TTFT less the engine's decode
-   steps at batch 1 is regressed on the number of decode steps: the slope is the overhead of a
-   step at batch 1, the intercept less the KV copy is the handoff (reserve, commit, join).
+   TTFT less the engine's prefill step is the idle TTFT overhead (the gateway's share of it
+   below, the rest after it). E2EL - TTFT less the engine's decode steps at batch 1 is regressed
+   on the number of decode steps: the slope is the overhead of a step at batch 1, the intercept
+   less the KV copy is the handoff (reserve, commit, join).
 2. Waves of `batch_size` requests sent at once. The gateway takes them one at a time, and the
    prefill steps of the short prompts overlap it: the slope of the wave's sorted TTFTs against
    their rank is the gateway's time per request (an upper bound, were prefill the slower of the
-   two; a slope, not the last TTFT, so that one stall of a shared machine does not set it). Decode runs the wave as one batch:
-   how much more TPOT exceeds the engine step and the handoff's share by than at batch 1, over
-   the batch less one, is the overhead per running request per step (a streamed token); the
-   rest of the batch-1 overhead is the fixed overhead per step.
+   two; a slope, not the last TTFT, so that one stall of a shared machine does not set it).
+   Decode runs the wave as one batch: how much more TPOT exceeds the engine step and the
+   handoff's share by than at batch 1, over the batch less one, is the overhead per running
+   request per step (a streamed token); the rest of the batch-1 overhead is per step.
 Medians throughout, since the machine is shared.
 """
 from __future__ import annotations
@@ -50,7 +51,8 @@ class ServingRunConfig:
 
 def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> ServingOverhead:
     with launched(config.model_dir, 1, config.log_dir / "serving_profile.log", dtype=config.dtype) as base_url:
-        bench(base_url, random_requests(config.model_dir, 4, 64, 8, config.seed), "warm-up", progress=False)
+        # its own seed: prompts the measured runs repeat would be prefilled from the prefix cache
+        bench(base_url, random_requests(config.model_dir, 4, 64, 8, config.seed - 1), "warm-up", progress=False)
         singles = []
         for prompt_len in config.prompt_lens:
             for output_len in config.output_lens:

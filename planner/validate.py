@@ -2,7 +2,8 @@
 
 For each configuration this machine can run (xPyD with one CPU per replica) the system is
 launched once (planner/bench_runs.py) and each request rate's trace is sent through the
-benchmark's runner `num_repeats` times, since the machine is shared and one run can be far off.
+benchmark's runner `num_repeats` times (fresh prompts of the same lengths each time, so that no
+run hits the prefix cache), since the machine is shared and one run can be far off.
 The simulation gets each run's trace: each request's send time and its prompt and output
 lengths, nothing the system measured. A row pairs the medians over the repeats of each
 percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
@@ -48,7 +49,8 @@ def check_runnable(config: XpYd) -> None:
     if config.num_prefill != 1:
         raise ValueError(f"{config}: the measured system runs one prefill replica")
     if config.num_gpus > len(os.sched_getaffinity(0)):
-        raise ValueError(f"{config}: {config.num_gpus} replicas on {len(os.sched_getaffinity(0))} CPUs would share cores")
+        raise ValueError(f"{config}: {config.num_gpus} replicas on {len(os.sched_getaffinity(0))} CPUs "
+                         "would share cores")
 
 
 def validate(config: ValidationConfig) -> list[dict]:
@@ -61,12 +63,15 @@ def validate(config: ValidationConfig) -> list[dict]:
             bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999),
                   "warm-up", progress=False)
             for index, rate in enumerate(config.request_rates):
-                seed = config.seed + index
-                requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
-                                           config.output_len, seed, config.range_ratio)
-                results = [bench(base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
-                                 seed=seed, goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms})
-                           for repeat in range(config.num_repeats)]
+                results = []
+                for repeat in range(config.num_repeats):
+                    # fresh prompts each run: the same ones again would hit the prefix cache
+                    seed = config.seed + index * config.num_repeats + repeat
+                    requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
+                                               config.output_len, seed, config.range_ratio)
+                    results.append(bench(base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}",
+                                         request_rate=rate, seed=seed, goodput_slos_ms={
+                                             "ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
                 rows.append(compare_row(config.profile, xpyd, rate, results, config.slo))
     return rows
 

@@ -48,7 +48,8 @@ def test_a_profile_survives_its_json_round_trip(tmp_path):
     profile = make_profile(serving=ServingOverhead(gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001,
                                                    per_seq_step_s=1e-4, samples=[{"kind": "single"}]))
     profile = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},
-                         "prefill_samples": [PrefillSample(2, 64, 0.01)], "decode_samples": [DecodeSample(4, 400, 0.005)]})
+                         "prefill_samples": [PrefillSample(2, 64, 0.01)],
+                         "decode_samples": [DecodeSample(4, 400, 0.005)]})
     path = profile.save(tmp_path / "profile.json")
     assert Profile.load(path) == profile
     assert json.loads(path.read_text())["schema_version"] == 1

@@ -96,7 +96,8 @@ def test_the_gateway_serialises_requests_before_prefill():
     assert [t.ttft_s for t in times] == pytest.approx([0.05 + step_s, 0.10 + step_s, 0.15 + step_s])
     three_gateways = Simulation(profile, ONE_TO_ONE, num_gateways=3).run([SimRequest(0.0, 10, 1) for _ in range(3)])
     # all reach prefill at 50 ms: the first starts a step alone, the other two share the next
-    assert [t.ttft_s for t in three_gateways] == pytest.approx([0.05 + step_s, 0.05 + step_s + 0.012, 0.05 + step_s + 0.012])
+    shared_s = 0.05 + step_s + 0.012
+    assert [t.ttft_s for t in three_gateways] == pytest.approx([0.05 + step_s, shared_s, shared_s])
 
 
 def test_goodput_counts_requests_within_both_slos():
