@@ -2,8 +2,9 @@
 launches it, and traces sent through `pdserve bench`'s runner.
 
 One system at a time: `launched` starts the disaggregated system (its own Redis, 1 prefill and
-`num_decode` decode replicas, each replica pinned to its own CPUs by `pdserve up`) and stops its
-whole process group on exit; `bench` sends requests over the OpenAI HTTP API and returns the
+`num_decode` decode replicas, each replica pinned to its own CPUs by `pdserve up`), yields it
+(its `spec.base_url` to send to, its `pid` to read the front's CPU by) and stops its whole
+process group on exit; `bench` sends requests over the OpenAI HTTP API and returns the
 runner's result, TTFT and TPOT defined as `pdserve bench` defines them.
 """
 from __future__ import annotations
@@ -33,8 +34,8 @@ def all_cpus_pinning() -> Pinning:
 
 @contextlib.contextmanager
 def launched(model_dir: Path, num_decode: int, log_path: Path, pinning: Pinning | None = None,
-             dtype: str = "float32") -> Iterator[str]:
-    """The system's OpenAI base URL while the block runs."""
+             dtype: str = "float32") -> Iterator[RunningSystem]:
+    """The running system, ready, while the block runs."""
     options = SystemOptions(model_dir=model_dir, static_max_batch_size=1, vllm_script=None,
                             startup_timeout_s=STARTUP_TIMEOUT_S, vllm_startup_timeout_s=STARTUP_TIMEOUT_S,
                             dtype=dtype, num_decode_replicas=num_decode)
@@ -43,7 +44,7 @@ def launched(model_dir: Path, num_decode: int, log_path: Path, pinning: Pinning 
     system = RunningSystem(spec, pinning or all_cpus_pinning(), log_path)
     try:
         system.wait_ready()
-        yield spec.base_url
+        yield system
     finally:
         system.stop()
 

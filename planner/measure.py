@@ -5,7 +5,8 @@ a prefill or decode replica runs it: random prompt ids, greedy, no EOS, prefix c
 every prompt is computed in full. Each point is the median of `repeats` timed steps after one
 untimed warm-up step. A prefill point is one step over `num_seqs` prompts of one length (all
 inside the token budget); a decode point is a step of `num_seqs` running requests of one context
-length, timed once every prompt is in. KV transfer is a block copy between two pools in this
+length, timed once every prompt is in. Every timed repeat is kept beside the median: their
+spread is the engine's step-to-step jitter. KV transfer is a block copy between two pools in this
 process, the copy the shared-memory transport makes.
 """
 from __future__ import annotations
@@ -66,13 +67,14 @@ def measure_profile(config: MeasureConfig) -> Profile:
     with tqdm(total=len(prefill_points) + len(decode_points), desc="profile", unit="point") as bar:
         prefill_samples = []
         for num_seqs, prompt_len in prefill_points:
-            prefill_samples.append(PrefillSample(num_seqs, prompt_len, _prefill_step_s(
-                engine, rng, num_seqs, prompt_len, config.repeats)))
+            timings_s = _prefill_timings_s(engine, rng, num_seqs, prompt_len, config.repeats)
+            prefill_samples.append(PrefillSample(num_seqs, prompt_len, statistics.median(timings_s), timings_s))
             bar.update(1)
         decode_samples = []
         for num_seqs, context_len in decode_points:
-            decode_samples.append(DecodeSample(num_seqs, num_seqs * context_len, _decode_step_s(
-                engine, rng, num_seqs, context_len, config.repeats)))
+            timings_s = _decode_timings_s(engine, rng, num_seqs, context_len, config.repeats)
+            decode_samples.append(DecodeSample(num_seqs, num_seqs * context_len, statistics.median(timings_s),
+                                               timings_s))
             bar.update(1)
     spec = engine.kv_spec
     return Profile(
@@ -99,7 +101,9 @@ def _new_request_id() -> str:
     return f"profile-{next(_REQUEST_NUMBERS)}"
 
 
-def _prefill_step_s(engine: LLMEngine, rng: random.Random, num_seqs: int, prompt_len: int, repeats: int) -> float:
+def _prefill_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, prompt_len: int,
+                       repeats: int) -> list[float]:
+    """`repeats` timed steps, after an untimed warm-up one."""
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     timings_s = []
     for _ in range(repeats + 1):
@@ -110,10 +114,12 @@ def _prefill_step_s(engine: LLMEngine, rng: random.Random, num_seqs: int, prompt
         timings_s.append(time.perf_counter() - start)
         while engine.has_unfinished_requests():
             engine.step()
-    return statistics.median(timings_s[1:])
+    return timings_s[1:]
 
 
-def _decode_step_s(engine: LLMEngine, rng: random.Random, num_seqs: int, context_len: int, repeats: int) -> float:
+def _decode_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, context_len: int,
+                      repeats: int) -> list[float]:
+    """`repeats` timed steps, after an untimed warm-up one."""
     params = SamplingParams(temperature=0.0, max_tokens=repeats + 2, ignore_eos=True)
     request_ids = [_new_request_id() for _ in range(num_seqs)]
     for request_id in request_ids:
@@ -128,7 +134,7 @@ def _decode_step_s(engine: LLMEngine, rng: random.Random, num_seqs: int, context
         timings_s.append(time.perf_counter() - start)
     for request_id in request_ids:
         engine.abort_request(request_id)
-    return statistics.median(timings_s[1:])
+    return timings_s[1:]
 
 
 def _transfer_gb_per_s(engine: LLMEngine, config: MeasureConfig) -> float:

@@ -11,6 +11,11 @@ to a benchmark the planner is later checked against. Step times are linear model
 Fits minimise relative error (each sample's row is divided by its time), so short steps count as
 much as long ones, and coefficients are kept non-negative (a term whose weight comes out negative
 is dropped and the rest refitted): a fit never predicts a step faster with more work.
+
+A sample keeps every timed repeat beside their median: each repeat over its point's median is the
+engine's step-to-step jitter (`prefill_step_ratios`, `decode_step_ratios`), which the simulation
+draws from (planner/jitter.py). The ratio is to the point's median, not to the fit, because the
+fit's error at a point is the same on every step there: a bias, not jitter.
 """
 from __future__ import annotations
 
@@ -20,17 +25,23 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+from planner.front_cpu import FrontCpu
+from planner.jitter import ratios_to_median
+
+SCHEMA_VERSION = 2
 
 
-def fit_linear(features: list[list[float]], targets: list[float]) -> list[float]:
-    """Non-negative least squares of the relative error, by elimination: one coefficient per
-    column of `features` (add a column of ones for an intercept); targets must be positive."""
+def fit_linear(features: list[list[float]], targets: list[float], relative: bool = True) -> list[float]:
+    """Non-negative least squares, by elimination: one coefficient per column of `features` (add
+    a column of ones for an intercept). Of the relative error (targets must then be positive), or
+    with `relative=False` of the absolute error."""
     y = np.asarray(targets, dtype=float)
-    if (y <= 0).any():
-        raise ValueError("targets must be positive")
-    x = np.asarray(features, dtype=float) / y[:, None]
-    y = np.ones_like(y)
+    x = np.asarray(features, dtype=float)
+    if relative:
+        if (y <= 0).any():
+            raise ValueError("targets must be positive")
+        x = x / y[:, None]
+        y = np.ones_like(y)
     active = list(range(x.shape[1]))
     while True:
         coefficients, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
@@ -80,6 +91,7 @@ class PrefillSample:
     num_seqs: int
     prompt_len: int  # every prompt of the batch has this length
     step_s: float  # median of the repeats
+    timings_s: list[float] = field(default_factory=list)  # every timed repeat
 
     @property
     def num_tokens(self) -> int:
@@ -94,7 +106,8 @@ class PrefillSample:
 class DecodeSample:
     num_seqs: int
     num_context_tokens: int  # prompt tokens summed over the batch (the few generated while timing left out)
-    step_s: float
+    step_s: float  # median of the repeats
+    timings_s: list[float] = field(default_factory=list)  # every timed repeat
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +120,14 @@ class ServingOverhead:
     handoff_s: float = 0.0  # the client's first token → KV landed at decode, beyond the copy itself
     step_s: float = 0.0  # per decode step, beyond the engine step
     per_seq_step_s: float = 0.0  # per decode step and running request: a streamed token (gRPC, SSE)
+    # each single request's idle TTFT overhead (gateway and the rest) over their median
+    ttft_ratios: list[float] = field(default_factory=list)
+    # each single request's E2EL - TTFT beyond the engine's steps, less the fitted line: the
+    # per-request spread of its decode span, drawn as the spread of its handoff
+    handoff_residuals_s: list[float] = field(default_factory=list)
+    front: FrontCpu = FrontCpu()
     samples: list[dict] = field(default_factory=list)  # the single-request runs it was read from
+    front_samples: list[dict] = field(default_factory=list)  # the CPU readings `front` was read from
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +143,14 @@ class Profile:
     serving: ServingOverhead = ServingOverhead()
     prefill_samples: list[PrefillSample] = field(default_factory=list)
     decode_samples: list[DecodeSample] = field(default_factory=list)
+
+    @property
+    def prefill_step_ratios(self) -> list[float]:
+        return [r for s in self.prefill_samples if s.timings_s for r in ratios_to_median(s.timings_s)]
+
+    @property
+    def decode_step_ratios(self) -> list[float]:
+        return [r for s in self.decode_samples if s.timings_s for r in ratios_to_median(s.timings_s)]
 
     def transfer_s(self, num_tokens: int) -> float:
         return num_tokens * self.kv_bytes_per_token / (self.transfer_gb_per_s * 1e9)
@@ -143,7 +171,8 @@ class Profile:
             hardware=data["hardware"], model=data["model"], max_num_batched_tokens=data["max_num_batched_tokens"],
             max_num_seqs=data["max_num_seqs"], kv_bytes_per_token=data["kv_bytes_per_token"],
             transfer_gb_per_s=data["transfer_gb_per_s"], prefill=PrefillFit(**data["prefill"]),
-            decode=DecodeFit(**data["decode"]), serving=ServingOverhead(**data["serving"]),
+            decode=DecodeFit(**data["decode"]), serving=ServingOverhead(
+                **{**data["serving"], "front": FrontCpu(**data["serving"]["front"])}),
             prefill_samples=[PrefillSample(**s) for s in data["prefill_samples"]],
             decode_samples=[DecodeSample(**s) for s in data["decode_samples"]])
 

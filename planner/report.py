@@ -13,7 +13,7 @@ from planner.validate import COMPARED, TOLERANCE
 
 def validation_markdown(rows: list[dict]) -> str:
     header = ["config", "rate (req/s)"] + [f"{key[:-3]} pred / meas (ratio)" for key in COMPARED] + [
-        "goodput pred / meas (req/s)", f"within {TOLERANCE:.0%}"]
+        "goodput pred / meas (req/s)", "front CPU pred / meas (s/s)", f"within {TOLERANCE:.0%}"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["config"], f"{row['request_rate']:g}"]
@@ -22,6 +22,8 @@ def validation_markdown(rows: list[dict]) -> str:
             cells.append(f"{row['predicted'][key]:.1f} / {row['measured'][key]:.1f} "
                          f"({ratio:.2f})" if ratio is not None else "n/a")
         cells.append(f"{row['predicted']['goodput_rps']:.2f} / {row['measured']['goodput_rps']:.2f}")
+        front = [row[side].get("front_cpu_s_per_s") for side in ("predicted", "measured")]
+        cells.append("n/a" if None in front else f"{front[0]:.2f} / {front[1]:.2f}")
         cells.append("yes" if row["within_tolerance"] else "no")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

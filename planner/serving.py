@@ -6,8 +6,8 @@ Two kinds of profile runs on a 1P1D system, neither of them a validation workloa
    (KV release, Redis writes) done, as a request of a light load does. Per request,
    TTFT less the engine's prefill step is the idle TTFT overhead (the gateway's share of it
    below, the rest after it). E2EL - TTFT less the engine's decode steps at batch 1 is regressed
-   on the number of decode steps: the slope is the overhead of a step at batch 1, the intercept
-   less the KV copy is the handoff (reserve, commit, join).
+   on the number of decode steps, each request's KV copy taken off first: the slope is the
+   overhead of a step at batch 1, the intercept the handoff (reserve, commit, join).
 2. Waves of `batch_size` requests sent at once. The gateway takes them one at a time, and the
    prefill steps of the short prompts overlap it: the slope of the wave's sorted TTFTs against
    their rank is the gateway's time per request (an upper bound, were prefill the slower of the
@@ -15,12 +15,20 @@ Two kinds of profile runs on a 1P1D system, neither of them a validation workloa
    Decode runs the wave as one batch: how much more TPOT exceeds the engine step and the
    handoff's share by than at batch 1, over the batch less one, is the overhead per running
    request per step (a streamed token); the rest of the batch-1 overhead is per step.
-Medians throughout, since the machine is shared.
+Medians throughout, since the machine is shared; the spreads are kept as samples: each single's
+idle TTFT overhead over their median (`ttft_ratios`), each single's decode span less the
+regression line (`handoff_residuals_s`).
+
+The front's CPU (planner/front_cpu.py) is read around each of those runs (planner/proc_cpu.py):
+first over `idle_window_s` with no requests (the idle CPU seconds per second), then per run; what
+each run took beyond the idle rate is regressed (non-negative least squares of the absolute
+error) on its requests and output tokens.
 """
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +36,9 @@ import numpy as np
 from bench.metrics import tpot_s
 from bench.records import RequestRecord
 from planner.bench_runs import bench, launched, random_requests
-from planner.profile import Profile, ServingOverhead
+from planner.front_cpu import FrontCpu
+from planner.proc_cpu import front_cpu_s
+from planner.profile import Profile, ServingOverhead, fit_linear
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
 
@@ -45,41 +55,69 @@ class ServingRunConfig:
     batch_prompt_len: int = 64
     batch_output_len: int = 64
     num_waves: int = 3
+    idle_window_s: float = 3.0
     dtype: str = "float32"
     seed: int = 1000  # apart from the validation traces' seeds
 
 
 def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> ServingOverhead:
-    with launched(config.model_dir, 1, config.log_dir / "serving_profile.log", dtype=config.dtype) as base_url:
+    with launched(config.model_dir, 1, config.log_dir / "serving_profile.log", dtype=config.dtype) as system:
+        base_url = system.spec.base_url
         # its own seed: prompts the measured runs repeat would be prefilled from the prefix cache
         bench(base_url, random_requests(config.model_dir, 4, 64, 8, config.seed - 1), "warm-up", progress=False)
+        idle_start_s = front_cpu_s(system.pid)
+        time.sleep(config.idle_window_s)
+        idle_cpu_s_per_s = (front_cpu_s(system.pid) - idle_start_s) / config.idle_window_s
+        readings = []
+
+        def run(requests, label: str, **options) -> list[RequestRecord]:
+            started_cpu_s, started_s = front_cpu_s(system.pid), time.monotonic()
+            records = bench(base_url, requests, label, **options).records
+            readings.append({"label": label, "num_requests": len(requests),
+                             "num_output_tokens": sum(r.output_len for r in requests),
+                             "wall_s": time.monotonic() - started_s, "cpu_s": front_cpu_s(system.pid) - started_cpu_s})
+            return records
+
         singles = []
         for prompt_len in config.prompt_lens:
             for output_len in config.output_lens:
                 requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
                                            config.seed + len(singles))
-                singles += bench(base_url, requests, f"single p{prompt_len} o{output_len}", max_concurrency=1,
-                                 request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS).records
+                singles += run(requests, f"single p{prompt_len} o{output_len}", max_concurrency=1,
+                               request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS)
         waves = []
         for wave in range(config.num_waves):
             requests = random_requests(config.model_dir, config.batch_size, config.batch_prompt_len,
                                        config.batch_output_len, config.seed + 100 + wave)
-            waves.append(bench(base_url, requests, f"wave {wave} of {config.batch_size}").records)
-    return overhead_from_records(profile, singles, waves)
+            waves.append(run(requests, f"wave {wave} of {config.batch_size}"))
+    return dataclasses.replace(overhead_from_records(profile, singles, waves),
+                               front=front_from_readings(idle_cpu_s_per_s, readings),
+                               front_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings])
+
+
+def front_from_readings(idle_cpu_s_per_s: float, readings: list[dict]) -> FrontCpu:
+    """The front's CPU per request and per output token, from runs' CPU seconds beyond the idle
+    rate; `pdserve up` pins the replicas to the CPUs the front floats over, so they share them."""
+    per_request_s, per_output_token_s = fit_linear(
+        [[r["num_requests"], r["num_output_tokens"]] for r in readings],
+        [r["cpu_s"] - idle_cpu_s_per_s * r["wall_s"] for r in readings], relative=False)
+    return FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=idle_cpu_s_per_s, cpu_s_per_request=per_request_s,
+                    cpu_s_per_output_token=per_output_token_s)
 
 
 def overhead_from_records(profile: Profile, singles: list[RequestRecord],
                           waves: list[list[RequestRecord]]) -> ServingOverhead:
-    idle_ttft_s = statistics.median(r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)]) for r in singles)
+    idle_overheads_s = [max(0.0, r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)])) for r in singles]
+    idle_ttft_s = statistics.median(idle_overheads_s)
     gateway_s = max(0.0, statistics.median(
         float(np.polyfit(range(len(records)), sorted(r.ttft_s for r in records), 1)[0]) for records in waves))
     ttft_s = max(0.0, idle_ttft_s - gateway_s)
     num_steps = [r.output_len - 1 for r in singles]
     beyond_engine_s = [r.e2el_s - r.ttft_s - _engine_decode_s(profile, r.prompt_len, r.output_len, 1)
-                       for r in singles]
+                       - profile.transfer_s(r.prompt_len) for r in singles]
     single_step_s, intercept_s = np.polyfit(num_steps, beyond_engine_s, 1)  # both overheads, at batch 1
-    transfer_s = statistics.median(profile.transfer_s(r.prompt_len) for r in singles)
-    handoff_s = max(0.0, float(intercept_s) - transfer_s)
+    handoff_residuals_s = [float(b - (single_step_s * n + intercept_s)) for n, b in zip(num_steps, beyond_engine_s)]
+    handoff_s = max(0.0, float(intercept_s))
 
     per_seq_samples_s = []
     for records in waves:
@@ -98,7 +136,9 @@ def overhead_from_records(profile: Profile, singles: list[RequestRecord],
                  "output_len": r.output_len, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
                 for records in waves for r in records]
     return ServingOverhead(gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=handoff_s, step_s=step_s,
-                           per_seq_step_s=per_seq_step_s, samples=samples)
+                           per_seq_step_s=per_seq_step_s,
+                           ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
+                           handoff_residuals_s=handoff_residuals_s, samples=samples)
 
 
 def _engine_decode_s(profile: Profile, prompt_len: int, output_len: int, batch_size: int) -> float:

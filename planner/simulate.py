@@ -11,9 +11,16 @@
             ─▶ decode pending ─▶ joins the running batch at the next step boundary
             ─▶ one token per running request per step; the last one ends the request
 
-Step times come from the profile's fits plus the measured serving overheads. Invariant: the
-simulation is a pure function of (profile, config, requests): no clock, no randomness; events at
-the same instant run in the order they were scheduled.
+Step times come from the profile's fits plus the measured serving overheads, with their measured
+spreads (planner/jitter.py): each engine step is its fit times a ratio drawn from the profile's
+timed repeats of that kind of step; each request's gateway time and idle TTFT overhead are scaled
+by one ratio drawn from the single requests' overheads, and its handoff gets a residual drawn
+from their decode spans (floored at 0). Every engine step is then slowed by the front's share of
+the replicas' cores at the trace's rate (planner/front_cpu.py: 1 unless the profile's front
+shares them). Invariant: the simulation is a pure function of (profile, config, requests, seed):
+no clock, draws from one generator seeded per run in event order; events at the same instant
+run in the order they were scheduled. A profile without spreads or front CPU gives the median
+model, for any seed.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.jitter import Draws
 from planner.profile import Profile
 from planner.workload import SimRequest, Slo
 
@@ -101,6 +109,7 @@ class _Job:
     num_computed: int = 0  # prompt tokens prefilled
     num_generated: int = 0  # output tokens, the prefill's first one included
     first_token_s: float = 0.0
+    overhead_ratio: float = 1.0  # its gateway time and idle TTFT overhead over their medians
 
 
 @dataclass(slots=True)
@@ -112,17 +121,23 @@ class _Server:
 
 
 class Simulation:
-    def __init__(self, profile: Profile, config: XpYd, num_gateways: int = 1):
+    def __init__(self, profile: Profile, config: XpYd, num_gateways: int = 1, seed: int = 0):
         if num_gateways < 1:
             raise ValueError(f"need at least one gateway, got {num_gateways}")
         self.profile = profile
         self.config = config
         self.num_gateways = num_gateways
+        self.seed = seed
+        self._prefill_ratios = profile.prefill_step_ratios
+        self._decode_ratios = profile.decode_step_ratios
 
     def run(self, requests: list[SimRequest]) -> list[RequestTimes]:
         """Times of every request, in the order given."""
         self._events: list = []
         self._sequence = itertools.count()
+        self._draws = Draws(self.seed)
+        # the replicas' engine steps, slowed by the front's share of their cores
+        self._engine_stretch = self.profile.serving.front.step_stretch(requests, self.config.num_gpus)
         self._prefills = [_Server() for _ in range(self.config.num_prefill)]
         self._decodes = [_Server() for _ in range(self.config.num_decode)]
         self._done: dict[int, RequestTimes] = {}
@@ -138,7 +153,9 @@ class Simulation:
         heapq.heappush(self._events, (time_s, next(self._sequence), action, argument))
 
     def _arrive(self, now_s: float, job: _Job) -> None:
-        routed_s = max(now_s, heapq.heappop(self._gateways_free_s)) + self.profile.serving.gateway_s
+        job.overhead_ratio = self._draws.ratio(self.profile.serving.ttft_ratios)
+        gateway_s = self.profile.serving.gateway_s * job.overhead_ratio
+        routed_s = max(now_s, heapq.heappop(self._gateways_free_s)) + gateway_s
         heapq.heappush(self._gateways_free_s, routed_s)
         self._at(routed_s, self._route, job)
 
@@ -161,7 +178,8 @@ class Simulation:
             num_new = min(job.request.prompt_len - job.num_computed, budget)
             chunks.append((job, num_new))
             budget -= num_new
-        step_s = self.profile.prefill.step_s([(job.num_computed, n) for job, n in chunks])
+        step_s = (self.profile.prefill.step_s([(job.num_computed, n) for job, n in chunks])
+                  * self._engine_stretch * self._draws.ratio(self._prefill_ratios))
         server.busy = True
         self._at(now_s + step_s, self._end_prefill, (server, chunks))
 
@@ -175,12 +193,13 @@ class Simulation:
                 continue
             server.queue.remove(job)
             job.num_generated = 1
-            job.first_token_s = now_s + serving.ttft_s
+            job.first_token_s = now_s + serving.ttft_s * job.overhead_ratio
             if job.request.output_len == 1:
                 self._decodes[job.decode].load_tokens -= job.request.prompt_len + 1
                 self._finish(job, job.first_token_s)
             else:
-                landed_s = job.first_token_s + serving.handoff_s + self.profile.transfer_s(job.request.prompt_len)
+                handoff_s = max(0.0, serving.handoff_s + self._draws.residual_s(serving.handoff_residuals_s))
+                landed_s = job.first_token_s + handoff_s + self.profile.transfer_s(job.request.prompt_len)
                 self._at(landed_s, self._land, job)
         server.busy = False
         if server.queue:
@@ -199,6 +218,7 @@ class Simulation:
         num_context_tokens = sum(job.request.prompt_len + job.num_generated for job in server.running)
         serving = self.profile.serving
         step_s = (self.profile.decode.step_s(num_seqs, num_context_tokens)
+                  * self._engine_stretch * self._draws.ratio(self._decode_ratios)
                   + serving.step_s + serving.per_seq_step_s * num_seqs)
         server.busy = True
         self._at(now_s + step_s, self._end_decode, server)
@@ -223,5 +243,5 @@ class Simulation:
 
 
 def simulate(profile: Profile, config: XpYd, requests: list[SimRequest], slo: Slo,
-             num_gateways: int = 1) -> SimSummary:
-    return SimSummary.of(Simulation(profile, config, num_gateways).run(requests), slo)
+             num_gateways: int = 1, seed: int = 0) -> SimSummary:
+    return SimSummary.of(Simulation(profile, config, num_gateways, seed).run(requests), slo)

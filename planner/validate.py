@@ -7,17 +7,21 @@ run hits the prefix cache), since the machine is shared and one run can be far o
 The simulation gets each run's trace: each request's send time and its prompt and output
 lengths, nothing the system measured. A row pairs the medians over the repeats of each
 percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
-figures; it is within tolerance when every TTFT and TPOT ratio is.
+figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's front CPU
+(planner/proc_cpu.py) is read too and set beside what the profile's front model takes at that
+trace's rate: a check of the interference term's input, not a figure the prediction uses.
 """
 from __future__ import annotations
 
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.runner import BenchResult
 from planner.bench_runs import bench, launched, random_requests
+from planner.proc_cpu import front_cpu_s
 from planner.profile import Profile
 from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
 from planner.workload import SimRequest, Slo
@@ -59,31 +63,40 @@ def validate(config: ValidationConfig) -> list[dict]:
     rows = []
     for xpyd in config.configs:
         with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
-                      dtype=config.dtype) as base_url:
+                      dtype=config.dtype) as system:
+            base_url = system.spec.base_url
             bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999),
                   "warm-up", progress=False)
             for index, rate in enumerate(config.request_rates):
-                results = []
+                results, front_cpu_s_per_s = [], []
                 for repeat in range(config.num_repeats):
                     # fresh prompts each run: the same ones again would hit the prefix cache
                     seed = config.seed + index * config.num_repeats + repeat
                     requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
                                                config.output_len, seed, config.range_ratio)
+                    started_cpu_s, started_s = front_cpu_s(system.pid), time.monotonic()
                     results.append(bench(base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}",
                                          request_rate=rate, seed=seed, goodput_slos_ms={
                                              "ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
-                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo))
+                    front_cpu_s_per_s.append(
+                        (front_cpu_s(system.pid) - started_cpu_s) / (time.monotonic() - started_s))
+                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, front_cpu_s_per_s))
     return rows
 
 
-def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo) -> dict:
+def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo,
+                front_cpu_s_per_s: list[float] | None = None) -> dict:
+    """`front_cpu_s_per_s`: each run's measured front CPU seconds per second, when read."""
     predicted_runs, measured_runs = [], []
-    for result in results:
+    for index, result in enumerate(results):
         trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
         predicted_runs.append(simulate(profile, xpyd, trace, slo).to_dict())
         measured_runs.append(SimSummary.of(
             [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
              for r in result.records], slo).to_dict())
+        if front_cpu_s_per_s is not None:
+            predicted_runs[-1]["front_cpu_s_per_s"] = profile.serving.front.cpu_s_per_s(trace)
+            measured_runs[-1]["front_cpu_s_per_s"] = front_cpu_s_per_s[index]
     predicted, measured = _medians(predicted_runs), _medians(measured_runs)
     ratios = {key: predicted[key] / measured[key] for key in COMPARED if measured[key] > 0}
     return {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),

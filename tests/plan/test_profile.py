@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from planner.front_cpu import FrontCpu
 from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead, fit_linear
 
 from tests.plan.profiles import make_profile
@@ -45,14 +46,30 @@ def test_fit_linear_refuses_non_positive_times():
 
 
 def test_a_profile_survives_its_json_round_trip(tmp_path):
-    profile = make_profile(serving=ServingOverhead(gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001,
-                                                   per_seq_step_s=1e-4, samples=[{"kind": "single"}]))
+    profile = make_profile(serving=ServingOverhead(
+        gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=1e-4, ttft_ratios=[0.5, 1.0],
+        handoff_residuals_s=[-0.001, 0.002], front=FrontCpu(True, 0.01, 0.02, 1e-4), samples=[{"kind": "single"}],
+        front_samples=[{"label": "idle", "cpu_s_per_s": 0.01}]))
     profile = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},
-                         "prefill_samples": [PrefillSample(2, 64, 0.01)],
+                         "prefill_samples": [PrefillSample(2, 64, 0.01, [0.01, 0.02, 0.009])],
                          "decode_samples": [DecodeSample(4, 400, 0.005)]})
     path = profile.save(tmp_path / "profile.json")
     assert Profile.load(path) == profile
-    assert json.loads(path.read_text())["schema_version"] == 1
+    assert json.loads(path.read_text())["schema_version"] == 2
+
+
+def test_step_ratios_are_each_timed_repeat_over_its_points_median():
+    profile = Profile(**{**{f: getattr(make_profile(), f) for f in Profile.__dataclass_fields__},
+                         "prefill_samples": [PrefillSample(1, 16, 0.01, [0.01, 0.02, 0.005]),
+                                             PrefillSample(1, 64, 0.02)],
+                         "decode_samples": [DecodeSample(1, 64, 0.004, [0.004, 0.004, 0.006, 0.002])]})
+    assert profile.prefill_step_ratios == pytest.approx([1.0, 2.0, 0.5])
+    assert profile.decode_step_ratios == pytest.approx([1.0, 1.0, 1.5, 0.5])
+
+
+def test_an_absolute_fit_takes_non_positive_targets():
+    assert fit_linear([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]], [-0.1, 0.9, 1.9], relative=False) == pytest.approx(
+        [0.0, 0.94], abs=0.01)
 
 
 def test_transfer_time_is_bytes_over_bandwidth():

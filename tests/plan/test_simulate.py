@@ -1,13 +1,17 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
-from planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from planner.front_cpu import FrontCpu
+from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead
 from planner.simulate import Simulation, XpYd, simulate
 from planner.workload import SimRequest, Slo, Workload
 
 from tests.plan.profiles import make_profile
 
 ONE_TO_ONE = XpYd(1, 1)
+SLO_LOOSE = Slo(10_000, 10_000)
 
 
 def test_a_request_alone_waits_for_nothing_but_its_own_steps_and_the_overheads():
@@ -118,3 +122,55 @@ def test_a_configuration_needs_both_kinds_of_server():
     with pytest.raises(ValueError):
         XpYd(0, 2)
     assert str(XpYd(3, 5)) == "3P5D" and XpYd(3, 5).num_gpus == 8
+
+
+def _with_spreads(profile, prefill_timings_s, decode_timings_s, ttft_ratios, handoff_residuals_s):
+    """`profile` with one measured point of each kind whose repeats are these timings."""
+    fields = {f: getattr(profile, f) for f in Profile.__dataclass_fields__}
+    serving = dataclasses.replace(profile.serving, ttft_ratios=ttft_ratios, handoff_residuals_s=handoff_residuals_s)
+    return Profile(**{**fields, "serving": serving,
+                      "prefill_samples": [PrefillSample(1, 16, float(np.median(prefill_timings_s)), prefill_timings_s)],
+                      "decode_samples": [DecodeSample(1, 16, float(np.median(decode_timings_s)), decode_timings_s)]})
+
+
+SERVED = make_profile(serving=ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, step_s=0.0005))
+LIGHT_LOAD = Workload(5, 400, 100, 20, range_ratio=0.3, seed=1).requests()
+
+
+def test_spreads_of_neutral_values_give_the_median_models_answers_for_any_seed():
+    flat = _with_spreads(SERVED, [0.01] * 5, [0.004] * 5, [1.0] * 20, [0.0] * 20)
+    expected = Simulation(SERVED, ONE_TO_ONE).run(LIGHT_LOAD)
+    assert Simulation(flat, ONE_TO_ONE, seed=7).run(LIGHT_LOAD) == expected
+
+
+def test_measured_spreads_widen_the_tails_and_the_seed_fixes_the_draws():
+    spread = _with_spreads(SERVED, [0.008, 0.01, 0.02], [0.003, 0.004, 0.008], [0.5, 1.0, 3.0], [-0.002, 0.0, 0.01])
+    requests = [SimRequest(float(i), 100, 20) for i in range(200)]  # alone, each the same
+    flat = simulate(SERVED, ONE_TO_ONE, requests, SLO_LOOSE)
+    assert flat.ttft_ms[90] == pytest.approx(flat.ttft_ms[50]) and flat.tpot_ms[90] == pytest.approx(flat.tpot_ms[50])
+    jittered = simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=3)
+    assert jittered.ttft_ms[90] > 1.2 * jittered.ttft_ms[50]
+    assert jittered.tpot_ms[90] > 1.05 * jittered.tpot_ms[50]
+    assert simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=3) == jittered
+    assert simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=4) != jittered
+
+
+def test_a_front_on_the_replicas_cores_slows_each_engine_step_by_its_share():
+    # 10 req/s regular, 0.05 CPU s per request spread over the 2 replicas' cores: a quarter of
+    # each, so every engine step takes 1 / (1 - 0.25) = 4/3 of its fit; the overheads do not.
+    front = FrontCpu(shares_replica_cpus=True, cpu_s_per_request=0.04, cpu_s_per_output_token=0.01)
+    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, front=front)
+    requests = [SimRequest(0.1 * i, 100, 1) for i in range(50)]
+    times = Simulation(make_profile(serving=serving), ONE_TO_ONE).run(requests)
+    prefill_s = 0.010 + 0.0001 * 100
+    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s * 4 / 3 + 0.003] * 50)
+    unshared = dataclasses.replace(serving, front=dataclasses.replace(front, shares_replica_cpus=False))
+    times = Simulation(make_profile(serving=unshared), ONE_TO_ONE).run(requests)
+    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s + 0.003] * 50)
+
+
+def test_the_front_slows_decode_steps_too():
+    front = FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=0.5)  # a quarter of each of 2 cores
+    [times] = Simulation(make_profile(serving=ServingOverhead(front=front)), ONE_TO_ONE).run([SimRequest(0, 16, 3)])
+    steps_s = 2 * (0.005 + 0.001) * 4 / 3
+    assert times.finish_s - times.first_token_s == pytest.approx(16 * 1000 / 1e9 + steps_s)

@@ -6,10 +6,11 @@ import pytest
 from bench.metrics import compute_metrics
 from bench.records import RequestRecord
 from bench.runner import BenchConfig, BenchResult
+from planner.front_cpu import FrontCpu
 from planner.profile import ServingOverhead
 from planner.simulate import Simulation, XpYd
 from planner.validate import check_runnable, compare_row
-from planner.workload import Slo, Workload
+from planner.workload import SimRequest, Slo, Workload
 
 from tests.plan.profiles import make_profile
 
@@ -58,3 +59,14 @@ def test_configurations_whose_replicas_would_share_cores_are_refused(monkeypatch
         check_runnable(XpYd(1, 2))
     with pytest.raises(ValueError):
         check_runnable(dataclasses.replace(XpYd(1, 1), num_prefill=2))
+
+
+def test_the_fronts_measured_cpu_is_set_beside_the_models():
+    front = FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=0.02, cpu_s_per_request=0.01)
+    profile = make_profile(serving=ServingOverhead(front=front))
+    run = _run(profile, XpYd(1, 1))
+    row = compare_row(profile, XpYd(1, 1), 10, [run] * 3, SLO, front_cpu_s_per_s=[0.1, 0.3, 0.2])
+    trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in run.records]
+    assert row["predicted"]["front_cpu_s_per_s"] == pytest.approx(front.cpu_s_per_s(trace))
+    assert row["measured"]["front_cpu_s_per_s"] == pytest.approx(0.2)
+    assert "front_cpu_s_per_s" not in row["ratios"]
