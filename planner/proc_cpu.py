@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 REPLICA_COMMANDS = ("prefill", "decode")
 _PROC = Path("/proc")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 def _stat_fields(pid: int) -> list[str]:
@@ -62,3 +65,10 @@ def front_cpu_s(system_pid: int) -> float:
     """CPU seconds so far of the system's front processes and of this process (the client)."""
     front = [pid for pid in descendants(system_pid) if not is_replica(pid)]
     return sum(process_cpu_s(pid) for pid in front) + time.process_time()
+
+
+def front_cpu_during(system_pid: int, call: Callable[[], T]) -> tuple[T, float, float]:
+    """`call()`'s result, the front's CPU seconds while it ran, and the wall seconds it took."""
+    started_cpu_s, started_s = front_cpu_s(system_pid), time.monotonic()
+    result = call()
+    return result, front_cpu_s(system_pid) - started_cpu_s, time.monotonic() - started_s

@@ -37,7 +37,7 @@ from bench.metrics import tpot_s
 from bench.records import RequestRecord
 from planner.bench_runs import bench, launched, random_requests
 from planner.front_cpu import FrontCpu
-from planner.proc_cpu import front_cpu_s
+from planner.proc_cpu import front_cpu_during
 from planner.profile import Profile, ServingOverhead, fit_linear
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
@@ -65,18 +65,16 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
         base_url = system.spec.base_url
         # its own seed: prompts the measured runs repeat would be prefilled from the prefix cache
         bench(base_url, random_requests(config.model_dir, 4, 64, 8, config.seed - 1), "warm-up", progress=False)
-        idle_start_s = front_cpu_s(system.pid)
-        time.sleep(config.idle_window_s)
-        idle_cpu_s_per_s = (front_cpu_s(system.pid) - idle_start_s) / config.idle_window_s
+        _, idle_cpu_s, idle_s = front_cpu_during(system.pid, lambda: time.sleep(config.idle_window_s))
+        idle_cpu_s_per_s = idle_cpu_s / idle_s
         readings = []
 
         def run(requests, label: str, **options) -> list[RequestRecord]:
-            started_cpu_s, started_s = front_cpu_s(system.pid), time.monotonic()
-            records = bench(base_url, requests, label, **options).records
+            result, cpu_s, wall_s = front_cpu_during(system.pid, lambda: bench(base_url, requests, label, **options))
             readings.append({"label": label, "num_requests": len(requests),
-                             "num_output_tokens": sum(r.output_len for r in requests),
-                             "wall_s": time.monotonic() - started_s, "cpu_s": front_cpu_s(system.pid) - started_cpu_s})
-            return records
+                             "num_output_tokens": sum(r.output_len for r in requests), "wall_s": wall_s,
+                             "cpu_s": cpu_s})
+            return result.records
 
         singles = []
         for prompt_len in config.prompt_lens:

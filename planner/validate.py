@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.runner import BenchResult
 from planner.bench_runs import bench, launched, random_requests
-from planner.proc_cpu import front_cpu_s
+from planner.proc_cpu import front_cpu_during
 from planner.profile import Profile
 from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
 from planner.workload import SimRequest, Slo
@@ -74,12 +73,11 @@ def validate(config: ValidationConfig) -> list[dict]:
                     seed = config.seed + index * config.num_repeats + repeat
                     requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
                                                config.output_len, seed, config.range_ratio)
-                    started_cpu_s, started_s = front_cpu_s(system.pid), time.monotonic()
-                    results.append(bench(base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}",
-                                         request_rate=rate, seed=seed, goodput_slos_ms={
-                                             "ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
-                    front_cpu_s_per_s.append(
-                        (front_cpu_s(system.pid) - started_cpu_s) / (time.monotonic() - started_s))
+                    result, cpu_s, wall_s = front_cpu_during(system.pid, lambda: bench(
+                        base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
+                        seed=seed, goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
+                    results.append(result)
+                    front_cpu_s_per_s.append(cpu_s / wall_s)
                 rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, front_cpu_s_per_s))
     return rows
 

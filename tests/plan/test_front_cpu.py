@@ -7,7 +7,7 @@ import time
 import pytest
 
 from planner.front_cpu import FrontCpu
-from planner.proc_cpu import descendants, front_cpu_s, is_replica, process_cpu_s
+from planner.proc_cpu import descendants, front_cpu_during, front_cpu_s, is_replica, process_cpu_s
 from planner.serving import front_from_readings
 from planner.workload import SimRequest
 
@@ -69,3 +69,14 @@ def test_cpu_seconds_are_read_per_process_and_replicas_left_out_of_the_front():
             process.kill()
             process.wait()
     assert process_cpu_s(front.pid) == 0.0
+
+
+def test_a_call_is_timed_with_the_cpu_the_front_took_while_it_ran():
+    def spin() -> str:
+        end_s = time.process_time() + 0.2
+        while time.process_time() < end_s:
+            pass
+        return "done"
+
+    result, cpu_s, wall_s = front_cpu_during(os.getpid(), spin)
+    assert result == "done" and 0.2 <= cpu_s and 0.2 <= wall_s
