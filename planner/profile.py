@@ -146,11 +146,11 @@ class Profile:
 
     @property
     def prefill_step_ratios(self) -> list[float]:
-        return [r for s in self.prefill_samples if s.timings_s for r in ratios_to_median(s.timings_s)]
+        return _step_ratios(self.prefill_samples)
 
     @property
     def decode_step_ratios(self) -> list[float]:
-        return [r for s in self.decode_samples if s.timings_s for r in ratios_to_median(s.timings_s)]
+        return _step_ratios(self.decode_samples)
 
     def transfer_s(self, num_tokens: int) -> float:
         return num_tokens * self.kv_bytes_per_token / (self.transfer_gb_per_s * 1e9)
@@ -179,3 +179,8 @@ class Profile:
     @staticmethod
     def load(path: Path) -> Profile:
         return Profile.from_json_dict(json.loads(Path(path).read_text()))
+
+
+def _step_ratios(samples: list[PrefillSample] | list[DecodeSample]) -> list[float]:
+    """Every timed repeat over its point's median, over all points that kept their repeats."""
+    return [ratio for sample in samples if sample.timings_s for ratio in ratios_to_median(sample.timings_s)]
