@@ -2,16 +2,15 @@
 
 A spread is a list of samples of one quantity's variation, measured, never assumed: ratios to a
 median (engine steps, idle TTFT overheads) or residuals in seconds from a fit (a request's decode
-span). `Draws` picks one sample per event, uniformly, from a `numpy` generator seeded once per
-simulation run. Invariants: an empty spread draws the neutral value (ratio 1, residual 0) and
+span). `Draws` picks one sample per event, uniformly, from a generator (`random.Random`, fast for one
+draw at a time) seeded once per simulation run. Invariants: an empty spread draws the neutral value (ratio 1, residual 0) and
 consumes nothing, so a profile without spreads simulates as the median model; a spread of only
 neutral values gives the same answers; the same seed and event order give the same draws.
 """
 from __future__ import annotations
 
+import random
 import statistics
-
-import numpy as np
 
 
 def ratios_to_median(timings_s: list[float]) -> list[float]:
@@ -22,10 +21,10 @@ def ratios_to_median(timings_s: list[float]) -> list[float]:
 
 class Draws:
     def __init__(self, seed: int):
-        self._rng = np.random.default_rng(seed)
+        self._rng = random.Random(seed)
 
     def ratio(self, ratios: list[float]) -> float:
-        return ratios[int(self._rng.integers(len(ratios)))] if ratios else 1.0
+        return self._rng.choice(ratios) if ratios else 1.0
 
     def residual_s(self, residuals_s: list[float]) -> float:
-        return residuals_s[int(self._rng.integers(len(residuals_s)))] if residuals_s else 0.0
+        return self._rng.choice(residuals_s) if residuals_s else 0.0

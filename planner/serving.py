@@ -49,7 +49,7 @@ class ServingRunConfig:
     log_dir: Path
     prompt_lens: tuple[int, ...] = (64, 512)
     output_lens: tuple[int, ...] = (8, 64)
-    num_repeats: int = 5  # requests per (prompt, output) point
+    num_repeats: int = 10  # requests per (prompt, output) point: 40 samples of the idle spread
     single_gap_s: float = 0.6  # longer than a single request takes
     batch_size: int = 16
     batch_prompt_len: int = 64
