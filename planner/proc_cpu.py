@@ -2,7 +2,8 @@
 
 The front of a `pdserve up` system is its process tree (the `up` process and every descendant,
 found by parent pid, since `up` starts each child in a session of its own) less the replicas
-(`python -m pdserve prefill|decode ...`), plus this process, which runs the benchmark client.
+(`python -m pdserve prefill|decode ...`) and anything they start, plus this process, which runs
+the benchmark client.
 A process's CPU seconds are its utime + stime (/proc/PID/stat, clock ticks); a process that
 exits between readings drops out, so a reading spans one steady system, not restarts.
 """
@@ -26,8 +27,9 @@ def _stat_fields(pid: int) -> list[str]:
     return text[text.rindex(")") + 2:].split()
 
 
-def descendants(root_pid: int) -> list[int]:
-    """`root_pid` and every live process below it."""
+def descendants(root_pid: int, prune: Callable[[int], bool] = lambda pid: False) -> list[int]:
+    """`root_pid` and every live process below it, but no process for which `prune` holds nor any
+    below one."""
     children: dict[int, list[int]] = {}
     for entry in _PROC.iterdir():
         if entry.name.isdigit():
@@ -38,8 +40,9 @@ def descendants(root_pid: int) -> list[int]:
     found, todo = [], [root_pid]
     while todo:
         pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
+        if not prune(pid):
+            found.append(pid)
+            todo += children.get(pid, [])
     return found
 
 
@@ -63,8 +66,7 @@ def process_cpu_s(pid: int) -> float:
 
 def front_cpu_s(system_pid: int) -> float:
     """CPU seconds so far of the system's front processes and of this process (the client)."""
-    front = [pid for pid in descendants(system_pid) if not is_replica(pid)]
-    return sum(process_cpu_s(pid) for pid in front) + time.process_time()
+    return sum(process_cpu_s(pid) for pid in descendants(system_pid, prune=is_replica)) + time.process_time()
 
 
 def front_cpu_during(system_pid: int, call: Callable[[], T]) -> tuple[T, float, float]:

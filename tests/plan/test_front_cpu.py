@@ -62,6 +62,8 @@ def test_cpu_seconds_are_read_per_process_and_replicas_left_out_of_the_front():
     try:
         assert {front.pid, replica.pid} <= set(descendants(os.getpid())) and descendants(front.pid) == [front.pid]
         assert _poll(lambda: is_replica(replica.pid)) and not is_replica(front.pid)
+        pruned = descendants(os.getpid(), prune=is_replica)
+        assert front.pid in pruned and replica.pid not in pruned
         assert _poll(lambda: process_cpu_s(front.pid) >= 0.3 and process_cpu_s(replica.pid) >= 0.3)
         assert front_cpu_s(front.pid) == pytest.approx(process_cpu_s(front.pid) + time.process_time(), abs=0.05)
     finally:
