@@ -5,7 +5,8 @@ launched once (planner/bench_runs.py) and each request rate's trace is sent thro
 benchmark's runner `num_repeats` times (fresh prompts of the same lengths each time, so that no
 run hits the prefix cache), since the machine is shared and one run can be far off.
 The simulation gets each run's trace: each request's send time and its prompt and output
-lengths, nothing the system measured. A row pairs the medians over the repeats of each
+lengths, nothing the system measured; its figures for a trace are the medians over
+`NUM_DRAWS` seeds of its jitter draws, so that a few drawn outliers do not set one trace's tail. A row pairs the medians over the repeats of each
 percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
 figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's front CPU
 (planner/proc_cpu.py) is read too and set beside what the profile's front model takes at that
@@ -26,6 +27,7 @@ from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
 from planner.workload import SimRequest, Slo
 
 TOLERANCE = 0.25
+NUM_DRAWS = 5
 COMPARED = ("p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms")
 
 
@@ -88,7 +90,8 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
     predicted_runs, measured_runs = [], []
     for index, result in enumerate(results):
         trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
-        predicted_runs.append(simulate(profile, xpyd, trace, slo).to_dict())
+        predicted_runs.append(_medians([simulate(profile, xpyd, trace, slo, seed=seed).to_dict()
+                                        for seed in range(NUM_DRAWS)]))
         measured_runs.append(SimSummary.of(
             [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
              for r in result.records], slo).to_dict())
