@@ -298,6 +298,11 @@ def add_bench_compare(subparsers: argparse._SubParsersAction) -> None:
                  "benchmark them side by side on one trace")
 
 
+def add_plan(subparsers: argparse._SubParsersAction) -> None:
+    _add_service(subparsers, "plan", "planner.cli",
+                 "capacity planning: profile the model here, simulate xPyD configurations, recommend the P:D ratio")
+
+
 def _index_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
@@ -313,7 +318,7 @@ def _positive_int(text: str) -> int:
 
 
 SUBCOMMANDS = (add_up, add_compose_gpus, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
-               add_bench, add_bench_compare, add_make_tiny_model)
+               add_bench, add_bench_compare, add_plan, add_make_tiny_model)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """The package graph is a DAG from the command line down to the kernels.
 
     pdserve                            the command line and the local supervisor
+    planner                            capacity planning: profiles, simulation, xPyD recommendation
     bench                              benchmarks and their baseline servers
     gateway   prefill_svc   decode_svc the services; none imports another
     cluster                            what every process of a deployment shares
@@ -22,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = (
     ("pdserve",),
+    ("planner",),
     ("bench",),
     ("gateway", "prefill_svc", "decode_svc"),
     ("cluster",),

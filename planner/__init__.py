@@ -1,0 +1,11 @@
+"""`pdserve plan`: measured profiles, a discrete-event model of xPyD serving, a P:D recommendation.
+
+    measure.py    engine step times on this device    ─┐
+    serving.py    serving-path overheads (pdserve up) ─┴▶ profile.py  Profile (JSON)
+    proc_cpu.py   the front's CPU seconds from /proc       │  jitter.py     measured spreads, seeded draws
+    workload.py   rate, lengths, SLOs                      │  front_cpu.py  the front's share of replica cores
+    simulate.py   gateways, P prefill + D decode servers ◀─┘ ─▶ TTFT/TPOT percentiles, goodput
+    recommend.py  every xPyD split of a GPU budget       ─▶ the split with the best SLO attainment
+    validate.py   the same configurations through `pdserve bench` (bench_runs.py), side by side
+    report.py     markdown tables and the fleet plot; cli.py the `pdserve plan` steps
+"""

@@ -1,0 +1,218 @@
+"""`pdserve plan`: profile a model on this device, simulate xPyD configurations, recommend a split,
+check the predictions against `pdserve bench`.
+
+    pdserve plan profile   --model DIR --out profile.json [--cpus 1] [--no-serving]
+    pdserve plan simulate  --profile profile.json --config 1P1D --config 2P6D --request-rate 4 ...
+    pdserve plan recommend --profile profile.json --gpus 8,16,32 --rate-per-gpu 3 ... --result-dir DIR
+    pdserve plan validate  --profile profile.json --model DIR --request-rates 2,6 ... --result-dir DIR
+
+JSON results go to `--result-dir` (with markdown and, for recommend, a PNG); tables to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+from bench.datasets import RANDOM_KINDS
+
+DEFAULT_RESULT_DIR = Path("bench/results/plan")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Capacity planning for prefill/decode disaggregation: measured step-time profiles, a "
+                          "discrete-event simulation of xPyD serving, the recommended P:D split.")
+    commands = parser.add_subparsers(dest="plan_command", metavar="STEP", required=True)
+
+    profile = commands.add_parser("profile", help="measure the engine's step times and the serving overheads")
+    profile.add_argument("--model", type=Path, required=True, metavar="DIR")
+    profile.add_argument("--out", type=Path, default=DEFAULT_RESULT_DIR / "profile.json")
+    profile.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    profile.add_argument("--dtype", default="float32", help="the replicas' dtype (default float32)")
+    profile.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1: a replica per core)")
+    profile.add_argument("--cpus", type=_ints, metavar="LIST", help="pin the engine measurement to these CPUs")
+    profile.add_argument("--repeats", type=int, default=5, help="timed steps per point (default 5)")
+    profile.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    profile.add_argument("--prefill-prompt-lens", type=_ints, metavar="LIST")
+    profile.add_argument("--prefill-num-seqs", type=_ints, metavar="LIST")
+    profile.add_argument("--decode-num-seqs", type=_ints, metavar="LIST")
+    profile.add_argument("--decode-context-lens", type=_ints, metavar="LIST")
+    profile.add_argument("--serving", action=argparse.BooleanOptionalAction, default=True,
+                         help="also measure the serving path's overheads through `pdserve up` (CPU only; default on)")
+    profile.add_argument("--log-dir", type=Path, default=Path("bench/results/plan/logs"))
+
+    simulate = commands.add_parser("simulate", help="predict TTFT, TPOT and goodput of xPyD configurations")
+    _add_profile_workload_slo(simulate)
+    simulate.add_argument("--config", action="append", type=_xpyd, required=True, metavar="xPyD",
+                          help="e.g. 1P1D; repeat for more")
+    simulate.add_argument("--num-gateways", type=int, default=1)
+
+    recommend = commands.add_parser("recommend", help="the best P:D split of each GPU budget (table and plot)")
+    _add_profile_workload_slo(recommend, rate_required=False)
+    recommend.add_argument("--gpus", type=_ints, default=(8, 16, 32), metavar="LIST", help="default 8,16,32")
+    recommend.add_argument("--rate-per-gpu", type=float,
+                           help="the fleet's rate is this times its GPUs (instead of --request-rate)")
+    recommend.add_argument("--gpus-per-gateway", type=int, default=2, help="fronts scale with the fleet (default 2)")
+
+    validate = commands.add_parser("validate", help="predicted against `pdserve bench` on configurations run here")
+    _add_profile_workload_slo(validate, rate_required=False)
+    validate.add_argument("--model", type=Path, required=True, metavar="DIR")
+    validate.add_argument("--config", action="append", type=_xpyd, metavar="xPyD", help="default 1P1D")
+    validate.add_argument("--request-rates", type=_floats, default=(2.0, 6.0), metavar="LIST")
+    validate.add_argument("--dtype", default="float32")
+    validate.add_argument("--num-repeats", type=int, default=3, help="runs of each trace; medians reported (default 3)")
+
+
+def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
+    parser.add_argument("--profile", type=Path, required=True, metavar="JSON")
+    parser.add_argument("--request-rate", type=float, required=rate_required, help="requests/s (inf: all at once)")
+    parser.add_argument("--num-prompts", type=int, default=500)
+    parser.add_argument("--dataset", choices=RANDOM_KINDS, default="random")
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--range-ratio", type=float, default=0.0)
+    parser.add_argument("--burstiness", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ttft-slo-ms", type=float, required=True)
+    parser.add_argument("--tpot-slo-ms", type=float, required=True)
+    parser.add_argument("--result-dir", type=Path, help=f"write JSON and markdown here (e.g. {DEFAULT_RESULT_DIR})")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"profile": _profile, "simulate": _simulate, "recommend": _recommend,
+            "validate": _validate}[args.plan_command](args)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from planner.measure import MeasureConfig, measure_profile
+    from planner.serving import ServingRunConfig, measure_serving_overhead
+
+    sizes = {name: tuple(getattr(args, name)) for name in
+             ("prefill_prompt_lens", "prefill_num_seqs", "decode_num_seqs", "decode_context_lens")
+             if getattr(args, name)}
+    config = MeasureConfig(model_dir=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
+                           max_num_batched_tokens=args.max_num_batched_tokens, repeats=args.repeats, **sizes)
+    all_cpus = os.sched_getaffinity(0)
+    if args.cpus:
+        os.sched_setaffinity(0, args.cpus)
+    profile = measure_profile(config)
+    os.sched_setaffinity(0, all_cpus)
+    if args.serving and args.device == "cpu":
+        overhead = measure_serving_overhead(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
+        profile = dataclasses.replace(profile, serving=overhead)
+    print(profile.save(args.out))
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from planner.profile import Profile
+    from planner.report import simulation_markdown
+    from planner.simulate import simulate
+
+    profile, workload, slo = Profile.load(args.profile), _workload(args, args.request_rate), _slo(args)
+    requests = workload.requests()
+    rows = [{"config": str(config), **simulate(profile, config, requests, slo, args.num_gateways).to_dict()}
+            for config in args.config]
+    markdown = simulation_markdown(rows)
+    print(markdown)
+    _write(args.result_dir, "simulate", {"workload": workload.to_dict(), "slo": dataclasses.asdict(slo),
+                                         "profile": str(args.profile), "rows": rows}, markdown)
+    return 0
+
+
+def _recommend(args: argparse.Namespace) -> int:
+    from planner.profile import Profile
+    from planner.recommend import pick, sweep_splits
+    from planner.report import fleet_markdown, plot_fleet
+
+    if (args.request_rate is None) == (args.rate_per_gpu is None):
+        raise SystemExit("pdserve plan recommend: give --request-rate or --rate-per-gpu")
+    profile, slo = Profile.load(args.profile), _slo(args)
+    fleets = []
+    for num_gpus in args.gpus:
+        rate = args.request_rate if args.request_rate is not None else args.rate_per_gpu * num_gpus
+        workload = _workload(args, rate)
+        candidates = sweep_splits(profile, num_gpus, workload, slo, args.gpus_per_gateway)
+        fleets.append({"num_gpus": num_gpus, "request_rate": rate, "workload": workload.to_dict(),
+                       "recommended": pick(candidates, slo).to_dict(),
+                       "candidates": [c.to_dict() for c in candidates]})
+    fleet = {"profile": {"path": str(args.profile), "hardware": profile.hardware, "model": profile.model},
+             "slo": dataclasses.asdict(slo), "gpus_per_gateway": args.gpus_per_gateway, "fleets": fleets}
+    markdown = fleet_markdown(fleet)
+    print(markdown)
+    if _write(args.result_dir, "fleet", fleet, markdown):
+        print(plot_fleet(fleet, args.result_dir / "fleet.png"))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from planner.profile import Profile
+    from planner.report import validation_markdown
+    from planner.simulate import XpYd
+    from planner.validate import ValidationConfig, validate
+
+    result_dir = args.result_dir or DEFAULT_RESULT_DIR
+    config = ValidationConfig(
+        profile=Profile.load(args.profile), model_dir=args.model, configs=tuple(args.config or [XpYd(1, 1)]),
+        request_rates=tuple(args.request_rates), num_prompts=args.num_prompts, input_len=args.input_len,
+        output_len=args.output_len, range_ratio=args.range_ratio, slo=_slo(args), log_dir=result_dir / "logs",
+        seed=args.seed, dtype=args.dtype, num_repeats=args.num_repeats)
+    rows = validate(config)
+    markdown = validation_markdown(rows)
+    print(markdown)
+    _write(result_dir, "validation", {"profile": str(args.profile), "workload": {
+        "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
+        "range_ratio": args.range_ratio, "request_rates": list(args.request_rates), "num_repeats": args.num_repeats},
+        "slo": dataclasses.asdict(config.slo), "rows": rows}, markdown)
+    return 0 if all(row["within_tolerance"] for row in rows) else 1
+
+
+def _workload(args: argparse.Namespace, rate: float):
+    from planner.workload import Workload
+    return Workload(request_rate=rate, num_requests=args.num_prompts, input_len=args.input_len,
+                    output_len=args.output_len, range_ratio=args.range_ratio, dataset=args.dataset,
+                    burstiness=args.burstiness, seed=args.seed)
+
+
+def _slo(args: argparse.Namespace):
+    from planner.workload import Slo
+    return Slo(args.ttft_slo_ms, args.tpot_slo_ms)
+
+
+def _write(result_dir: Path | None, name: str, figures: dict, markdown: str) -> bool:
+    if result_dir is None:
+        return False
+    result_dir.mkdir(parents=True, exist_ok=True)
+    (result_dir / f"{name}.json").write_text(json.dumps(figures, indent=2, default=_json_default) + "\n")
+    (result_dir / f"{name}.md").write_text(markdown)
+    print(result_dir / f"{name}.json")
+    return True
+
+
+def _json_default(value):
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _xpyd(text: str):
+    from planner.simulate import XpYd
+    match = re.fullmatch(r"(\d+)P(\d+)D", text.strip(), flags=re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected xPyD such as 1P1D, got {text!r}")
+    try:
+        return XpYd(int(match[1]), int(match[2]))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(part) for part in text.split(","))

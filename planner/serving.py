@@ -1,0 +1,145 @@
+"""What the serving path adds to the engine's step times, measured through `pdserve up`.
+
+Two kinds of profile runs on a 1P1D system, neither of them a validation workload:
+1. One request at a time at a few prompt and output lengths, `single_gap_s` apart (nearly
+   regular arrivals, concurrency 1), so each finds the system idle, its predecessor's clean-up
+   (KV release, Redis writes) done, as a request of a light load does. Per request,
+   TTFT less the engine's prefill step is the idle TTFT overhead (the gateway's share of it
+   below, the rest after it). E2EL - TTFT less the engine's decode steps at batch 1 is regressed
+   on the number of decode steps, each request's KV copy taken off first: the slope is the
+   overhead of a step at batch 1, the intercept the handoff (reserve, commit, join).
+2. Waves of `batch_size` requests sent at once. The gateway takes them one at a time, and the
+   prefill steps of the short prompts overlap it: the slope of the wave's sorted TTFTs against
+   their rank is the gateway's time per request (an upper bound, were prefill the slower of the
+   two; a slope, not the last TTFT, so that one stall of a shared machine does not set it).
+   Decode runs the wave as one batch: how much more TPOT exceeds the engine step and the
+   handoff's share by than at batch 1, over the batch less one, is the overhead per running
+   request per step (a streamed token); the rest of the batch-1 overhead is per step.
+Medians throughout, since the machine is shared; the spreads are kept as samples: each single's
+idle TTFT overhead over their median (`ttft_ratios`), each single's decode span less the
+regression line (`handoff_residuals_s`).
+
+The front's CPU (planner/front_cpu.py) is read around each of those runs (planner/proc_cpu.py):
+first over `idle_window_s` with no requests (the idle CPU seconds per second), then per run; what
+each run took beyond the idle rate is regressed (non-negative least squares of the absolute
+error) on its requests and output tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.metrics import tpot_s
+from bench.records import RequestRecord
+from planner.bench_runs import bench, launched, random_requests
+from planner.front_cpu import FrontCpu
+from planner.proc_cpu import front_cpu_during
+from planner.profile import Profile, ServingOverhead, fit_linear
+
+REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServingRunConfig:
+    model_dir: Path
+    log_dir: Path
+    prompt_lens: tuple[int, ...] = (64, 512)
+    output_lens: tuple[int, ...] = (8, 64)
+    num_repeats: int = 10  # requests per (prompt, output) point: 40 samples of the idle spread
+    single_gap_s: float = 0.6  # longer than a single request takes
+    batch_size: int = 16
+    batch_prompt_len: int = 64
+    batch_output_len: int = 64
+    num_waves: int = 3
+    idle_window_s: float = 3.0
+    dtype: str = "float32"
+    seed: int = 1000  # apart from the validation traces' seeds
+
+
+def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> ServingOverhead:
+    with launched(config.model_dir, 1, config.log_dir / "serving_profile.log", dtype=config.dtype) as system:
+        base_url = system.spec.base_url
+        # its own seed: prompts the measured runs repeat would be prefilled from the prefix cache
+        bench(base_url, random_requests(config.model_dir, 4, 64, 8, config.seed - 1), "warm-up", progress=False)
+        _, idle_cpu_s, idle_s = front_cpu_during(system.pid, lambda: time.sleep(config.idle_window_s))
+        idle_cpu_s_per_s = idle_cpu_s / idle_s
+        readings = []
+
+        def run(requests, label: str, **options) -> list[RequestRecord]:
+            result, cpu_s, wall_s = front_cpu_during(system.pid, lambda: bench(base_url, requests, label, **options))
+            readings.append({"label": label, "num_requests": len(requests),
+                             "num_output_tokens": sum(r.output_len for r in requests), "wall_s": wall_s,
+                             "cpu_s": cpu_s})
+            return result.records
+
+        singles = []
+        for prompt_len in config.prompt_lens:
+            for output_len in config.output_lens:
+                requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
+                                           config.seed + len(singles))
+                singles += run(requests, f"single p{prompt_len} o{output_len}", max_concurrency=1,
+                               request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS)
+        waves = []
+        for wave in range(config.num_waves):
+            requests = random_requests(config.model_dir, config.batch_size, config.batch_prompt_len,
+                                       config.batch_output_len, config.seed + 100 + wave)
+            waves.append(run(requests, f"wave {wave} of {config.batch_size}"))
+    return dataclasses.replace(overhead_from_records(profile, singles, waves),
+                               front=front_from_readings(idle_cpu_s_per_s, readings),
+                               front_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings])
+
+
+def front_from_readings(idle_cpu_s_per_s: float, readings: list[dict]) -> FrontCpu:
+    """The front's CPU per request and per output token, from runs' CPU seconds beyond the idle
+    rate; `pdserve up` pins the replicas to the CPUs the front floats over, so they share them."""
+    per_request_s, per_output_token_s = fit_linear(
+        [[r["num_requests"], r["num_output_tokens"]] for r in readings],
+        [r["cpu_s"] - idle_cpu_s_per_s * r["wall_s"] for r in readings], relative=False)
+    return FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=idle_cpu_s_per_s, cpu_s_per_request=per_request_s,
+                    cpu_s_per_output_token=per_output_token_s)
+
+
+def overhead_from_records(profile: Profile, singles: list[RequestRecord],
+                          waves: list[list[RequestRecord]]) -> ServingOverhead:
+    idle_overheads_s = [max(0.0, r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)])) for r in singles]
+    idle_ttft_s = statistics.median(idle_overheads_s)
+    gateway_s = max(0.0, statistics.median(
+        float(np.polyfit(range(len(records)), sorted(r.ttft_s for r in records), 1)[0]) for records in waves))
+    ttft_s = max(0.0, idle_ttft_s - gateway_s)
+    num_steps = [r.output_len - 1 for r in singles]
+    beyond_engine_s = [r.e2el_s - r.ttft_s - _engine_decode_s(profile, r.prompt_len, r.output_len, 1)
+                       - profile.transfer_s(r.prompt_len) for r in singles]
+    single_step_s, intercept_s = np.polyfit(num_steps, beyond_engine_s, 1)  # both overheads, at batch 1
+    handoff_residuals_s = [float(b - (single_step_s * n + intercept_s)) for n, b in zip(num_steps, beyond_engine_s)]
+    handoff_s = max(0.0, float(intercept_s))
+
+    per_seq_samples_s = []
+    for records in waves:
+        batch_size = len(records)
+        engine_s = statistics.median(
+            _engine_decode_s(profile, r.prompt_len, r.output_len, batch_size) / (r.output_len - 1) for r in records)
+        handoff_share_s = statistics.median(
+            (handoff_s + profile.transfer_s(r.prompt_len)) / (r.output_len - 1) for r in records)
+        beyond_s = statistics.median(tpot_s(r) for r in records) - engine_s - handoff_share_s
+        per_seq_samples_s.append((beyond_s - single_step_s) / (batch_size - 1))
+    per_seq_step_s = max(0.0, float(statistics.median(per_seq_samples_s)))
+    step_s = max(0.0, float(single_step_s) - per_seq_step_s)
+    samples = [{"kind": "single", "prompt_len": r.prompt_len, "output_len": r.output_len,
+                "ttft_s": r.ttft_s, "e2el_s": r.e2el_s} for r in singles]
+    samples += [{"kind": "wave", "batch_size": len(records), "prompt_len": r.prompt_len,
+                 "output_len": r.output_len, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
+                for records in waves for r in records]
+    return ServingOverhead(gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=handoff_s, step_s=step_s,
+                           per_seq_step_s=per_seq_step_s,
+                           ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
+                           handoff_residuals_s=handoff_residuals_s, samples=samples)
+
+
+def _engine_decode_s(profile: Profile, prompt_len: int, output_len: int, batch_size: int) -> float:
+    """The engine's decode steps of one request in a batch of `batch_size` like it."""
+    return sum(profile.decode.step_s(batch_size, batch_size * (prompt_len + generated))
+               for generated in range(1, output_len))

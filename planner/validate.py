@@ -1,0 +1,110 @@
+"""Predicted against measured: the planner's simulation beside `pdserve bench` on the same trace.
+
+For each configuration this machine can run (xPyD with one CPU per replica) the system is
+launched once (planner/bench_runs.py) and each request rate's trace is sent through the
+benchmark's runner `num_repeats` times (fresh prompts of the same lengths each time, so that no
+run hits the prefix cache), since the machine is shared and one run can be far off.
+The simulation gets each run's trace: each request's send time and its prompt and output
+lengths, nothing the system measured; its figures for a trace are the medians over
+`NUM_DRAWS` seeds of its jitter draws, so that a few drawn outliers do not set one trace's tail. A row pairs the medians over the repeats of each
+percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
+figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's front CPU
+(planner/proc_cpu.py) is read too and set beside what the profile's front model takes at that
+trace's rate: a check of the interference term's input, not a figure the prediction uses.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.runner import BenchResult
+from planner.bench_runs import bench, launched, random_requests
+from planner.proc_cpu import front_cpu_during
+from planner.profile import Profile
+from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
+from planner.workload import SimRequest, Slo
+
+TOLERANCE = 0.25
+NUM_DRAWS = 5
+COMPARED = ("p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationConfig:
+    profile: Profile
+    model_dir: Path
+    configs: tuple[XpYd, ...]
+    request_rates: tuple[float, ...]
+    num_prompts: int
+    input_len: int
+    output_len: int
+    range_ratio: float
+    slo: Slo
+    log_dir: Path
+    seed: int = 0
+    dtype: str = "float32"
+    num_repeats: int = 3
+
+
+def check_runnable(config: XpYd) -> None:
+    """`pdserve bench-compare`'s disaggregated system has one prefill replica, and the profile
+    measured a replica alone on its CPUs: replicas sharing a core are outside it."""
+    if config.num_prefill != 1:
+        raise ValueError(f"{config}: the measured system runs one prefill replica")
+    if config.num_gpus > len(os.sched_getaffinity(0)):
+        raise ValueError(f"{config}: {config.num_gpus} replicas on {len(os.sched_getaffinity(0))} CPUs "
+                         "would share cores")
+
+
+def validate(config: ValidationConfig) -> list[dict]:
+    for xpyd in config.configs:
+        check_runnable(xpyd)
+    rows = []
+    for xpyd in config.configs:
+        with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
+                      dtype=config.dtype) as system:
+            base_url = system.spec.base_url
+            bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999),
+                  "warm-up", progress=False)
+            for index, rate in enumerate(config.request_rates):
+                results, front_cpu_s_per_s = [], []
+                for repeat in range(config.num_repeats):
+                    # fresh prompts each run: the same ones again would hit the prefix cache
+                    seed = config.seed + index * config.num_repeats + repeat
+                    requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
+                                               config.output_len, seed, config.range_ratio)
+                    result, cpu_s, wall_s = front_cpu_during(system.pid, lambda: bench(
+                        base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
+                        seed=seed, goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
+                    results.append(result)
+                    front_cpu_s_per_s.append(cpu_s / wall_s)
+                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, front_cpu_s_per_s))
+    return rows
+
+
+def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo,
+                front_cpu_s_per_s: list[float] | None = None) -> dict:
+    """`front_cpu_s_per_s`: each run's measured front CPU seconds per second, when read."""
+    predicted_runs, measured_runs = [], []
+    for index, result in enumerate(results):
+        trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
+        predicted_runs.append(_medians([simulate(profile, xpyd, trace, slo, seed=seed).to_dict()
+                                        for seed in range(NUM_DRAWS)]))
+        measured_runs.append(SimSummary.of(
+            [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
+             for r in result.records], slo).to_dict())
+        if front_cpu_s_per_s is not None:
+            predicted_runs[-1]["front_cpu_s_per_s"] = profile.serving.front.cpu_s_per_s(trace)
+            measured_runs[-1]["front_cpu_s_per_s"] = front_cpu_s_per_s[index]
+    predicted, measured = _medians(predicted_runs), _medians(measured_runs)
+    ratios = {key: predicted[key] / measured[key] for key in COMPARED if measured[key] > 0}
+    return {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
+            "num_repeats": len(results), "predicted": predicted, "measured": measured, "ratios": ratios,
+            "within_tolerance": all(abs(ratio - 1) <= TOLERANCE for ratio in ratios.values()),
+            "measured_runs": measured_runs, "load_average_1m": os.getloadavg()[0]}
+
+
+def _medians(runs: list[dict]) -> dict:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}

@@ -1,0 +1,73 @@
+"""The measuring steps end to end on a fake system that answers as the simulation does: what
+they send, read and return, without launching anything."""
+import contextlib
+import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bench.datasets import BenchRequest
+from bench.metrics import compute_metrics
+from bench.records import RequestRecord
+from bench.runner import BenchConfig, BenchResult
+from planner import serving, validate
+from planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from planner.simulate import Simulation, XpYd
+from planner.workload import SimRequest, Slo
+
+from tests.plan.profiles import make_profile
+
+ENGINE = make_profile(prefill=PrefillFit(0.004, 5e-5, 0.0), decode=DecodeFit(0.004, 2e-4, 1e-7))
+TRUTH = ServingOverhead(gateway_s=0.008, ttft_s=0.006, handoff_s=0.012, step_s=0.0015, per_seq_step_s=0.0003)
+SERVED = make_profile(prefill=ENGINE.prefill, decode=ENGINE.decode, serving=TRUTH)
+
+
+@contextlib.contextmanager
+def _launched(*args, **kwargs):
+    yield SimpleNamespace(spec=SimpleNamespace(base_url="http://fake/v1"), pid=os.getpid())
+
+
+def _random_requests(model_dir, num_prompts, input_len, output_len, seed, range_ratio=0.0, dataset="random"):
+    return [BenchRequest(None, [1] * input_len, output_len) for _ in range(num_prompts)]
+
+
+def _bench(base_url, requests, label, request_rate=math.inf, **options):
+    gap_s = 0.0 if math.isinf(request_rate) else 1 / request_rate
+    trace = [SimRequest(i * gap_s, len(r.prompt_token_ids), r.output_len) for i, r in enumerate(requests)]
+    records = [RequestRecord(prompt_len=r.prompt_len, output_len=r.output_len, ttft_s=t.ttft_s, itl_s=[],
+                             e2el_s=t.finish_s - t.arrival_s, success=True, error="", start_s=r.arrival_s)
+               for r, t in zip(trace, Simulation(SERVED, XpYd(1, 1)).run(trace))]
+    return BenchResult(config=BenchConfig(backend="openai", target=base_url), model_id="m", date="",
+                       records=records, metrics=compute_metrics(records, 1.0), server=None)
+
+
+@pytest.fixture
+def fake_system(monkeypatch):
+    for module in (serving, validate):
+        monkeypatch.setattr(module, "launched", _launched)
+        monkeypatch.setattr(module, "bench", _bench)
+        monkeypatch.setattr(module, "random_requests", _random_requests)
+
+
+def test_the_serving_profile_reads_overheads_spreads_and_the_fronts_cpu(fake_system, tmp_path):
+    config = serving.ServingRunConfig(model_dir=Path("model"), log_dir=tmp_path, idle_window_s=0.01)
+    measured = serving.measure_serving_overhead(ENGINE, config)
+    assert measured.handoff_s == pytest.approx(TRUTH.handoff_s, rel=0.05)
+    assert measured.ttft_ratios == pytest.approx([1.0] * 40)
+    assert len(measured.handoff_residuals_s) == 40
+    assert measured.front.shares_replica_cpus
+    assert measured.front.cpu_s_per_request >= 0 and measured.front.cpu_s_per_output_token >= 0
+    assert [r["label"] for r in measured.front_samples][:2] == ["idle", "single p64 o8"]
+    assert sum(r["num_requests"] for r in measured.front_samples[1:]) == 40 + 3 * 16
+
+
+def test_validation_of_a_system_that_behaves_as_modelled(fake_system, tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    config = validate.ValidationConfig(
+        profile=SERVED, model_dir=Path("model"), configs=(XpYd(1, 1),), request_rates=(5.0,), num_prompts=30,
+        input_len=64, output_len=8, range_ratio=0.0, slo=Slo(500, 50), log_dir=tmp_path, num_repeats=2)
+    [row] = validate.validate(config)
+    assert row["within_tolerance"] and row["ratios"]["p50_ttft_ms"] == pytest.approx(1)
+    assert row["measured"]["front_cpu_s_per_s"] >= 0 and row["predicted"]["front_cpu_s_per_s"] == 0

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from planner.front_cpu import FrontCpu
+from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead, fit_linear
+
+from tests.plan.profiles import make_profile
+
+
+def test_the_prefill_fit_recovers_the_coefficients_it_was_sampled_from():
+    truth = PrefillFit(0.004, 5e-5, 2e-8)
+    samples = [PrefillSample(n, length, truth.step_s([(0, length)] * n))
+               for n in (1, 2, 4) for length in (16, 128, 512, 1024)]
+    fit = PrefillFit.fit(samples)
+    assert fit.intercept_s == pytest.approx(truth.intercept_s, rel=1e-6)
+    assert fit.per_token_s == pytest.approx(truth.per_token_s, rel=1e-6)
+    assert fit.per_attention_pair_s == pytest.approx(truth.per_attention_pair_s, rel=1e-6)
+
+
+def test_the_decode_fit_recovers_batch_and_context_terms():
+    truth = DecodeFit(0.003, 2e-4, 1e-7)
+    samples = [DecodeSample(n, n * context, truth.step_s(n, n * context)) for n in (1, 8, 32) for context in (64, 1024)]
+    fit = DecodeFit.fit(samples)
+    assert (fit.intercept_s, fit.per_seq_s, fit.per_context_token_s) == pytest.approx(
+        (truth.intercept_s, truth.per_seq_s, truth.per_context_token_s), rel=1e-6)
+
+
+def test_a_term_that_would_come_out_negative_is_dropped_and_the_rest_refitted():
+    # step times that fall with context: the context term would be negative
+    samples = [DecodeSample(1, 100, 0.010), DecodeSample(1, 1000, 0.009), DecodeSample(8, 800, 0.012),
+               DecodeSample(8, 8000, 0.011)]
+    fit = DecodeFit.fit(samples)
+    assert fit.per_context_token_s == 0.0
+    assert fit.intercept_s > 0 and fit.per_seq_s > 0
+
+
+def test_the_fit_minimises_relative_error_so_short_steps_are_not_swamped():
+    coefficients = fit_linear([[1.0, 1.0], [1.0, 1000.0], [1.0, 1001.0]], [0.001, 1.0, 1.0012])
+    assert coefficients[0] + coefficients[1] == pytest.approx(0.001, rel=0.05)
+
+
+def test_fit_linear_refuses_non_positive_times():
+    with pytest.raises(ValueError):
+        fit_linear([[1.0]], [0.0])
+
+
+def test_a_profile_survives_its_json_round_trip(tmp_path):
+    profile = make_profile(serving=ServingOverhead(
+        gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=1e-4, ttft_ratios=[0.5, 1.0],
+        handoff_residuals_s=[-0.001, 0.002], front=FrontCpu(True, 0.01, 0.02, 1e-4), samples=[{"kind": "single"}],
+        front_samples=[{"label": "idle", "cpu_s_per_s": 0.01}]))
+    profile = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},
+                         "prefill_samples": [PrefillSample(2, 64, 0.01, [0.01, 0.02, 0.009])],
+                         "decode_samples": [DecodeSample(4, 400, 0.005)]})
+    path = profile.save(tmp_path / "profile.json")
+    assert Profile.load(path) == profile
+    assert json.loads(path.read_text())["schema_version"] == 2
+
+
+def test_step_ratios_are_each_timed_repeat_over_its_points_median():
+    profile = Profile(**{**{f: getattr(make_profile(), f) for f in Profile.__dataclass_fields__},
+                         "prefill_samples": [PrefillSample(1, 16, 0.01, [0.01, 0.02, 0.005]),
+                                             PrefillSample(1, 64, 0.02)],
+                         "decode_samples": [DecodeSample(1, 64, 0.004, [0.004, 0.004, 0.006, 0.002])]})
+    assert profile.prefill_step_ratios == pytest.approx([1.0, 2.0, 0.5])
+    assert profile.decode_step_ratios == pytest.approx([1.0, 1.0, 1.5, 0.5])
+
+
+def test_an_absolute_fit_takes_non_positive_targets():
+    assert fit_linear([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]], [-0.1, 0.9, 1.9], relative=False) == pytest.approx(
+        [0.0, 0.94], abs=0.01)
+
+
+def test_transfer_time_is_bytes_over_bandwidth():
+    assert make_profile(transfer_gb_per_s=2.0, kv_bytes_per_token=4096).transfer_s(1000) == pytest.approx(
+        1000 * 4096 / 2e9)

@@ -1,0 +1,38 @@
+"""The serving-overhead estimator, fed records that the simulation produced from known overheads."""
+import pytest
+
+from bench.records import RequestRecord
+from planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from planner.serving import overhead_from_records
+from planner.simulate import Simulation, XpYd
+from planner.workload import SimRequest
+
+from tests.plan.profiles import make_profile
+
+TRUTH = ServingOverhead(gateway_s=0.008, ttft_s=0.006, handoff_s=0.012, step_s=0.0015, per_seq_step_s=0.0003)
+
+
+def _records(profile, requests):
+    return [RequestRecord(prompt_len=r.prompt_len, output_len=r.output_len, ttft_s=t.ttft_s, itl_s=[],
+                          e2el_s=t.finish_s - t.arrival_s, success=True, error="", start_s=r.arrival_s)
+            for r, t in zip(requests, Simulation(profile, XpYd(1, 1)).run(requests))]
+
+
+def test_the_overheads_are_recovered_from_single_requests_and_waves():
+    engine = make_profile(prefill=PrefillFit(0.004, 5e-5, 0.0), decode=DecodeFit(0.004, 2e-4, 1e-7))
+    served = make_profile(prefill=engine.prefill, decode=engine.decode, serving=TRUTH)
+    singles = []
+    for index, (prompt_len, output_len) in enumerate([(64, 8), (64, 64), (512, 8), (512, 64)] * 3):
+        singles += _records(served, [SimRequest(10.0 * index, prompt_len, output_len)])
+    waves = [_records(served, [SimRequest(0.0, 64, 64) for _ in range(16)])]
+
+    measured = overhead_from_records(engine, singles, waves)
+    assert measured.step_s == pytest.approx(TRUTH.step_s, rel=0.05)
+    assert measured.handoff_s == pytest.approx(TRUTH.handoff_s, rel=0.05)
+    assert measured.gateway_s + measured.ttft_s == pytest.approx(TRUTH.gateway_s + TRUTH.ttft_s, rel=0.01)
+    assert measured.gateway_s == pytest.approx(TRUTH.gateway_s, rel=0.25)
+    assert measured.per_seq_step_s == pytest.approx(TRUTH.per_seq_step_s, rel=0.25)
+    # a system without jitter shows no spread
+    assert measured.ttft_ratios == pytest.approx([1.0] * 12)
+    assert measured.handoff_residuals_s == pytest.approx([0.0] * 12, abs=1e-9)
+

@@ -1,0 +1,176 @@
+import dataclasses
+
+import numpy as np
+import pytest
+
+from planner.front_cpu import FrontCpu
+from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead
+from planner.simulate import Simulation, XpYd, simulate
+from planner.workload import SimRequest, Slo, Workload
+
+from tests.plan.profiles import make_profile
+
+ONE_TO_ONE = XpYd(1, 1)
+SLO_LOOSE = Slo(10_000, 10_000)
+
+
+def test_a_request_alone_waits_for_nothing_but_its_own_steps_and_the_overheads():
+    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, step_s=0.0005, per_seq_step_s=0.0001)
+    profile = make_profile(decode=DecodeFit(0.005, 0.001, 1e-6), serving=serving)
+    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
+
+    prefill_s = 0.010 + 0.0001 * 100
+    assert times.ttft_s == pytest.approx(0.002 + prefill_s + 0.003)
+    transfer_s = 100 * 1000 / 1e9
+    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) + 0.0005 + 0.0001 for generated in range(1, 5))
+    assert times.finish_s - times.first_token_s == pytest.approx(0.004 + transfer_s + steps_s)
+
+
+def test_a_one_token_request_ends_at_its_first_token():
+    [times] = Simulation(make_profile(), ONE_TO_ONE).run([SimRequest(0.0, 50, 1)])
+    assert times.finish_s == times.first_token_s
+    assert times.tpot_s == 0.0
+
+
+def test_a_burst_decodes_as_one_batch_so_tpot_is_the_step_time_at_that_batch():
+    profile = make_profile(prefill=PrefillFit(1e-6, 0.0, 0.0), transfer_gb_per_s=1e12)
+    requests = [SimRequest(0.0, 16, 101) for _ in range(8)]
+    times = Simulation(profile, ONE_TO_ONE).run(requests)
+    step_s = 0.005 + 0.001 * 8  # one request fewer in the batch would be 12 % off
+    # the first request, routed alone, runs one step before the others join: within 1 %
+    assert [t.tpot_s for t in times] == pytest.approx([step_s] * 8, rel=0.01)
+
+
+def test_decode_servers_share_a_burst_so_each_steps_a_smaller_batch():
+    profile = make_profile(prefill=PrefillFit(1e-6, 0.0, 0.0), transfer_gb_per_s=1e12)
+    requests = [SimRequest(0.0, 16, 101) for _ in range(8)]
+    times = Simulation(profile, XpYd(1, 2)).run(requests)
+    assert [t.tpot_s for t in times] == pytest.approx([0.005 + 0.001 * 4] * 8, rel=0.01)
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks():
+    profile = make_profile(max_num_batched_tokens=100)
+    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 250, 1)])
+    assert times.ttft_s == pytest.approx(3 * 0.010 + 0.0001 * 250)
+
+
+def test_prompts_that_wait_together_share_one_prefill_step():
+    profile = make_profile()
+    times = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 100, 1), SimRequest(0.001, 100, 1),
+                                                 SimRequest(0.002, 100, 1)])
+    first_step_s = 0.010 + 0.0001 * 100
+    second_step_s = 0.010 + 0.0001 * 200  # the two that arrived during the first step
+    assert times[0].first_token_s == pytest.approx(first_step_s)
+    assert times[1].first_token_s == times[2].first_token_s == pytest.approx(first_step_s + second_step_s)
+
+
+def _mean_prefill_wait_s(profile, rate: float, num_requests: int = 20000) -> float:
+    rng = np.random.default_rng(0)
+    arrivals_s = np.cumsum(rng.exponential(1 / rate, num_requests))
+    requests = [SimRequest(float(t), 100, 1) for t in arrivals_s]
+    times = Simulation(profile, ONE_TO_ONE).run(requests)
+    service_s = profile.prefill.step_s([(0, 100)])
+    return float(np.mean([t.ttft_s for t in times])) - service_s
+
+
+def test_prefill_queueing_of_unbatched_prompts_is_m_d_1():
+    # The budget holds one prompt, so each is served alone in a fixed time: an M/D/1 queue,
+    # whose mean wait is rho * S / (2 * (1 - rho)) (Pollaczek-Khinchine).
+    profile = make_profile(max_num_batched_tokens=100)
+    service_s = profile.prefill.step_s([(0, 100)])
+    for rho in (0.3, 0.6, 0.8):
+        expected_s = rho * service_s / (2 * (1 - rho))
+        assert _mean_prefill_wait_s(profile, rho / service_s) == pytest.approx(expected_s, rel=0.1)
+
+
+def test_a_second_prefill_server_cuts_the_queueing():
+    profile = make_profile(max_num_batched_tokens=100)
+    rate = 0.8 / profile.prefill.step_s([(0, 100)])
+    requests = Workload(rate, 3000, 100, 1).requests()
+    one = simulate(profile, XpYd(1, 1), requests, Slo(1000, 1000)).ttft_ms[90]
+    two = simulate(profile, XpYd(2, 1), requests, Slo(1000, 1000)).ttft_ms[90]
+    assert two < 0.7 * one
+
+
+def test_the_gateway_serialises_requests_before_prefill():
+    profile = make_profile(serving=ServingOverhead(gateway_s=0.05))
+    times = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 10, 1) for _ in range(3)])
+    # the second and third reach prefill 50 and 100 ms after the first, each alone in its step
+    step_s = 0.010 + 0.0001 * 10
+    assert [t.ttft_s for t in times] == pytest.approx([0.05 + step_s, 0.10 + step_s, 0.15 + step_s])
+    three_gateways = Simulation(profile, ONE_TO_ONE, num_gateways=3).run([SimRequest(0.0, 10, 1) for _ in range(3)])
+    # all reach prefill at 50 ms: the first starts a step alone, the other two share the next
+    shared_s = 0.05 + step_s + 0.012
+    assert [t.ttft_s for t in three_gateways] == pytest.approx([0.05 + step_s, shared_s, shared_s])
+
+
+def test_goodput_counts_requests_within_both_slos():
+    profile = make_profile(prefill=PrefillFit(0.010, 0.0, 0.0), decode=DecodeFit(0.020, 0.0, 0.0))
+    requests = [SimRequest(float(i), 10, 11) for i in range(10)]
+    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=11, tpot_ms=21)).slo_attainment == 1.0
+    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=9, tpot_ms=21)).slo_attainment == 0.0
+    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=11, tpot_ms=19)).slo_attainment == 0.0
+
+
+def test_the_simulation_is_a_pure_function_of_its_inputs():
+    requests = Workload(20, 300, 200, 30, range_ratio=0.5, seed=3).requests()
+    first = simulate(make_profile(), XpYd(2, 3), requests, Slo(200, 20))
+    assert simulate(make_profile(), XpYd(2, 3), requests, Slo(200, 20)) == first
+
+
+def test_a_configuration_needs_both_kinds_of_server():
+    with pytest.raises(ValueError):
+        XpYd(0, 2)
+    assert str(XpYd(3, 5)) == "3P5D" and XpYd(3, 5).num_gpus == 8
+
+
+def _with_spreads(profile, prefill_timings_s, decode_timings_s, ttft_ratios, handoff_residuals_s):
+    """`profile` with one measured point of each kind whose repeats are these timings."""
+    fields = {f: getattr(profile, f) for f in Profile.__dataclass_fields__}
+    serving = dataclasses.replace(profile.serving, ttft_ratios=ttft_ratios, handoff_residuals_s=handoff_residuals_s)
+    return Profile(**{**fields, "serving": serving,
+                      "prefill_samples": [PrefillSample(1, 16, float(np.median(prefill_timings_s)), prefill_timings_s)],
+                      "decode_samples": [DecodeSample(1, 16, float(np.median(decode_timings_s)), decode_timings_s)]})
+
+
+SERVED = make_profile(serving=ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, step_s=0.0005))
+LIGHT_LOAD = Workload(5, 400, 100, 20, range_ratio=0.3, seed=1).requests()
+
+
+def test_spreads_of_neutral_values_give_the_median_models_answers_for_any_seed():
+    flat = _with_spreads(SERVED, [0.01] * 5, [0.004] * 5, [1.0] * 20, [0.0] * 20)
+    expected = Simulation(SERVED, ONE_TO_ONE).run(LIGHT_LOAD)
+    assert Simulation(flat, ONE_TO_ONE, seed=7).run(LIGHT_LOAD) == expected
+
+
+def test_measured_spreads_widen_the_tails_and_the_seed_fixes_the_draws():
+    spread = _with_spreads(SERVED, [0.008, 0.01, 0.02], [0.003, 0.004, 0.008], [0.5, 1.0, 3.0], [-0.002, 0.0, 0.01])
+    requests = [SimRequest(float(i), 100, 20) for i in range(200)]  # alone, each the same
+    flat = simulate(SERVED, ONE_TO_ONE, requests, SLO_LOOSE)
+    assert flat.ttft_ms[90] == pytest.approx(flat.ttft_ms[50]) and flat.tpot_ms[90] == pytest.approx(flat.tpot_ms[50])
+    jittered = simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=3)
+    assert jittered.ttft_ms[90] > 1.2 * jittered.ttft_ms[50]
+    assert jittered.tpot_ms[90] > 1.05 * jittered.tpot_ms[50]
+    assert simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=3) == jittered
+    assert simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=4) != jittered
+
+
+def test_a_front_on_the_replicas_cores_slows_each_engine_step_by_its_share():
+    # 10 req/s regular, 0.05 CPU s per request spread over the 2 replicas' cores: a quarter of
+    # each, so every engine step takes 1 / (1 - 0.25) = 4/3 of its fit; the overheads do not.
+    front = FrontCpu(shares_replica_cpus=True, cpu_s_per_request=0.04, cpu_s_per_output_token=0.01)
+    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, front=front)
+    requests = [SimRequest(0.1 * i, 100, 1) for i in range(50)]
+    times = Simulation(make_profile(serving=serving), ONE_TO_ONE).run(requests)
+    prefill_s = 0.010 + 0.0001 * 100
+    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s * 4 / 3 + 0.003] * 50)
+    unshared = dataclasses.replace(serving, front=dataclasses.replace(front, shares_replica_cpus=False))
+    times = Simulation(make_profile(serving=unshared), ONE_TO_ONE).run(requests)
+    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s + 0.003] * 50)
+
+
+def test_the_front_slows_decode_steps_too():
+    front = FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=0.5)  # a quarter of each of 2 cores
+    [times] = Simulation(make_profile(serving=ServingOverhead(front=front)), ONE_TO_ONE).run([SimRequest(0, 16, 3)])
+    steps_s = 2 * (0.005 + 0.001) * 4 / 3
+    assert times.finish_s - times.first_token_s == pytest.approx(16 * 1000 / 1e9 + steps_s)

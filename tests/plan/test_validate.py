@@ -1,0 +1,72 @@
+"""Predicted-against-measured rows, on runs whose 'measurements' are known."""
+import dataclasses
+
+import pytest
+
+from bench.metrics import compute_metrics
+from bench.records import RequestRecord
+from bench.runner import BenchConfig, BenchResult
+from planner.front_cpu import FrontCpu
+from planner.profile import ServingOverhead
+from planner.simulate import Simulation, XpYd
+from planner.validate import check_runnable, compare_row
+from planner.workload import SimRequest, Slo, Workload
+
+from tests.plan.profiles import make_profile
+
+SLO = Slo(ttft_ms=500, tpot_ms=50)
+
+
+def _run(profile, config: XpYd, ttft_scale: float = 1.0) -> BenchResult:
+    requests = Workload(10, 200, 128, 16, range_ratio=0.5).requests()
+    records = []
+    for request, times in zip(requests, Simulation(profile, config).run(requests)):
+        ttft_s = times.ttft_s * ttft_scale
+        records.append(RequestRecord(prompt_len=request.prompt_len, output_len=request.output_len, ttft_s=ttft_s,
+                                     itl_s=[], e2el_s=ttft_s + times.finish_s - times.first_token_s,
+                                     success=True, error="", start_s=request.arrival_s))
+    return BenchResult(config=BenchConfig(backend="openai", target="http://x/v1"), model_id="m", date="",
+                       records=records, metrics=compute_metrics(records, 30.0), server=None)
+
+
+def test_a_system_that_behaves_as_modelled_is_predicted_exactly():
+    profile = make_profile(serving=ServingOverhead(gateway_s=0.003, handoff_s=0.01))
+    row = compare_row(profile, XpYd(1, 1), 10, [_run(profile, XpYd(1, 1))] * 3, SLO)
+    assert row["ratios"] == pytest.approx({"p50_ttft_ms": 1, "p90_ttft_ms": 1, "p50_tpot_ms": 1, "p90_tpot_ms": 1})
+    assert row["within_tolerance"] and row["num_repeats"] == 3
+
+
+def test_a_ttft_a_third_longer_than_predicted_is_outside_the_tolerance():
+    profile = make_profile()
+    row = compare_row(profile, XpYd(1, 1), 10, [_run(profile, XpYd(1, 1), ttft_scale=4 / 3)], SLO)
+    assert row["ratios"]["p50_ttft_ms"] == pytest.approx(0.75)
+    assert row["ratios"]["p50_tpot_ms"] == pytest.approx(1)
+    assert not row["within_tolerance"]
+
+
+def test_the_row_takes_the_median_of_the_repeats():
+    profile = make_profile()
+    runs = [_run(profile, XpYd(1, 1), scale) for scale in (1.0, 2.0, 10.0)]
+    row = compare_row(profile, XpYd(1, 1), 10, runs, SLO)
+    assert row["measured"]["p50_ttft_ms"] == pytest.approx(row["measured_runs"][1]["p50_ttft_ms"])
+    assert row["ratios"]["p50_ttft_ms"] == pytest.approx(0.5)
+
+
+def test_configurations_whose_replicas_would_share_cores_are_refused(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    check_runnable(XpYd(1, 1))
+    with pytest.raises(ValueError):
+        check_runnable(XpYd(1, 2))
+    with pytest.raises(ValueError):
+        check_runnable(dataclasses.replace(XpYd(1, 1), num_prefill=2))
+
+
+def test_the_fronts_measured_cpu_is_set_beside_the_models():
+    front = FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=0.02, cpu_s_per_request=0.01)
+    profile = make_profile(serving=ServingOverhead(front=front))
+    run = _run(profile, XpYd(1, 1))
+    row = compare_row(profile, XpYd(1, 1), 10, [run] * 3, SLO, front_cpu_s_per_s=[0.1, 0.3, 0.2])
+    trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in run.records]
+    assert row["predicted"]["front_cpu_s_per_s"] == pytest.approx(front.cpu_s_per_s(trace))
+    assert row["measured"]["front_cpu_s_per_s"] == pytest.approx(0.2)
+    assert "front_cpu_s_per_s" not in row["ratios"]
