@@ -13,7 +13,7 @@ import grpc
 import pytest
 import redis
 import torch
-from grpc_reflection.v1alpha import reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from cluster.health_probe import probe
 from cluster.internal_auth import InternalAuth
@@ -50,8 +50,12 @@ def prompt_of(seed: int, length: int) -> list[int]:
     return [(seed * 7919 + i * 104729) % 1000 + 3 for i in range(length)]
 
 
-async def stranger_calls(decode_endpoint: str, prefill_endpoint: str, channel_of) -> dict[str, grpc.StatusCode]:
-    """Every internal RPC once, on channels made by `channel_of(endpoint)`; each one's status."""
+async def stranger_calls(decode_endpoint: str, prefill_endpoint: str, channel_of,
+                         write_streams: bool = True) -> dict[str, grpc.StatusCode]:
+    """Every internal RPC once, on channels made by `channel_of(endpoint)`; each one's status.
+    Without `write_streams` the request streams write nothing: a refusal reads none of them, and
+    a client write that races the server's early status turns that status into INTERNAL on the
+    client (grpc/grpc#36066), which would hide what the server said."""
     codes, details = {}, {}
 
     async def status_of(name, call):
@@ -67,12 +71,11 @@ async def stranger_calls(decode_endpoint: str, prefill_endpoint: str, channel_of
         async for _ in stream:
             pass
 
-    async def silent():
-        """A request stream that writes nothing: the refusal reads none of it, and a client write
-        that races the server's early status turns that status into INTERNAL on the client
-        (grpc/grpc#36066), which would hide what the server said."""
-        await asyncio.Event().wait()
-        yield
+    async def requests(*messages):
+        if not write_streams:
+            await asyncio.Event().wait()  # until the call ends
+        for message in messages:
+            yield message
 
     decode_channel, prefill_channel = channel_of(decode_endpoint), channel_of(prefill_endpoint)
     try:
@@ -83,15 +86,18 @@ async def stranger_calls(decode_endpoint: str, prefill_endpoint: str, channel_of
         await status_of("Decode.Reserve", decode.Reserve(decode_pb2.ReserveRequest(
             request_id="stranger", num_prompt_tokens=16, transport=SHM), timeout=timeout))
         await status_of("Decode.Abort", decode.Abort(decode_pb2.DecodeAbortRequest(request_id="victim"), timeout=timeout))
-        await status_of("Decode.Session", read_all(decode.Session(silent(), timeout=timeout)))
+        await status_of("Decode.Session", read_all(decode.Session(requests(decode_pb2.DecodeCommand(
+            abort_request_id="victim")), timeout=timeout)))
         await status_of("Prefill.Run", read_all(prefill.Run(prefill_pb2.PrefillRequest(
             request_id="stranger", prompt_token_ids=[5, 6, 7]), timeout=timeout)))
         await status_of("Prefill.Abort", prefill.Abort(prefill_pb2.PrefillAbortRequest(request_id="victim"),
                                                        timeout=timeout))
-        await status_of("KVTransfer.Push", kv.Push(silent(), timeout=timeout))
+        await status_of("KVTransfer.Push", kv.Push(requests(kv_transfer_pb2.KVChunk(request_id="victim", last=True)),
+                                                   timeout=timeout))
         await status_of("KVTransfer.Commit", kv.Commit(kv_transfer_pb2.KVCommit(request_id="victim"), timeout=timeout))
         reflection = reflection_pb2_grpc.ServerReflectionStub(decode_channel)
-        await status_of("reflection", read_all(reflection.ServerReflectionInfo(silent(), timeout=timeout)))
+        await status_of("reflection", read_all(reflection.ServerReflectionInfo(requests(
+            reflection_pb2.ServerReflectionRequest(list_services="")), timeout=timeout)))
     finally:
         await decode_channel.close()
         await prefill_channel.close()
@@ -103,7 +109,7 @@ async def stranger_calls(decode_endpoint: str, prefill_endpoint: str, channel_of
 def test_every_internal_rpc_refuses_a_caller_without_the_secret(cluster, credentials):
     decode, prefill = service(cluster, "d0"), service(cluster, "p0")
     channel_of = grpc.aio.insecure_channel if credentials == "none" else InternalAuth(b"guessed", "x").channel
-    codes = asyncio.run(stranger_calls(decode.endpoint, prefill.endpoint, channel_of))
+    codes = asyncio.run(stranger_calls(decode.endpoint, prefill.endpoint, channel_of, write_streams=False))
     assert codes == {name: grpc.StatusCode.UNAUTHENTICATED for name in (
         "Decode.Reserve", "Decode.Abort", "Decode.Session", "Prefill.Run", "Prefill.Abort", "KVTransfer.Push",
         "KVTransfer.Commit", "reflection")}
