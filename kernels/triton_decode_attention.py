@@ -9,8 +9,15 @@ the split with an online softmax and writes a normalised partial output and its 
 
 Splits that start past a sequence's context write nothing. Pass 2 runs one program per
 (sequence, head) and merges that sequence's used splits, weighting each by exp2(lse - max lse).
+
+How pass 1 is launched (tokens per split and per tile, warps, pipeline stages) is a
+`DecodeLaunch`; serving launches `DecodeLaunch()`. Its figures are Triton's default warps and
+stages and the split and tile rules below, not yet chosen by a measured sweep:
+`scripts/decode_launch_sweep.py` times the candidates on a GPU at serving's shapes, and its
+winner belongs here, with the GPU and the figures it was measured on.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -24,6 +31,19 @@ MIN_SPLIT_TOKENS = 256
 MAX_TILE_TOKENS = 64
 MIN_TILE_TOKENS = 16  # tl.dot needs every tile side >= 16
 MIN_GROUP_ROWS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLaunch:
+    split_tokens: int | None = None  # None: default_split_tokens of the block tables' width
+    tile_tokens: int | None = None  # None: the split's tokens rounded up to a power of 2, clamped to the tile range
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        tile = self.tile_tokens
+        if tile is not None and (tile < MIN_TILE_TOKENS or tile & (tile - 1)):
+            raise ValueError(f"tile_tokens must be a power of 2 >= {MIN_TILE_TOKENS}, got {tile}")
 
 
 @triton.jit
@@ -152,15 +172,18 @@ def _decode_reduce_kernel(
 
 
 def split_kernel_constants(
-    head_dim: int, queries_per_kv: int, block_size: int, split_tokens: int, exact_dot: bool
+    head_dim: int, queries_per_kv: int, block_size: int, split_tokens: int, exact_dot: bool,
+    tile_tokens: int | None = None,
 ) -> dict:
+    if tile_tokens is None:
+        tile_tokens = min(MAX_TILE_TOKENS, max(MIN_TILE_TOKENS, triton.next_power_of_2(split_tokens)))
     return dict(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         QUERIES_PER_KV=queries_per_kv,
         GROUP_ROWS=max(MIN_GROUP_ROWS, triton.next_power_of_2(queries_per_kv)),
         BLOCK_SIZE=block_size,
-        TILE_TOKENS=min(MAX_TILE_TOKENS, max(MIN_TILE_TOKENS, triton.next_power_of_2(split_tokens))),
+        TILE_TOKENS=tile_tokens,
         EXACT_DOT=exact_dot,
     )
 
@@ -186,17 +209,15 @@ def decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
-    *,
-    split_tokens: int | None = None,
+    launch: DecodeLaunch = DecodeLaunch(),
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """Split-KV decode; `split_tokens` defaults to a size derived from the block-table width,
+    """Split-KV decode; the split's size defaults to one derived from the block-table width,
     so no device-to-host sync is needed."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if split_tokens is None:
-        split_tokens = default_split_tokens(block_tables.shape[1] * block_size)
+    split_tokens = launch.split_tokens or default_split_tokens(block_tables.shape[1] * block_size)
     num_splits = triton.cdiv(block_tables.shape[1] * block_size, split_tokens)
     k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, num_kv_heads, head_dim]
     v_slots = v_cache.view(-1, num_kv_heads, head_dim)
@@ -230,7 +251,10 @@ def decode_attention(
             block_size,
             split_tokens,
             needs_exact_dot(query.dtype),
+            launch.tile_tokens,
         ),
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )
     _decode_reduce_kernel[(num_seqs, num_heads)](
         partial_out,

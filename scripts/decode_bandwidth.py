@@ -51,16 +51,22 @@ def copy_gbps(num_bytes: int, num_iters: int, device: torch.device) -> float:
     return 2 * num_bytes / seconds_per_call(lambda: dst.copy_(src), num_iters, device) / 1e9
 
 
-def decode_seconds(batch_size: int, context_len: int, num_iters: int) -> float:
+def decode_inputs(batch_size: int, context_len: int, device: torch.device = torch.device("cuda")) -> tuple:
+    """decode_attention's arguments: `batch_size` sequences of `context_len` tokens each, their
+    blocks scattered over the cache."""
     blocks_per_seq = triton.cdiv(context_len, BLOCK_SIZE)
     num_blocks = batch_size * blocks_per_seq
     cache_shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(cache_shape, dtype=DTYPE, device="cuda")
-    v_cache = torch.randn(cache_shape, dtype=DTYPE, device="cuda")
-    block_tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch_size, -1)
-    context_lens = torch.full((batch_size,), context_len, dtype=torch.int32, device="cuda")
-    query = torch.randn(batch_size, NUM_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
-    args = (query, k_cache, v_cache, block_tables, context_lens, HEAD_DIM**-0.5)
+    k_cache = torch.randn(cache_shape, dtype=DTYPE, device=device)
+    v_cache = torch.randn(cache_shape, dtype=DTYPE, device=device)
+    block_tables = torch.randperm(num_blocks, device=device, dtype=torch.int32).view(batch_size, -1)
+    context_lens = torch.full((batch_size,), context_len, dtype=torch.int32, device=device)
+    query = torch.randn(batch_size, NUM_HEADS, HEAD_DIM, dtype=DTYPE, device=device)
+    return query, k_cache, v_cache, block_tables, context_lens, HEAD_DIM**-0.5
+
+
+def decode_seconds(batch_size: int, context_len: int, num_iters: int) -> float:
+    args = decode_inputs(batch_size, context_len)
     return seconds_per_call(lambda: decode_attention(*args), num_iters, torch.device("cuda"))
 
 

@@ -23,6 +23,9 @@
 #   ipc_same_gpu  cuda_ipc between two processes on GPU 0
 #   ipc_cross_gpu cuda_ipc from GPU 0 to GPU 1 (needs 2 GPUs)
 #   up            `pdserve up --device cuda` on a tiny model: greedy equals transformers
+#   launch_sweep  the decode kernel's launch candidates (split, tile, warps, stages) timed at
+#                 the bandwidth step's shapes, the fastest first; every time in launch_sweep.json.
+#                 Last, so that it takes only what the other steps leave of the deadline
 #
 # $OUT/status.tsv holds one line per step (step, status, seconds, log); each step's output is
 # in $OUT/<step>.log. Exit status: 0 if no step FAILed or TIMEDOUT. A SKIP says what it lacked.
@@ -125,6 +128,7 @@ else
     skip_step ipc_cross_gpu "$gpus GPU"
 fi
 run_step up 100 "$python" scripts/gpu_up_check.py --device cuda --prefill 1 --decode 1
+run_step launch_sweep 120 "$python" scripts/decode_launch_sweep.py --budget-s 90 --out "$out/launch_sweep.json"
 
 echo "== summary ($SECONDS s, output in $out)"
 column -t -s $'\t' "$status_file" 2>/dev/null || cat "$status_file"

@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh, checked where no GPU is: it parses, it runs every step the GPU path needs
 under its own timeout, every script it calls takes the flags it is given, and the checks that
 have a CPU mode pass in it. What the steps measure on a GPU is not proven here."""
+import json
 import re
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-STEPS = ("env", "versions", "kernels", "warm_up", "device_guard", "bandwidth", "roofline", "ipc_same_gpu", "ipc_cross_gpu", "up")
+STEPS = ("env", "versions", "kernels", "warm_up", "device_guard", "bandwidth", "roofline", "ipc_same_gpu", "ipc_cross_gpu", "up", "launch_sweep")
 BUDGET_S = 8 * 60
 
 
@@ -58,6 +59,19 @@ def test_the_roofline_script_runs_on_a_tiny_shape_on_cpu():
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "roofline" in result.stdout
+
+
+def test_the_launch_sweep_runs_on_a_tiny_grid_on_cpu(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "scripts/decode_launch_sweep.py", "--device", "cpu", "--batch-sizes", "1",
+         "--context-lens", "32,48", "--split-tokens", "default,16", "--tile-tokens", "default", "--num-warps", "4",
+         "--num-stages", "3", "--iters", "1", "--out", str(tmp_path / "sweep.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "(default)" in result.stdout
+    timed = json.loads((tmp_path / "sweep.json").read_text())
+    assert [launch["split_tokens"] for launch in timed] == [None, 16]
+    assert all(set(launch["seconds"]) == {"1x32", "1x48"} for launch in timed)
 
 
 @pytest.mark.slow
