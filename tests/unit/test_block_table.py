@@ -112,7 +112,6 @@ def test_random_traffic_with_preemption_keeps_every_row_equal_to_its_table():
     generator = random.Random(0)
     replica = Replica(num_blocks=12, max_num_seqs=3, max_num_batched_tokens=8)
     sent: dict[str, int] = {}  # request id -> blocks its row holds, while it stays in the batch
-    num_preemptions = 0
     for step in range(300):
         if generator.random() < 0.3:
             replica.add(f"r{step}", prompt_len=generator.randint(1, 12), max_tokens=generator.randint(1, 16))
@@ -125,7 +124,5 @@ def test_random_traffic_with_preemption_keeps_every_row_equal_to_its_table():
         expected_writes = sum(len(c.block_table) - sent.get(c.request.request_id, 0) for c in output.chunks)
         assert replica.num_writes[-1] == expected_writes
         sent.update((c.request.request_id, len(c.block_table)) for c in output.chunks)
-        num_preemptions = replica.scheduler.num_preemptions
-        for request_id in replica.finish_done():
-            sent.pop(request_id, None)
-    assert num_preemptions > 0
+        replica.finish_done()
+    assert replica.scheduler.num_preemptions > 0
