@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.admission import draw_seed, validate_prompt
-from engine.block_allocator import BlockAllocator, OutOfBlocksError
+from engine.block_allocator import BlockAllocator, OutOfBlocksError, num_blocks_for
 from engine.block_hash import block_hashes
 from engine.config import ModelConfig
 from engine.device_guard import bind_thread, resolve_device
@@ -70,11 +70,12 @@ class LLMEngine:
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
-        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, self.eos_token_id)
+        max_blocks_per_seq = num_blocks_for(self.max_model_len, config.block_size)
+        self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, config.max_num_seqs,
+                                  max_blocks_per_seq, self.eos_token_id)
         if self.device.type == "cuda":
             from kernels.launch_variants import warm_up_widths  # imports Triton: CUDA only
 
-            max_blocks_per_seq = -(-self.max_model_len // config.block_size)
             warm_up(model, self.kv_cache, config.block_size, warm_up_widths(max_blocks_per_seq, config.block_size),
                     self.device)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)

@@ -1,8 +1,10 @@
 """Runs one scheduled step: builds the flat batch, runs the model, samples.
 
 Mechanism only: the scheduler has already decided which tokens of which requests run and
-where their K/V go (the block tables). Logits are computed only for the last token of chunks
-that reach the end of their request; those rows are sampled.
+where their K/V go (the block tables). The block tables live on the device between steps
+(engine/block_table.py); a step sends only the blocks appended since the last, in the same two
+copies (one per dtype) as the rest of its inputs. Logits are computed only for the last token
+of chunks that reach the end of their request; those rows are sampled.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 
 import kernels
 from engine.attention_metadata import AttentionMetadata
+from engine.block_table import BlockTable
 from engine.model import CausalLM
 from engine.outputs import TokenLogprobs
 from engine.sampler import sample
@@ -28,16 +31,18 @@ class ModelRunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int, device: torch.device,
-                 eos_token_id: int | None = None):
+                 max_num_seqs: int, max_blocks_per_seq: int, eos_token_id: int | None = None):
         self.model = model
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         self.block_size = block_size
         self.device = device
+        self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, device)
         self.eos_token_id = eos_token_id  # masked by min_tokens
         kernels.prepare(device, kv_cache.dtype)
 
     @torch.inference_mode()
     def run(self, output: SchedulerOutput, on_layer_done: Callable[[int], None] | None = None) -> ModelRunnerOutput:
+        self.block_table.release(output.departed_request_ids)
         if not output.chunks:
             return ModelRunnerOutput({}, {})
         input_ids, positions, last_rows, attn = self._prepare(output.chunks, output.num_decode_chunks)
@@ -76,31 +81,30 @@ class ModelRunner:
         query_start_loc = [0]
         for chunk in prefills:
             query_start_loc.append(query_start_loc[-1] + chunk.num_new_tokens)
-        decode_width, decode_rows = _padded_rows(decodes)
-        prefill_width, prefill_rows = _padded_rows(prefills)
+        table_rows, table_indices, new_block_ids = self.block_table.diff(chunks)
         # Two copies per step, whatever the batch: one per dtype (engine/staging.py).
-        input_ids_t, positions_t, slots_t, last_rows = stage(
-            [input_ids, positions, slots, _last_rows(chunks)], torch.int64, self.device)
-        decode_lens, start_loc, prefill_lens, decode_tables, prefill_tables = stage(
+        input_ids_t, positions_t, slots_t, last_rows, table_indices_t = stage(
+            [input_ids, positions, slots, _last_rows(chunks), table_indices], torch.int64, self.device)
+        decode_lens, start_loc, prefill_lens, table_rows_t, new_block_ids_t = stage(
             [[c.start + 1 for c in decodes], query_start_loc, [c.start + c.num_new_tokens for c in prefills],
-             decode_rows, prefill_rows], torch.int32, self.device)
+             table_rows, new_block_ids], torch.int32, self.device)
+        self.block_table.write(table_indices_t, new_block_ids_t)
         attn = AttentionMetadata(
             slot_mapping=slots_t,
             num_decode_tokens=num_decodes,
-            decode_block_tables=decode_tables.view(len(decodes), decode_width),
+            decode_block_tables=self.block_table.gather(table_rows_t[:num_decodes], _width(decodes)),
             decode_context_lens=decode_lens,
-            prefill_block_tables=prefill_tables.view(len(prefills), prefill_width),
+            prefill_block_tables=self.block_table.gather(table_rows_t[num_decodes:], _width(prefills)),
             prefill_query_start_loc=start_loc,
             prefill_context_lens=prefill_lens,
         )
         return input_ids_t, positions_t, last_rows, attn
 
 
-def _padded_rows(chunks: list[ScheduledChunk]) -> tuple[int, list[int]]:
-    """(width, the chunks' block tables padded to it, row after row). Rows are padded with block
-    0; the kernels never read past a row's context length."""
-    width = max((len(chunk.block_table) for chunk in chunks), default=0)
-    return width, [block for chunk in chunks for block in chunk.block_table + [0] * (width - len(chunk.block_table))]
+def _width(chunks: list[ScheduledChunk]) -> int:
+    """Block-table width of a kernel launch: the chunks' longest table, in blocks. The Triton
+    launchers derive their split sizes and compiled variants from it (kernels/launch_variants.py)."""
+    return max((len(chunk.block_table) for chunk in chunks), default=0)
 
 
 def _last_rows(chunks: list[ScheduledChunk]) -> list[int]:

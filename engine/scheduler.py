@@ -12,13 +12,15 @@ Every step spends a token budget (`max_num_batched_tokens`):
    prefilled in chunks over several steps.
 No step admits new requests after preempting one, so a preempted request is not starved by
 newcomers. The caller feeds back sampled tokens through `update` and ends requests through
-`finish` or `abort`; those free the request's blocks.
+`finish` or `abort`; those free the request's blocks. Each output lists the running requests
+that left the batch since the one before (finished, aborted, preempted), for the runner's
+per-request state.
 """
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.block_allocator import BlockAllocator
 from engine.request import Request, RequestStatus
@@ -40,6 +42,7 @@ class ScheduledChunk:
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk]  # single-token chunks first, then multi-token chunks
+    departed_request_ids: list[str] = field(default_factory=list)  # left the running batch since the last output
 
     @property
     def num_decode_chunks(self) -> int:
@@ -55,6 +58,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._departed: list[str] = []  # ids of running requests that left since the last schedule
         self.num_preemptions = 0
         self.num_prefix_queried_tokens = 0  # tokens of joining requests looked up in the prefix cache
         self.num_prefix_hit_tokens = 0  # of those, tokens found cached
@@ -105,7 +109,8 @@ class Scheduler:
             budget -= num_new
 
         chunks.sort(key=lambda chunk: chunk.num_new_tokens != 1)
-        return SchedulerOutput(chunks=chunks)
+        departed, self._departed = self._departed, []
+        return SchedulerOutput(chunks=chunks, departed_request_ids=departed)
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
         """Advances computed counts and appends the tokens sampled for chunks that reached the end."""
@@ -123,6 +128,7 @@ class Scheduler:
     def finish(self, request: Request, status: RequestStatus, free_blocks: bool = True) -> None:
         """Ends a running request; with `free_blocks=False` its blocks stay allocated for the caller."""
         self.running.remove(request)
+        self._departed.append(request.request_id)
         request.transition(status)
         if free_blocks:
             self.allocator.free(request.request_id)
@@ -132,6 +138,8 @@ class Scheduler:
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
+                    if queue is self.running:
+                        self._departed.append(request_id)
                     request.transition(RequestStatus.FINISHED_ABORTED)
                     self.allocator.free(request_id)
                     return request
@@ -154,6 +162,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         request.transition(RequestStatus.PREEMPTED)
+        self._departed.append(request.request_id)
         self.allocator.free(request.request_id)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
