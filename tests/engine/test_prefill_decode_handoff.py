@@ -8,6 +8,7 @@ import pytest
 
 from engine import SamplingParams
 from engine.engine_config import EngineConfig
+from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
 
 
@@ -120,6 +121,16 @@ def test_unused_reservation_is_released(engines):
     assert decode.release_kv("never-joined")
     assert not decode.release_kv("never-joined")
     assert decode.allocator.num_free_blocks == decode.allocator.num_blocks
+
+
+@pytest.mark.parametrize("num_tokens", [0, "max_model_len"])
+def test_a_reservation_the_context_cannot_hold_is_refused_and_holds_nothing(engines, num_tokens):
+    _, decode, _ = engines
+    num_tokens = decode.max_model_len if num_tokens == "max_model_len" else num_tokens
+    with pytest.raises(InvalidRequestError, match="context length"):
+        decode.reserve("too-long", num_tokens)
+    assert decode.allocator.num_free_blocks == decode.allocator.num_blocks
+    assert not decode.release_kv("too-long")
 
 
 def test_layer_listener_hears_each_layer_of_a_held_request_while_the_forward_pass_runs(tiny_model):
