@@ -25,6 +25,7 @@ from engine.device_guard import bind_thread
 from engine.errors import AbortedError, UnavailableError
 from engine.output_group import GroupEntry, OutputGroup
 from engine.outputs import RequestOutput
+from engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
 
 if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gateway's gRPC edge)
     from engine.llm_engine import LLMEngine
@@ -50,7 +51,7 @@ class AsyncEngine:
         self._groups: dict[str, OutputGroup] = {}  # request id -> the group its outputs go to
         self._stopping = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=ENGINE_THREAD_NAME, daemon=True)
         self.on_step: Callable[[LLMEngine], None] | None = None  # called on the engine thread
 
     def start(self) -> None:
@@ -103,6 +104,7 @@ class AsyncEngine:
         self._groups.pop(request_id, None)
 
     def _run(self) -> None:
+        name_this_thread(ENGINE_THREAD_NAME)
         try:
             bind_thread(self.engine.device)
             while not self._stopping.is_set():

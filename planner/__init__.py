@@ -2,8 +2,8 @@
 
     measure.py    engine step times on this device    ─┐
     serving.py    serving-path overheads (pdserve up) ─┴▶ profile.py  Profile (JSON)
-    proc_cpu.py   the front's CPU seconds from /proc       │  jitter.py     measured spreads, seeded draws
-    workload.py   rate, lengths, SLOs                      │  front_cpu.py  the front's share of replica cores
+    proc_cpu.py   CPU seconds from /proc, by part          │  jitter.py       measured spreads, seeded draws
+    workload.py   rate, lengths, SLOs                      │  cpu_sharing.py  work beside the engines, on their cores
     simulate.py   gateways, P prefill + D decode servers ◀─┘ ─▶ TTFT/TPOT percentiles, goodput
     recommend.py  every xPyD split of a GPU budget       ─▶ the split with the best SLO attainment
     validate.py   the same configurations through `pdserve bench` (bench_runs.py), side by side

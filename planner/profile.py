@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.front_cpu import FrontCpu
+from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.jitter import ratios_to_median
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def fit_linear(features: list[list[float]], targets: list[float], relative: bool = True) -> list[float]:
@@ -125,9 +125,9 @@ class ServingOverhead:
     # each single request's E2EL - TTFT beyond the engine's steps, less the fitted line: the
     # per-request spread of its decode span, drawn as the spread of its handoff
     handoff_residuals_s: list[float] = field(default_factory=list)
-    front: FrontCpu = FrontCpu()
+    cpu: CpuSharing = CpuSharing()  # the work beside the engines on their cores
     samples: list[dict] = field(default_factory=list)  # the single-request runs it was read from
-    front_samples: list[dict] = field(default_factory=list)  # the CPU readings `front` was read from
+    cpu_samples: list[dict] = field(default_factory=list)  # the CPU readings `cpu` was read from
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +172,18 @@ class Profile:
             max_num_seqs=data["max_num_seqs"], kv_bytes_per_token=data["kv_bytes_per_token"],
             transfer_gb_per_s=data["transfer_gb_per_s"], prefill=PrefillFit(**data["prefill"]),
             decode=DecodeFit(**data["decode"]), serving=ServingOverhead(
-                **{**data["serving"], "front": FrontCpu(**data["serving"]["front"])}),
+                **{**data["serving"], "cpu": _cpu_sharing(data["serving"]["cpu"])}),
             prefill_samples=[PrefillSample(**s) for s in data["prefill_samples"]],
             decode_samples=[DecodeSample(**s) for s in data["decode_samples"]])
 
     @staticmethod
     def load(path: Path) -> Profile:
         return Profile.from_json_dict(json.loads(Path(path).read_text()))
+
+
+def _cpu_sharing(data: dict) -> CpuSharing:
+    return CpuSharing(shares_replica_cpus=data["shares_replica_cpus"],
+                      **{part: CpuDemand(**data[part]) for part in ("front", "prefill", "decode")})
 
 
 def _step_ratios(samples: list[PrefillSample] | list[DecodeSample]) -> list[float]:

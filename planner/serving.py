@@ -19,10 +19,14 @@ Medians throughout, since the machine is shared; the spreads are kept as samples
 idle TTFT overhead over their median (`ttft_ratios`), each single's decode span less the
 regression line (`handoff_residuals_s`).
 
-The front's CPU (planner/front_cpu.py) is read around each of those runs (planner/proc_cpu.py):
-first over `idle_window_s` with no requests (the idle CPU seconds per second), then per run; what
-each run took beyond the idle rate is regressed (non-negative least squares of the absolute
-error) on its requests and output tokens.
+The CPU beside the engines (planner/cpu_sharing.py) is read around each of those runs
+(planner/proc_cpu.py): the front's, and each replica's beyond its engine thread; first over
+`idle_window_s` with no requests (the idle CPU seconds per second), then per run. What each run
+took beyond the idle rate is regressed (non-negative least squares of the absolute error) on its
+requests, output tokens and decode steps (the front's and the decode replica's), or on its
+requests alone (the prefill replica's, which streams no tokens). A single request's decode
+steps are its output tokens less one, and so are a wave's, whose prompts all join one batch;
+the waves are what tell a token's cost from a step's.
 """
 from __future__ import annotations
 
@@ -36,8 +40,8 @@ import numpy as np
 from bench.metrics import tpot_s
 from bench.records import RequestRecord
 from planner.bench_runs import bench, launched, random_requests
-from planner.front_cpu import FrontCpu
-from planner.proc_cpu import front_cpu_during
+from planner.cpu_sharing import CpuDemand, CpuSharing
+from planner.proc_cpu import cpu_during
 from planner.profile import Profile, ServingOverhead, fit_linear
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
@@ -65,15 +69,15 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
         base_url = system.spec.base_url
         # its own seed: prompts the measured runs repeat would be prefilled from the prefix cache
         bench(base_url, random_requests(config.model_dir, 4, 64, 8, config.seed - 1), "warm-up", progress=False)
-        _, idle_cpu_s, idle_s = front_cpu_during(system.pid, lambda: time.sleep(config.idle_window_s))
-        idle_cpu_s_per_s = idle_cpu_s / idle_s
+        _, idle_cpu_s, idle_s = cpu_during(system.pid, lambda: time.sleep(config.idle_window_s))
+        idle_cpu_s_per_s = {part: cpu_s / idle_s for part, cpu_s in idle_cpu_s.items()}
         readings = []
 
-        def run(requests, label: str, **options) -> list[RequestRecord]:
-            result, cpu_s, wall_s = front_cpu_during(system.pid, lambda: bench(base_url, requests, label, **options))
+        def run(requests, label: str, num_decode_steps: int, **options) -> list[RequestRecord]:
+            result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(base_url, requests, label, **options))
             readings.append({"label": label, "num_requests": len(requests),
-                             "num_output_tokens": sum(r.output_len for r in requests), "wall_s": wall_s,
-                             "cpu_s": cpu_s})
+                             "num_output_tokens": sum(r.output_len for r in requests),
+                             "num_decode_steps": num_decode_steps, "wall_s": wall_s, "cpu_s": cpu_s})
             return result.records
 
         singles = []
@@ -81,26 +85,39 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
             for output_len in config.output_lens:
                 requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
                                            config.seed + len(singles))
-                singles += run(requests, f"single p{prompt_len} o{output_len}", max_concurrency=1,
-                               request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS)
+                singles += run(requests, f"single p{prompt_len} o{output_len}", len(requests) * (output_len - 1),
+                               max_concurrency=1, request_rate=1 / config.single_gap_s,
+                               burstiness=REGULAR_ARRIVALS)
         waves = []
         for wave in range(config.num_waves):
             requests = random_requests(config.model_dir, config.batch_size, config.batch_prompt_len,
                                        config.batch_output_len, config.seed + 100 + wave)
-            waves.append(run(requests, f"wave {wave} of {config.batch_size}"))
+            waves.append(run(requests, f"wave {wave} of {config.batch_size}", config.batch_output_len - 1))
     return dataclasses.replace(overhead_from_records(profile, singles, waves),
-                               front=front_from_readings(idle_cpu_s_per_s, readings),
-                               front_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings])
+                               cpu=sharing_from_readings(idle_cpu_s_per_s, readings),
+                               cpu_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings])
 
 
-def front_from_readings(idle_cpu_s_per_s: float, readings: list[dict]) -> FrontCpu:
-    """The front's CPU per request and per output token, from runs' CPU seconds beyond the idle
-    rate; `pdserve up` pins the replicas to the CPUs the front floats over, so they share them."""
-    per_request_s, per_output_token_s = fit_linear(
-        [[r["num_requests"], r["num_output_tokens"]] for r in readings],
-        [r["cpu_s"] - idle_cpu_s_per_s * r["wall_s"] for r in readings], relative=False)
-    return FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=idle_cpu_s_per_s, cpu_s_per_request=per_request_s,
-                    cpu_s_per_output_token=per_output_token_s)
+def sharing_from_readings(idle_cpu_s_per_s: dict[str, float], readings: list[dict]) -> CpuSharing:
+    """`pdserve up` pins the replicas to the CPUs the front floats over, so they share them."""
+    return CpuSharing(shares_replica_cpus=True,
+                      front=demand_from_readings("front", idle_cpu_s_per_s["front"], readings),
+                      prefill=demand_from_readings("prefill", idle_cpu_s_per_s["prefill"], readings,
+                                                   features=("num_requests",)),
+                      decode=demand_from_readings("decode", idle_cpu_s_per_s["decode"], readings))
+
+
+def demand_from_readings(part: str, idle_cpu_s_per_s: float, readings: list[dict],
+                         features: tuple[str, ...] = ("num_requests", "num_output_tokens", "num_decode_steps")
+                         ) -> CpuDemand:
+    """One part's CPU per request (and per output token and decode step), from runs' CPU seconds
+    beyond its idle rate."""
+    coefficients = fit_linear([[r[feature] for feature in features] for r in readings],
+                              [r["cpu_s"][part] - idle_cpu_s_per_s * r["wall_s"] for r in readings], relative=False)
+    per_feature = dict(zip(features, coefficients))
+    return CpuDemand(idle_s_per_s=idle_cpu_s_per_s, per_request_s=per_feature["num_requests"],
+                     per_output_token_s=per_feature.get("num_output_tokens", 0.0),
+                     per_decode_step_s=per_feature.get("num_decode_steps", 0.0))
 
 
 def overhead_from_records(profile: Profile, singles: list[RequestRecord],

@@ -2,7 +2,9 @@
 
     arrival ─▶ gateway: `num_gateways` FIFO servers (the first free one takes the request),
                `serving.gateway_s` per request (tokenize, Redis round trips, gRPC)
-            ─▶ it picks a prefill (fewest queued tokens) and a decode (fewest held tokens)
+            ─▶ it picks a decode (fewest held tokens), which reserves the KV blocks between
+               its steps (its engine thread runs commands there): a busy decode answers when its
+               step ends; then a prefill (fewest queued tokens)
             ─▶ prefill queue ─▶ steps of chunked prefill under the token budget (FIFO, partial
                chunks carried over, as engine/scheduler.py does)
             ─▶ step end: the first token, seen by the client `serving.ttft_s` later (TTFT)
@@ -15,12 +17,14 @@ Step times come from the profile's fits plus the measured serving overheads, wit
 spreads (planner/jitter.py): each engine step is its fit times a ratio drawn from the profile's
 timed repeats of that kind of step; each request's gateway time and idle TTFT overhead are scaled
 by one ratio drawn from the single requests' overheads, and its handoff gets a residual drawn
-from their decode spans (floored at 0). Every engine step is then slowed by the front's share of
-the replicas' cores at the trace's rate (planner/front_cpu.py: 1 unless the profile's front
-shares them). Invariant: the simulation is a pure function of (profile, config, requests, seed):
-no clock, draws from one generator seeded per run in event order; events at the same instant
-run in the order they were scheduled. A profile without spreads or front CPU gives the median
-model, for any seed.
+from their decode spans (floored at 0). Every engine step is then slowed by the work that shares
+its replica's core (planner/cpu_sharing.py: 1 unless the profile's replicas share their cores).
+That factor depends on how busy the engines are, so the run is repeated `NUM_PASSES` times, each
+pass slowing the steps by what the pass before served and computed; the last pass is the answer.
+Invariant: the simulation is a pure function of (profile, config, requests, seed): no clock,
+draws from one generator seeded per pass in event order; events at the same instant run in the
+order they were scheduled. A profile without spreads or CPU sharing gives the median model, for
+any seed.
 """
 from __future__ import annotations
 
@@ -31,11 +35,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.cpu_sharing import Activity, CoreUsage
 from planner.jitter import Draws
 from planner.profile import Profile
 from planner.workload import SimRequest, Slo
 
 PERCENTILES = (50, 90, 99)
+NUM_PASSES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +86,10 @@ class SimSummary:
     slo_attainment: float  # fraction of requests within both SLOs
     throughput_rps: float
     duration_s: float
+    front_cpu_s_per_s: float = 0.0  # the front's CPU at what the run served (planner/cpu_sharing.py)
 
     @staticmethod
-    def of(times: list[RequestTimes], slo: Slo) -> SimSummary:
+    def of(times: list[RequestTimes], slo: Slo, front_cpu_s_per_s: float = 0.0) -> SimSummary:
         ttfts_ms = np.array([t.ttft_s for t in times]) * 1000
         tpots_ms = np.array([t.tpot_s for t in times]) * 1000
         good = int(np.sum((ttfts_ms <= slo.ttft_ms) & (tpots_ms <= slo.tpot_ms)))
@@ -92,13 +99,14 @@ class SimSummary:
             ttft_ms={p: float(np.percentile(ttfts_ms, p)) for p in PERCENTILES},
             tpot_ms={p: float(np.percentile(tpots_ms, p)) for p in PERCENTILES},
             goodput_rps=good / duration_s, slo_attainment=good / len(times),
-            throughput_rps=len(times) / duration_s, duration_s=duration_s)
+            throughput_rps=len(times) / duration_s, duration_s=duration_s, front_cpu_s_per_s=front_cpu_s_per_s)
 
     def to_dict(self) -> dict:
         return {**{f"p{p}_ttft_ms": v for p, v in self.ttft_ms.items()},
                 **{f"p{p}_tpot_ms": v for p, v in self.tpot_ms.items()},
                 "goodput_rps": self.goodput_rps, "slo_attainment": self.slo_attainment,
-                "throughput_rps": self.throughput_rps, "duration_s": self.duration_s}
+                "throughput_rps": self.throughput_rps, "duration_s": self.duration_s,
+                "front_cpu_s_per_s": self.front_cpu_s_per_s}
 
 
 @dataclass(slots=True)
@@ -114,10 +122,23 @@ class _Job:
 
 @dataclass(slots=True)
 class _Server:
+    kind: str  # "prefill" or "decode"
+    step_stretch: float = 1.0  # its engine steps' slow-down by the work sharing its core
     queue: deque[_Job] = field(default_factory=deque)  # prefill: waiting prompts; decode: landed, not joined
     running: list[_Job] = field(default_factory=list)  # decode only
     busy: bool = False
+    step_end_s: float = 0.0  # when its current step ends, while busy
     load_tokens: int = 0  # prefill: tokens left to compute; decode: prompt and output tokens held
+    work_s: float = 0.0  # its engine steps, unslowed
+    num_requests: int = 0  # prefill: prompts finished; decode: requests joined
+    num_output_tokens: int = 0  # decode: of the requests joined, the first token included
+    num_steps: int = 0
+
+    def usage(self, duration_s: float) -> CoreUsage:
+        per_s = 1 / duration_s
+        return CoreUsage(self.kind, self.work_s * per_s, Activity(
+            self.num_requests * per_s, self.num_output_tokens * per_s,
+            self.num_steps * per_s if self.kind == "decode" else 0.0))
 
 
 class Simulation:
@@ -132,14 +153,25 @@ class Simulation:
         self._decode_ratios = profile.decode_step_ratios
 
     def run(self, requests: list[SimRequest]) -> list[RequestTimes]:
-        """Times of every request, in the order given."""
+        """Times of every request, in the order given; `cores` then holds what each replica's
+        core did in the last pass (prefills first), `step_stretches` what slowed its steps."""
+        self.step_stretches = [1.0] * self.config.num_gpus
+        for pass_index in range(NUM_PASSES):
+            if pass_index:
+                self.step_stretches = self.profile.serving.cpu.step_stretches(self.cores)
+            times = self._run_once(requests, self.step_stretches)
+            duration_s = max(t.finish_s for t in times) - min(t.arrival_s for t in times)
+            self.cores = [server.usage(duration_s if duration_s > 0 else 1.0)
+                          for server in self._prefills + self._decodes]
+        return times
+
+    def _run_once(self, requests: list[SimRequest], stretches: list[float]) -> list[RequestTimes]:
         self._events: list = []
         self._sequence = itertools.count()
         self._draws = Draws(self.seed)
-        # the replicas' engine steps, slowed by the front's share of their cores
-        self._engine_stretch = self.profile.serving.front.step_stretch(requests, self.config.num_gpus)
-        self._prefills = [_Server() for _ in range(self.config.num_prefill)]
-        self._decodes = [_Server() for _ in range(self.config.num_decode)]
+        kinds = ["prefill"] * self.config.num_prefill + ["decode"] * self.config.num_decode
+        servers = [_Server(kind, stretch) for kind, stretch in zip(kinds, stretches)]
+        self._prefills, self._decodes = servers[:self.config.num_prefill], servers[self.config.num_prefill:]
         self._done: dict[int, RequestTimes] = {}
         self._gateways_free_s = [0.0] * self.num_gateways  # a heap: when each gateway is next free
         for index, request in enumerate(requests):
@@ -160,10 +192,13 @@ class Simulation:
         self._at(routed_s, self._route, job)
 
     def _route(self, now_s: float, job: _Job) -> None:
-        prefill = min(range(len(self._prefills)), key=lambda i: (self._prefills[i].load_tokens, i))
         job.decode = min(range(len(self._decodes)), key=lambda i: (self._decodes[i].load_tokens, i))
-        self._decodes[job.decode].load_tokens += job.request.prompt_len + job.request.output_len
-        server = self._prefills[prefill]
+        decode = self._decodes[job.decode]
+        decode.load_tokens += job.request.prompt_len + job.request.output_len
+        self._at(decode.step_end_s if decode.busy else now_s, self._reserved, job)
+
+    def _reserved(self, now_s: float, job: _Job) -> None:
+        server = min(self._prefills, key=lambda server: server.load_tokens)
         server.queue.append(job)
         server.load_tokens += job.request.prompt_len
         if not server.busy:
@@ -178,10 +213,17 @@ class Simulation:
             num_new = min(job.request.prompt_len - job.num_computed, budget)
             chunks.append((job, num_new))
             budget -= num_new
-        step_s = (self.profile.prefill.step_s([(job.num_computed, n) for job, n in chunks])
-                  * self._engine_stretch * self._draws.ratio(self._prefill_ratios))
+        work_s = self.profile.prefill.step_s([(job.num_computed, n) for job, n in chunks])
+        self._start_step(now_s, server, work_s * self._draws.ratio(self._prefill_ratios), 0.0,
+                         self._end_prefill, (server, chunks))
+
+    def _start_step(self, now_s: float, server: _Server, work_s: float, overhead_s: float, end, argument) -> None:
+        """The engine's `work_s`, slowed by what shares its core, then the serving path's `overhead_s`."""
         server.busy = True
-        self._at(now_s + step_s, self._end_prefill, (server, chunks))
+        server.work_s += work_s
+        server.num_steps += 1
+        server.step_end_s = now_s + work_s * server.step_stretch + overhead_s
+        self._at(server.step_end_s, end, argument)
 
     def _end_prefill(self, now_s: float, step: tuple[_Server, list[tuple[_Job, int]]]) -> None:
         server, chunks = step
@@ -192,6 +234,7 @@ class Simulation:
             if job.num_computed < job.request.prompt_len:
                 continue
             server.queue.remove(job)
+            server.num_requests += 1
             job.num_generated = 1
             job.first_token_s = now_s + serving.ttft_s * job.overhead_ratio
             if job.request.output_len == 1:
@@ -213,15 +256,16 @@ class Simulation:
 
     def _start_decode(self, now_s: float, server: _Server) -> None:
         while server.queue and len(server.running) < self.profile.max_num_seqs:
-            server.running.append(server.queue.popleft())
+            job = server.queue.popleft()
+            server.running.append(job)
+            server.num_requests += 1
+            server.num_output_tokens += job.request.output_len
         num_seqs = len(server.running)
         num_context_tokens = sum(job.request.prompt_len + job.num_generated for job in server.running)
         serving = self.profile.serving
-        step_s = (self.profile.decode.step_s(num_seqs, num_context_tokens)
-                  * self._engine_stretch * self._draws.ratio(self._decode_ratios)
-                  + serving.step_s + serving.per_seq_step_s * num_seqs)
-        server.busy = True
-        self._at(now_s + step_s, self._end_decode, server)
+        work_s = self.profile.decode.step_s(num_seqs, num_context_tokens) * self._draws.ratio(self._decode_ratios)
+        self._start_step(now_s, server, work_s, serving.step_s + serving.per_seq_step_s * num_seqs,
+                         self._end_decode, server)
 
     def _end_decode(self, now_s: float, server: _Server) -> None:
         still_running = []
@@ -244,4 +288,6 @@ class Simulation:
 
 def simulate(profile: Profile, config: XpYd, requests: list[SimRequest], slo: Slo,
              num_gateways: int = 1, seed: int = 0) -> SimSummary:
-    return SimSummary.of(Simulation(profile, config, num_gateways, seed).run(requests), slo)
+    simulation = Simulation(profile, config, num_gateways, seed)
+    times = simulation.run(requests)
+    return SimSummary.of(times, slo, profile.serving.cpu.front_cpu_s_per_s(simulation.cores))

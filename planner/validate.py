@@ -8,9 +8,10 @@ The simulation gets each run's trace: each request's send time and its prompt an
 lengths, nothing the system measured; its figures for a trace are the medians over
 `NUM_DRAWS` seeds of its jitter draws, so that a few drawn outliers do not set one trace's tail. A row pairs the medians over the repeats of each
 percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
-figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's front CPU
-(planner/proc_cpu.py) is read too and set beside what the profile's front model takes at that
-trace's rate: a check of the interference term's input, not a figure the prediction uses.
+figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's CPU
+(planner/proc_cpu.py) is read too: the front's is set beside what the profile's model of it takes
+at what the simulation served (planner/cpu_sharing.py), a check of the slow-down's input, not a
+figure the prediction uses; the replicas' are kept with the run's figures.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from bench.runner import BenchResult
 from planner.bench_runs import bench, launched, random_requests
-from planner.proc_cpu import front_cpu_during
+from planner.proc_cpu import cpu_during
 from planner.profile import Profile
 from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
 from planner.workload import SimRequest, Slo
@@ -69,24 +70,25 @@ def validate(config: ValidationConfig) -> list[dict]:
             bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999),
                   "warm-up", progress=False)
             for index, rate in enumerate(config.request_rates):
-                results, front_cpu_s_per_s = [], []
+                results, cpu_s_per_s = [], []
                 for repeat in range(config.num_repeats):
                     # fresh prompts each run: the same ones again would hit the prefix cache
                     seed = config.seed + index * config.num_repeats + repeat
                     requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
                                                config.output_len, seed, config.range_ratio)
-                    result, cpu_s, wall_s = front_cpu_during(system.pid, lambda: bench(
+                    result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
                         base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
                         seed=seed, goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
                     results.append(result)
-                    front_cpu_s_per_s.append(cpu_s / wall_s)
-                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, front_cpu_s_per_s))
+                    cpu_s_per_s.append({part: seconds / wall_s for part, seconds in cpu_s.items()})
+                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s))
     return rows
 
 
 def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo,
-                front_cpu_s_per_s: list[float] | None = None) -> dict:
-    """`front_cpu_s_per_s`: each run's measured front CPU seconds per second, when read."""
+                cpu_s_per_s: list[dict[str, float]] | None = None) -> dict:
+    """`cpu_s_per_s`: each run's measured CPU seconds per second by part (planner/proc_cpu.py's
+    `system_cpu_s` keys), when read."""
     predicted_runs, measured_runs = [], []
     for index, result in enumerate(results):
         trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
@@ -95,9 +97,11 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
         measured_runs.append(SimSummary.of(
             [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
              for r in result.records], slo).to_dict())
-        if front_cpu_s_per_s is not None:
-            predicted_runs[-1]["front_cpu_s_per_s"] = profile.serving.front.cpu_s_per_s(trace)
-            measured_runs[-1]["front_cpu_s_per_s"] = front_cpu_s_per_s[index]
+        if cpu_s_per_s is None:
+            del measured_runs[-1]["front_cpu_s_per_s"]
+        else:
+            measured_runs[-1]["front_cpu_s_per_s"] = cpu_s_per_s[index]["front"]
+            measured_runs[-1]["cpu_s_per_s"] = cpu_s_per_s[index]
     predicted, measured = _medians(predicted_runs), _medians(measured_runs)
     ratios = {key: predicted[key] / measured[key] for key in COMPARED if measured[key] > 0}
     return {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
@@ -107,4 +111,6 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
 
 
 def _medians(runs: list[dict]) -> dict:
-    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    """Each figure's median over the runs (the figures held as dicts, by part, too)."""
+    return {key: _medians([run[key] for run in runs]) if isinstance(runs[0][key], dict)
+            else statistics.median(run[key] for run in runs) for key in runs[0]}

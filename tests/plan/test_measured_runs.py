@@ -51,16 +51,19 @@ def fake_system(monkeypatch):
         monkeypatch.setattr(module, "random_requests", _random_requests)
 
 
-def test_the_serving_profile_reads_overheads_spreads_and_the_fronts_cpu(fake_system, tmp_path):
+def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engines(fake_system, tmp_path):
     config = serving.ServingRunConfig(model_dir=Path("model"), log_dir=tmp_path, idle_window_s=0.01)
     measured = serving.measure_serving_overhead(ENGINE, config)
     assert measured.handoff_s == pytest.approx(TRUTH.handoff_s, rel=0.05)
     assert measured.ttft_ratios == pytest.approx([1.0] * 40)
     assert len(measured.handoff_residuals_s) == 40
-    assert measured.front.shares_replica_cpus
-    assert measured.front.cpu_s_per_request >= 0 and measured.front.cpu_s_per_output_token >= 0
-    assert [r["label"] for r in measured.front_samples][:2] == ["idle", "single p64 o8"]
-    assert sum(r["num_requests"] for r in measured.front_samples[1:]) == 40 + 3 * 16
+    assert measured.cpu.shares_replica_cpus
+    assert min(measured.cpu.front.per_request_s, measured.cpu.front.per_output_token_s,
+               measured.cpu.front.per_decode_step_s) >= 0
+    assert [r["label"] for r in measured.cpu_samples][:2] == ["idle", "single p64 o8"]
+    assert sum(r["num_requests"] for r in measured.cpu_samples[1:]) == 40 + 3 * 16
+    # a single's decode steps are its tokens less one; a wave's, its length less one
+    assert [r["num_decode_steps"] for r in measured.cpu_samples[1:]] == [70, 630, 70, 630, 63, 63, 63]
 
 
 def test_validation_of_a_system_that_behaves_as_modelled(fake_system, tmp_path, monkeypatch):

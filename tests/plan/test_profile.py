@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from planner.front_cpu import FrontCpu
+from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead, fit_linear
 
 from tests.plan.profiles import make_profile
@@ -48,14 +48,14 @@ def test_fit_linear_refuses_non_positive_times():
 def test_a_profile_survives_its_json_round_trip(tmp_path):
     profile = make_profile(serving=ServingOverhead(
         gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=1e-4, ttft_ratios=[0.5, 1.0],
-        handoff_residuals_s=[-0.001, 0.002], front=FrontCpu(True, 0.01, 0.02, 1e-4), samples=[{"kind": "single"}],
-        front_samples=[{"label": "idle", "cpu_s_per_s": 0.01}]))
+        handoff_residuals_s=[-0.001, 0.002], cpu=CpuSharing(True, CpuDemand(0.01, 0.02, 1e-4, 2e-4), CpuDemand(0.0, 0.003), CpuDemand(0.001, 0.01, 0, 1e-4)),
+        samples=[{"kind": "single"}], cpu_samples=[{"label": "idle", "cpu_s_per_s": {"front": 0.01}}]))
     profile = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},
                          "prefill_samples": [PrefillSample(2, 64, 0.01, [0.01, 0.02, 0.009])],
                          "decode_samples": [DecodeSample(4, 400, 0.005)]})
     path = profile.save(tmp_path / "profile.json")
     assert Profile.load(path) == profile
-    assert json.loads(path.read_text())["schema_version"] == 2
+    assert json.loads(path.read_text())["schema_version"] == 3
 
 
 def test_step_ratios_are_each_timed_repeat_over_its_points_median():

@@ -3,7 +3,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from planner.front_cpu import FrontCpu
+from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead
 from planner.simulate import Simulation, XpYd, simulate
 from planner.workload import SimRequest, Slo, Workload
@@ -155,22 +155,43 @@ def test_measured_spreads_widen_the_tails_and_the_seed_fixes_the_draws():
     assert simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=4) != jittered
 
 
-def test_a_front_on_the_replicas_cores_slows_each_engine_step_by_its_share():
-    # 10 req/s regular, 0.05 CPU s per request spread over the 2 replicas' cores: a quarter of
-    # each, so every engine step takes 1 / (1 - 0.25) = 4/3 of its fit; the overheads do not.
-    front = FrontCpu(shares_replica_cpus=True, cpu_s_per_request=0.04, cpu_s_per_output_token=0.01)
-    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, front=front)
-    requests = [SimRequest(0.1 * i, 100, 1) for i in range(50)]
-    times = Simulation(make_profile(serving=serving), ONE_TO_ONE).run(requests)
+SHARED = CpuSharing(True, front=CpuDemand(idle_s_per_s=0.2, per_request_s=0.04),
+                    prefill=CpuDemand(per_request_s=0.005), decode=CpuDemand(per_output_token_s=2e-4))
+
+
+def test_work_on_the_replicas_cores_slows_each_engine_step_by_its_cores_factor_at_the_fixed_point():
+    # 10 req/s regular: the engines' steps take their fit times their core's factor, the
+    # overheads do not; the factors the last pass used are those its own usage gives, within 1 %.
+    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.001, cpu=SHARED)
+    requests = [SimRequest(0.1 * i, 100, 3) for i in range(50)]
+    simulation = Simulation(make_profile(serving=serving), ONE_TO_ONE)
+    times = simulation.run(requests)
+    prefill_stretch, decode_stretch = simulation.step_stretches
+    assert 1.05 < prefill_stretch and 1.05 < decode_stretch
+    assert SHARED.step_stretches(simulation.cores) == pytest.approx(simulation.step_stretches, rel=0.01)
     prefill_s = 0.010 + 0.0001 * 100
-    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s * 4 / 3 + 0.003] * 50)
-    unshared = dataclasses.replace(serving, front=dataclasses.replace(front, shares_replica_cpus=False))
+    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s * prefill_stretch + 0.003] * 50)
+    steps_s = 2 * (0.005 + 0.001) * decode_stretch
+    assert [t.finish_s - t.first_token_s for t in times] == pytest.approx([0.001 + 100 * 1000 / 1e9 + steps_s] * 50)
+
+    unshared = dataclasses.replace(serving, cpu=dataclasses.replace(SHARED, shares_replica_cpus=False))
     times = Simulation(make_profile(serving=unshared), ONE_TO_ONE).run(requests)
     assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s + 0.003] * 50)
 
 
-def test_the_front_slows_decode_steps_too():
-    front = FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=0.5)  # a quarter of each of 2 cores
-    [times] = Simulation(make_profile(serving=ServingOverhead(front=front)), ONE_TO_ONE).run([SimRequest(0, 16, 3)])
-    steps_s = 2 * (0.005 + 0.001) * 4 / 3
-    assert times.finish_s - times.first_token_s == pytest.approx(16 * 1000 / 1e9 + steps_s)
+def test_the_summary_carries_the_fronts_cpu_at_what_the_run_served():
+    requests = [SimRequest(0.1 * i, 100, 3) for i in range(50)]
+    profile = make_profile(serving=ServingOverhead(cpu=SHARED))
+    summary = simulate(profile, ONE_TO_ONE, requests, SLO_LOOSE)
+    requests_per_s = 50 / summary.duration_s
+    assert summary.front_cpu_s_per_s == pytest.approx(0.2 + 0.04 * requests_per_s)
+
+
+def test_a_busy_decode_reserves_for_a_new_request_when_its_step_ends():
+    profile = make_profile(decode=DecodeFit(0.05, 0.0, 0.0))
+    first, second = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 100, 10), SimRequest(0.05, 100, 2)])
+    prefill_s = 0.010 + 0.0001 * 100
+    landed_s = prefill_s + 100 * 1000 / 1e9  # the first request's KV, when its first decode step starts
+    assert first.ttft_s == pytest.approx(prefill_s)
+    reserved_s = landed_s + 0.05  # the end of that step, which the second request (sent at 0.05) waits for
+    assert second.ttft_s == pytest.approx(reserved_s + prefill_s - 0.05)

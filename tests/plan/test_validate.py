@@ -6,9 +6,9 @@ import pytest
 from bench.metrics import compute_metrics
 from bench.records import RequestRecord
 from bench.runner import BenchConfig, BenchResult
-from planner.front_cpu import FrontCpu
+from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import ServingOverhead
-from planner.simulate import Simulation, XpYd
+from planner.simulate import Simulation, XpYd, simulate
 from planner.validate import check_runnable, compare_row
 from planner.workload import SimRequest, Slo, Workload
 
@@ -36,10 +36,10 @@ def test_a_system_that_behaves_as_modelled_is_predicted_exactly():
     assert row["within_tolerance"] and row["num_repeats"] == 3
 
 
-def test_a_ttft_a_third_longer_than_predicted_is_outside_the_tolerance():
+def test_a_ttft_two_fifths_longer_than_predicted_is_outside_the_tolerance():
     profile = make_profile()
-    row = compare_row(profile, XpYd(1, 1), 10, [_run(profile, XpYd(1, 1), ttft_scale=4 / 3)], SLO)
-    assert row["ratios"]["p50_ttft_ms"] == pytest.approx(0.75)
+    row = compare_row(profile, XpYd(1, 1), 10, [_run(profile, XpYd(1, 1), ttft_scale=1.4)], SLO)
+    assert row["ratios"]["p50_ttft_ms"] == pytest.approx(1 / 1.4)
     assert row["ratios"]["p50_tpot_ms"] == pytest.approx(1)
     assert not row["within_tolerance"]
 
@@ -62,11 +62,12 @@ def test_configurations_whose_replicas_would_share_cores_are_refused(monkeypatch
 
 
 def test_the_fronts_measured_cpu_is_set_beside_the_models():
-    front = FrontCpu(shares_replica_cpus=True, idle_cpu_s_per_s=0.02, cpu_s_per_request=0.01)
-    profile = make_profile(serving=ServingOverhead(front=front))
+    profile = make_profile(serving=ServingOverhead(cpu=CpuSharing(True, front=CpuDemand(0.02, 0.01))))
     run = _run(profile, XpYd(1, 1))
-    row = compare_row(profile, XpYd(1, 1), 10, [run] * 3, SLO, front_cpu_s_per_s=[0.1, 0.3, 0.2])
+    measured = [{"front": front_s, "prefill": 0.01, "decode": 0.02} for front_s in (0.1, 0.3, 0.2)]
+    row = compare_row(profile, XpYd(1, 1), 10, [run] * 3, SLO, cpu_s_per_s=measured)
     trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in run.records]
-    assert row["predicted"]["front_cpu_s_per_s"] == pytest.approx(front.cpu_s_per_s(trace))
+    assert row["predicted"]["front_cpu_s_per_s"] == pytest.approx(simulate(profile, XpYd(1, 1), trace, SLO).front_cpu_s_per_s)
     assert row["measured"]["front_cpu_s_per_s"] == pytest.approx(0.2)
+    assert row["measured"]["cpu_s_per_s"] == {"front": 0.2, "prefill": 0.01, "decode": 0.02}
     assert "front_cpu_s_per_s" not in row["ratios"]
