@@ -82,16 +82,22 @@ class CpuSharing:
         """The factor each core's engine steps are slowed by, in the order of `cores`."""
         if not self.shares_replica_cpus:
             return [1.0] * len(cores)
-        own = [self._replica(core.kind).cpu_s_per_s(core.activity) for core in cores]
-        if max(own) >= 1:
-            raise ValueError(f"a replica's own work would take all of its core ({max(own):.2f} CPU s/s)")
-        left = [max(0.0, 1 - core.engine_work_s_per_s - own_s) for core, own_s in zip(cores, own)]
-        front_s = self.front_cpu_s_per_s(cores)
-        if front_s > 0 and front_s >= sum(left):
-            raise ValueError(f"the front ({front_s:.2f} CPU s/s) would take every CPU the {len(cores)} replicas "
-                             f"leave ({sum(left):.2f})")
-        front_shares = [front_s * left_s / sum(left) if front_s > 0 else 0.0 for left_s in left]
-        return [1 / (1 - own_s - share) for own_s, share in zip(own, front_shares)]
+        return shared_core_stretches([core.engine_work_s_per_s for core in cores],
+                                     [self._replica(core.kind).cpu_s_per_s(core.activity) for core in cores],
+                                     self.front_cpu_s_per_s(cores))
 
     def _replica(self, kind: str) -> CpuDemand:
         return self.prefill if kind == "prefill" else self.decode
+
+
+def shared_core_stretches(engine_work_s_per_s: list[float], own_s_per_s: list[float], front_s_per_s: float) -> list[float]:
+    """Each core's factor from its engine's work, its replica's own demand and the front's, all
+    in CPU seconds per second (the module's formula)."""
+    if max(own_s_per_s) >= 1:
+        raise ValueError(f"a replica's own work would take all of its core ({max(own_s_per_s):.2f} CPU s/s)")
+    left = [max(0.0, 1 - work_s - own_s) for work_s, own_s in zip(engine_work_s_per_s, own_s_per_s)]
+    if front_s_per_s > 0 and front_s_per_s >= sum(left):
+        raise ValueError(f"the front ({front_s_per_s:.2f} CPU s/s) would take every CPU the {len(left)} replicas "
+                         f"leave ({sum(left):.2f})")
+    front_shares = [front_s_per_s * left_s / sum(left) if front_s_per_s > 0 else 0.0 for left_s in left]
+    return [1 / (1 - own_s - share) for own_s, share in zip(own_s_per_s, front_shares)]

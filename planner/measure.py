@@ -5,7 +5,9 @@ a prefill or decode replica runs it: random prompt ids, greedy, no EOS, prefix c
 every prompt is computed in full. Each point is the median of `repeats` timed steps after one
 untimed warm-up step. A prefill point is one step over `num_seqs` prompts of one length (all
 inside the token budget); a decode point is a step of `num_seqs` running requests of one context
-length, timed once every prompt is in. Every timed repeat is kept beside the median: their
+length, timed once every prompt is in, with every request still running (the first prompts in
+decode while the last are prefilled, so each may take as many tokens as its context leaves), its
+context the tokens the batch holds then. Every timed repeat is kept beside the median: their
 spread is the engine's step-to-step jitter. KV transfer is a block copy between two pools in this
 process, the copy the shared-memory transport makes.
 """
@@ -59,11 +61,11 @@ def measure_profile(config: MeasureConfig) -> Profile:
         num_gpu_blocks=_num_blocks(config),
         enable_prefix_caching=False, detokenize=False))
     rng = random.Random(config.seed)
-    fits = lambda length: length + config.repeats + 2 <= engine.max_model_len  # noqa: E731
+    fits = lambda n, length: length + _decode_slack(config, n, length) <= engine.max_model_len  # noqa: E731
     prefill_points = [(n, length) for length in config.prefill_prompt_lens for n in config.prefill_num_seqs
-                      if n * length <= config.max_num_batched_tokens and fits(length)]
+                      if n * length <= config.max_num_batched_tokens and fits(1, length)]
     decode_points = [(n, length) for length in config.decode_context_lens for n in config.decode_num_seqs
-                     if fits(length)]
+                     if fits(n, length)]
     with tqdm(total=len(prefill_points) + len(decode_points), desc="profile", unit="point") as bar:
         prefill_samples = []
         for num_seqs, prompt_len in prefill_points:
@@ -72,9 +74,9 @@ def measure_profile(config: MeasureConfig) -> Profile:
             bar.update(1)
         decode_samples = []
         for num_seqs, context_len in decode_points:
-            timings_s = _decode_timings_s(engine, rng, num_seqs, context_len, config.repeats)
-            decode_samples.append(DecodeSample(num_seqs, num_seqs * context_len, statistics.median(timings_s),
-                                               timings_s))
+            timings_s, num_context_tokens = _decode_timings_s(
+                engine, rng, num_seqs, context_len, config.repeats, _decode_slack(config, num_seqs, context_len))
+            decode_samples.append(DecodeSample(num_seqs, num_context_tokens, statistics.median(timings_s), timings_s))
             bar.update(1)
     spec = engine.kv_spec
     return Profile(
@@ -86,10 +88,18 @@ def measure_profile(config: MeasureConfig) -> Profile:
         prefill_samples=prefill_samples, decode_samples=decode_samples)
 
 
+def _decode_slack(config: MeasureConfig, num_seqs: int, context_len: int) -> int:
+    """Output tokens a decode point's requests may take: one per step while the batch is
+    prefilled (chunked under the token budget), the warm-up step and the timed ones, one to spare."""
+    num_prefill_steps = -(-num_seqs * context_len // config.max_num_batched_tokens) + 1
+    return num_prefill_steps + config.repeats + 2
+
+
 def _num_blocks(config: MeasureConfig) -> int:
     """Room for the largest decode point (a block of slack per request) or the largest prefill."""
-    per_seq_tokens = max(config.decode_context_lens) + config.repeats + 2
-    most_tokens = max(max(config.decode_num_seqs) * (per_seq_tokens + BLOCK_SIZE), 2 * config.max_num_batched_tokens)
+    most_tokens = max(2 * config.max_num_batched_tokens, *(
+        num_seqs * (context_len + _decode_slack(config, num_seqs, context_len) + BLOCK_SIZE)
+        for num_seqs in config.decode_num_seqs for context_len in config.decode_context_lens))
     return -(-most_tokens // BLOCK_SIZE)
 
 
@@ -118,23 +128,30 @@ def _prefill_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, pro
 
 
 def _decode_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, context_len: int,
-                      repeats: int) -> list[float]:
-    """`repeats` timed steps, after an untimed warm-up one."""
-    params = SamplingParams(temperature=0.0, max_tokens=repeats + 2, ignore_eos=True)
+                      repeats: int, max_tokens: int) -> tuple[list[float], int]:
+    """`repeats` timed steps after an untimed warm-up one, and the tokens the batch held when
+    they began; `max_tokens` leaves room for the prefill phase and those steps (`_decode_slack`)."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     request_ids = [_new_request_id() for _ in range(num_seqs)]
     for request_id in request_ids:
         engine.add_request(request_id, _ids(engine, rng, context_len), params)
-    while any(request.num_computed_tokens < request.num_prompt_tokens for request in engine.scheduler.running) \
+    running = engine.scheduler.running
+    while any(request.num_computed_tokens < request.num_prompt_tokens for request in running) \
             or engine.scheduler.waiting:
         engine.step()
+    if len(running) != num_seqs:
+        raise RuntimeError(f"decode point {num_seqs} x {context_len}: {len(running)} requests running, not all")
+    num_context_tokens = sum(request.num_tokens for request in running)
     timings_s = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
         engine.step()
         timings_s.append(time.perf_counter() - start)
+    if len(running) != num_seqs:
+        raise RuntimeError(f"decode point {num_seqs} x {context_len}: a request ended while timed")
     for request_id in request_ids:
         engine.abort_request(request_id)
-    return timings_s[1:]
+    return timings_s[1:], num_context_tokens
 
 
 def _transfer_gb_per_s(engine: LLMEngine, config: MeasureConfig) -> float:

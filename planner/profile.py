@@ -118,7 +118,7 @@ class ServingOverhead:
     gateway_s: float = 0.0  # per request, served one at a time before it reaches a prefill queue
     ttft_s: float = 0.0  # the rest of TTFT beyond the gateway and the prefill step, on an idle system
     handoff_s: float = 0.0  # the client's first token → KV landed at decode, beyond the copy itself
-    step_s: float = 0.0  # per decode step, beyond the engine step
+    step_s: float = 0.0  # per decode step, beyond the engine step: work of the engine thread in serving
     per_seq_step_s: float = 0.0  # per decode step and running request: a streamed token (gRPC, SSE)
     # each single request's idle TTFT overhead (gateway and the rest) over their median
     ttft_ratios: list[float] = field(default_factory=list)

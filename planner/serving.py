@@ -40,7 +40,7 @@ import numpy as np
 from bench.metrics import tpot_s
 from bench.records import RequestRecord
 from planner.bench_runs import bench, launched, random_requests
-from planner.cpu_sharing import CpuDemand, CpuSharing
+from planner.cpu_sharing import CpuDemand, CpuSharing, shared_core_stretches
 from planner.proc_cpu import cpu_during
 from planner.profile import Profile, ServingOverhead, fit_linear
 
@@ -80,7 +80,7 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
                              "num_decode_steps": num_decode_steps, "wall_s": wall_s, "cpu_s": cpu_s})
             return result.records
 
-        singles = []
+        singles, single_stretches = [], []
         for prompt_len in config.prompt_lens:
             for output_len in config.output_lens:
                 requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
@@ -88,12 +88,14 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
                 singles += run(requests, f"single p{prompt_len} o{output_len}", len(requests) * (output_len - 1),
                                max_concurrency=1, request_rate=1 / config.single_gap_s,
                                burstiness=REGULAR_ARRIVALS)
+                single_stretches += [stretches_of(readings[-1])] * len(requests)
         waves = []
         for wave in range(config.num_waves):
             requests = random_requests(config.model_dir, config.batch_size, config.batch_prompt_len,
                                        config.batch_output_len, config.seed + 100 + wave)
             waves.append(run(requests, f"wave {wave} of {config.batch_size}", config.batch_output_len - 1))
-    return dataclasses.replace(overhead_from_records(profile, singles, waves),
+    wave_stretches = [stretches_of(reading) for reading in readings[-len(waves):]]
+    return dataclasses.replace(overhead_from_records(profile, singles, waves, single_stretches, wave_stretches),
                                cpu=sharing_from_readings(idle_cpu_s_per_s, readings),
                                cpu_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings])
 
@@ -120,28 +122,37 @@ def demand_from_readings(part: str, idle_cpu_s_per_s: float, readings: list[dict
                      per_decode_step_s=per_feature.get("num_decode_steps", 0.0))
 
 
-def overhead_from_records(profile: Profile, singles: list[RequestRecord],
-                          waves: list[list[RequestRecord]]) -> ServingOverhead:
-    idle_overheads_s = [max(0.0, r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)])) for r in singles]
+def overhead_from_records(profile: Profile, singles: list[RequestRecord], waves: list[list[RequestRecord]],
+                          single_stretches: list[tuple[float, float]] | None = None,
+                          wave_stretches: list[tuple[float, float]] | None = None) -> ServingOverhead:
+    """The overheads beyond the engine's steps as the simulation slows them: by the (prefill,
+    decode) factors of each single's and each wave's run (`stretches_of`; 1 if not given). The
+    per-step overheads are work of the decode's engine thread, slowed with its steps."""
+    single_stretches = single_stretches or [(1.0, 1.0)] * len(singles)
+    wave_stretches = wave_stretches or [(1.0, 1.0)] * len(waves)
+    idle_overheads_s = [max(0.0, r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)]) * prefill_stretch)
+                        for r, (prefill_stretch, _) in zip(singles, single_stretches)]
     idle_ttft_s = statistics.median(idle_overheads_s)
     gateway_s = max(0.0, statistics.median(
         float(np.polyfit(range(len(records)), sorted(r.ttft_s for r in records), 1)[0]) for records in waves))
     ttft_s = max(0.0, idle_ttft_s - gateway_s)
-    num_steps = [r.output_len - 1 for r in singles]
-    beyond_engine_s = [r.e2el_s - r.ttft_s - _engine_decode_s(profile, r.prompt_len, r.output_len, 1)
-                       - profile.transfer_s(r.prompt_len) for r in singles]
-    single_step_s, intercept_s = np.polyfit(num_steps, beyond_engine_s, 1)  # both overheads, at batch 1
-    handoff_residuals_s = [float(b - (single_step_s * n + intercept_s)) for n, b in zip(num_steps, beyond_engine_s)]
+    decode_stretches = [decode_stretch for _, decode_stretch in single_stretches]
+    slowed_steps = [(r.output_len - 1) * stretch for r, stretch in zip(singles, decode_stretches)]
+    beyond_engine_s = [r.e2el_s - r.ttft_s - _engine_decode_s(profile, r.prompt_len, r.output_len, 1) * stretch
+                       - profile.transfer_s(r.prompt_len) for r, stretch in zip(singles, decode_stretches)]
+    # both per-step overheads at batch 1, as work; the handoff
+    single_step_s, intercept_s = np.polyfit(slowed_steps, beyond_engine_s, 1)
+    handoff_residuals_s = [float(b - (single_step_s * n + intercept_s)) for n, b in zip(slowed_steps, beyond_engine_s)]
     handoff_s = max(0.0, float(intercept_s))
 
     per_seq_samples_s = []
-    for records in waves:
+    for records, (_, stretch) in zip(waves, wave_stretches):
         batch_size = len(records)
         engine_s = statistics.median(
             _engine_decode_s(profile, r.prompt_len, r.output_len, batch_size) / (r.output_len - 1) for r in records)
         handoff_share_s = statistics.median(
             (handoff_s + profile.transfer_s(r.prompt_len)) / (r.output_len - 1) for r in records)
-        beyond_s = statistics.median(tpot_s(r) for r in records) - engine_s - handoff_share_s
+        beyond_s = (statistics.median(tpot_s(r) for r in records) - handoff_share_s) / stretch - engine_s
         per_seq_samples_s.append((beyond_s - single_step_s) / (batch_size - 1))
     per_seq_step_s = max(0.0, float(statistics.median(per_seq_samples_s)))
     step_s = max(0.0, float(single_step_s) - per_seq_step_s)
@@ -154,6 +165,16 @@ def overhead_from_records(profile: Profile, singles: list[RequestRecord],
                            per_seq_step_s=per_seq_step_s,
                            ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
                            handoff_residuals_s=handoff_residuals_s, samples=samples)
+
+
+def stretches_of(reading: dict) -> tuple[float, float]:
+    """The (prefill, decode) factors of a 1P1D run from its CPU reading: each engine thread's
+    CPU and the rest of its replica's, per second of the run, and the front's."""
+    cpu_s, wall_s = reading["cpu_s"], reading["wall_s"]
+    prefill_stretch, decode_stretch = shared_core_stretches(
+        [cpu_s["prefill_engine"] / wall_s, cpu_s["decode_engine"] / wall_s],
+        [cpu_s["prefill"] / wall_s, cpu_s["decode"] / wall_s], cpu_s["front"] / wall_s)
+    return prefill_stretch, decode_stretch
 
 
 def _engine_decode_s(profile: Profile, prompt_len: int, output_len: int, batch_size: int) -> float:

@@ -214,15 +214,15 @@ class Simulation:
             chunks.append((job, num_new))
             budget -= num_new
         work_s = self.profile.prefill.step_s([(job.num_computed, n) for job, n in chunks])
-        self._start_step(now_s, server, work_s * self._draws.ratio(self._prefill_ratios), 0.0,
-                         self._end_prefill, (server, chunks))
+        self._start_step(now_s, server, work_s * self._draws.ratio(self._prefill_ratios), self._end_prefill,
+                         (server, chunks))
 
-    def _start_step(self, now_s: float, server: _Server, work_s: float, overhead_s: float, end, argument) -> None:
-        """The engine's `work_s`, slowed by what shares its core, then the serving path's `overhead_s`."""
+    def _start_step(self, now_s: float, server: _Server, work_s: float, end, argument) -> None:
+        """Its engine thread's `work_s`, slowed by what shares its core."""
         server.busy = True
         server.work_s += work_s
         server.num_steps += 1
-        server.step_end_s = now_s + work_s * server.step_stretch + overhead_s
+        server.step_end_s = now_s + work_s * server.step_stretch
         self._at(server.step_end_s, end, argument)
 
     def _end_prefill(self, now_s: float, step: tuple[_Server, list[tuple[_Job, int]]]) -> None:
@@ -263,9 +263,10 @@ class Simulation:
         num_seqs = len(server.running)
         num_context_tokens = sum(job.request.prompt_len + job.num_generated for job in server.running)
         serving = self.profile.serving
-        work_s = self.profile.decode.step_s(num_seqs, num_context_tokens) * self._draws.ratio(self._decode_ratios)
-        self._start_step(now_s, server, work_s, serving.step_s + serving.per_seq_step_s * num_seqs,
-                         self._end_decode, server)
+        # the serving path's per-step overheads run on the engine thread too (planner/serving.py)
+        work_s = (self.profile.decode.step_s(num_seqs, num_context_tokens) * self._draws.ratio(self._decode_ratios)
+                  + serving.step_s + serving.per_seq_step_s * num_seqs)
+        self._start_step(now_s, server, work_s, self._end_decode, server)
 
     def _end_decode(self, now_s: float, server: _Server) -> None:
         still_running = []

@@ -3,6 +3,7 @@ they send, read and return, without launching anything."""
 import contextlib
 import math
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,12 +44,23 @@ def _bench(base_url, requests, label, request_rate=math.inf, **options):
                        records=records, metrics=compute_metrics(records, 1.0), server=None)
 
 
+def _cpu_during(system_pid, call):
+    """A fake reading: each engine at 0.3 CPU s/s and nothing beside them, so that no step is
+    slowed, as in the system `_bench` fakes."""
+    started_s = time.monotonic()
+    result = call()
+    wall_s = max(time.monotonic() - started_s, 1e-3)
+    return result, {"front": 0.0, "prefill_engine": 0.3 * wall_s, "decode_engine": 0.3 * wall_s,
+                    "prefill": 0.0, "decode": 0.0}, wall_s
+
+
 @pytest.fixture
 def fake_system(monkeypatch):
     for module in (serving, validate):
         monkeypatch.setattr(module, "launched", _launched)
         monkeypatch.setattr(module, "bench", _bench)
         monkeypatch.setattr(module, "random_requests", _random_requests)
+        monkeypatch.setattr(module, "cpu_during", _cpu_during)
 
 
 def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engines(fake_system, tmp_path):

@@ -1,9 +1,12 @@
 """The serving-overhead estimator, fed records that the simulation produced from known overheads."""
+import dataclasses
+
 import pytest
 
 from bench.records import RequestRecord
+from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import DecodeFit, PrefillFit, ServingOverhead
-from planner.serving import overhead_from_records
+from planner.serving import overhead_from_records, stretches_of
 from planner.simulate import Simulation, XpYd
 from planner.workload import SimRequest
 
@@ -13,9 +16,13 @@ TRUTH = ServingOverhead(gateway_s=0.008, ttft_s=0.006, handoff_s=0.012, step_s=0
 
 
 def _records(profile, requests):
+    return _as_records(requests, Simulation(profile, XpYd(1, 1)).run(requests))
+
+
+def _as_records(requests, times):
     return [RequestRecord(prompt_len=r.prompt_len, output_len=r.output_len, ttft_s=t.ttft_s, itl_s=[],
                           e2el_s=t.finish_s - t.arrival_s, success=True, error="", start_s=r.arrival_s)
-            for r, t in zip(requests, Simulation(profile, XpYd(1, 1)).run(requests))]
+            for r, t in zip(requests, times)]
 
 
 def test_the_overheads_are_recovered_from_single_requests_and_waves():
@@ -36,3 +43,31 @@ def test_the_overheads_are_recovered_from_single_requests_and_waves():
     assert measured.ttft_ratios == pytest.approx([1.0] * 12)
     assert measured.handoff_residuals_s == pytest.approx([0.0] * 12, abs=1e-9)
 
+
+
+def test_the_overheads_are_recovered_beyond_the_steps_as_the_cpu_sharing_slows_them():
+    engine = make_profile(prefill=PrefillFit(0.004, 5e-5, 0.0), decode=DecodeFit(0.004, 2e-4, 1e-7))
+    sharing = CpuSharing(True, front=CpuDemand(idle_s_per_s=0.3, per_request_s=0.01))
+    served = make_profile(prefill=engine.prefill, decode=engine.decode,
+                          serving=dataclasses.replace(TRUTH, cpu=sharing))
+    singles, single_stretches = [], []
+    for index, (prompt_len, output_len) in enumerate([(64, 8), (64, 64), (512, 8), (512, 64)] * 3):
+        simulation = Simulation(served, XpYd(1, 1))
+        request = SimRequest(10.0 * index, prompt_len, output_len)
+        [times] = simulation.run([request])
+        singles += _as_records([request], [times])
+        single_stretches.append(tuple(simulation.step_stretches))
+    simulation = Simulation(served, XpYd(1, 1))
+    wave = [SimRequest(0.0, 64, 64) for _ in range(16)]
+    waves = [_as_records(wave, simulation.run(wave))]
+
+    measured = overhead_from_records(engine, singles, waves, single_stretches, [tuple(simulation.step_stretches)])
+    factors = [stretch for pair in single_stretches for stretch in pair]
+    assert min(factors) > 1.0 and max(factors) > 1.2
+    assert measured.step_s == pytest.approx(TRUTH.step_s, rel=0.05)
+    assert measured.handoff_s == pytest.approx(TRUTH.handoff_s, rel=0.05)
+    assert measured.gateway_s + measured.ttft_s == pytest.approx(TRUTH.gateway_s + TRUTH.ttft_s, rel=0.01)
+    assert measured.per_seq_step_s == pytest.approx(TRUTH.per_seq_step_s, rel=0.25)
+    assert stretches_of({"wall_s": 2.0, "cpu_s": {"prefill_engine": 0.4, "decode_engine": 1.0, "prefill": 0.2,
+                                                  "decode": 0.2, "front": 0.6}}) == pytest.approx(
+        (1 / (1 - 0.1 - 0.3 * 0.7 / 1.1), 1 / (1 - 0.1 - 0.3 * 0.4 / 1.1)))
