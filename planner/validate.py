@@ -1,9 +1,10 @@
 """Predicted against measured: the planner's simulation beside `pdserve bench` on the same trace.
 
-For each configuration this machine can run (xPyD with one CPU per replica) the system is
-launched once (planner/bench_runs.py) and each request rate's trace is sent through the
-benchmark's runner `num_repeats` times (fresh prompts of the same lengths each time, so that no
-run hits the prefix cache), since the machine is shared and one run can be far off.
+For each configuration this machine can run (xPyD with one CPU per replica) and each request
+rate, a trace is sent through the benchmark's runner `num_repeats` times, each time to a system
+launched afresh (planner/bench_runs.py) and with fresh prompts of the same lengths (so that no
+run hits the prefix cache): the machine is shared and one run can be far off, and where the
+scheduler puts the floating front (gateway, Redis, client) differs from one start to the next.
 The simulation gets each run's trace: each request's send time and its prompt and output
 lengths, nothing the system measured; its figures for a trace are the medians over
 `NUM_DRAWS` seeds of its jitter draws, so that a few drawn outliers do not set one trace's tail. A row pairs the medians over the repeats of each
@@ -64,24 +65,23 @@ def validate(config: ValidationConfig) -> list[dict]:
         check_runnable(xpyd)
     rows = []
     for xpyd in config.configs:
-        with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
-                      dtype=config.dtype) as system:
-            base_url = system.spec.base_url
-            bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999),
-                  "warm-up", progress=False)
-            for index, rate in enumerate(config.request_rates):
-                results, cpu_s_per_s = [], []
-                for repeat in range(config.num_repeats):
-                    # fresh prompts each run: the same ones again would hit the prefix cache
-                    seed = config.seed + index * config.num_repeats + repeat
-                    requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
-                                               config.output_len, seed, config.range_ratio)
+        for index, rate in enumerate(config.request_rates):
+            results, cpu_s_per_s = [], []
+            for repeat in range(config.num_repeats):
+                # fresh prompts each run: the same ones again would hit the prefix cache
+                seed = config.seed + index * config.num_repeats + repeat
+                requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
+                                           config.output_len, seed, config.range_ratio)
+                with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
+                              dtype=config.dtype) as system:
+                    bench(system.spec.base_url, random_requests(config.model_dir, 4, config.input_len, 8,
+                                                                config.seed + 999), "warm-up", progress=False)
                     result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
-                        base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
+                        system.spec.base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
                         seed=seed, goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
-                    results.append(result)
-                    cpu_s_per_s.append({part: seconds / wall_s for part, seconds in cpu_s.items()})
-                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s))
+                results.append(result)
+                cpu_s_per_s.append({part: seconds / wall_s for part, seconds in cpu_s.items()})
+            rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s))
     return rows
 
 
