@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     from planner.measure import MeasureConfig, measure_profile
-    from planner.serving import ServingRunConfig, measure_serving_overhead
+    from planner.serving import ServingRunConfig, measure_serving
 
     sizes = {name: tuple(getattr(args, name)) for name in
              ("prefill_prompt_lens", "prefill_num_seqs", "decode_num_seqs", "decode_context_lens")
@@ -102,8 +102,7 @@ def _profile(args: argparse.Namespace) -> int:
     profile = measure_profile(config)
     os.sched_setaffinity(0, all_cpus)
     if args.serving and args.device == "cpu":
-        overhead = measure_serving_overhead(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
-        profile = dataclasses.replace(profile, serving=overhead)
+        profile = measure_serving(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
     print(profile.save(args.out))
     return 0
 

@@ -128,6 +128,7 @@ class ServingOverhead:
     cpu: CpuSharing = CpuSharing()  # the work beside the engines on their cores
     samples: list[dict] = field(default_factory=list)  # the single-request runs it was read from
     cpu_samples: list[dict] = field(default_factory=list)  # the CPU readings `cpu` was read from
+    engine_alone: dict = field(default_factory=dict)  # the engine's fits before the served ones replaced them
 
 
 @dataclass(frozen=True, slots=True)

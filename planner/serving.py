@@ -1,4 +1,4 @@
-"""What the serving path adds to the engine's step times, measured through `pdserve up`.
+"""The engine as a replica runs it, and what the serving path adds, measured through `pdserve up`.
 
 Two kinds of profile runs on a 1P1D system, neither of them a validation workload:
 1. One request at a time at a few prompt and output lengths, `single_gap_s` apart (nearly
@@ -27,6 +27,13 @@ requests, output tokens and decode steps (the front's and the decode replica's),
 requests alone (the prefill replica's, which streams no tokens). A single request's decode
 steps are its output tokens less one, and so are a wave's, whose prompts all join one batch;
 the waves are what tell a token's cost from a step's.
+
+The engine's own fits (planner/measure.py) time it alone in this process; inside a replica its
+thread costs otherwise (the prefill's KV copy runs there, layer by layer; the decode's gRPC and
+asyncio threads share its core and its caches). So the replicas' engine-thread CPU over the same
+runs resets them: the prefill fit is scaled by that CPU over what the fit gives for the runs'
+prompts, and the decode fit's intercept and per-request terms are refitted to that CPU over the
+runs' decode steps (its context term kept), before the overheads are taken beyond them.
 """
 from __future__ import annotations
 
@@ -42,7 +49,7 @@ from bench.records import RequestRecord
 from planner.bench_runs import bench, launched, random_requests
 from planner.cpu_sharing import CpuDemand, CpuSharing, shared_core_stretches
 from planner.proc_cpu import cpu_during
-from planner.profile import Profile, ServingOverhead, fit_linear
+from planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead, fit_linear
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
 
@@ -64,7 +71,8 @@ class ServingRunConfig:
     seed: int = 1000  # apart from the validation traces' seeds
 
 
-def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> ServingOverhead:
+def measure_serving(profile: Profile, config: ServingRunConfig) -> Profile:
+    """`profile` with the engine's fits as served and the serving path's overheads."""
     with launched(config.model_dir, 1, config.log_dir / "serving_profile.log", dtype=config.dtype) as system:
         base_url = system.spec.base_url
         # its own seed: prompts the measured runs repeat would be prefilled from the prefix cache
@@ -73,10 +81,14 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
         idle_cpu_s_per_s = {part: cpu_s / idle_s for part, cpu_s in idle_cpu_s.items()}
         readings = []
 
-        def run(requests, label: str, num_decode_steps: int, **options) -> list[RequestRecord]:
+        def run(requests, label: str, batch_size: int, **options) -> list[RequestRecord]:
+            """`batch_size`: the requests run one at a time (1) or all in one batch."""
             result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(base_url, requests, label, **options))
-            readings.append({"label": label, "num_requests": len(requests),
-                             "num_output_tokens": sum(r.output_len for r in requests),
+            prompt_len, output_len = len(requests[0].prompt_token_ids), requests[0].output_len
+            num_decode_steps = _num_decode_steps(result.records, batch_size)
+            readings.append({"label": label, "num_requests": len(requests), "batch_size": batch_size,
+                             "prompt_len": prompt_len, "output_len": output_len,
+                             "num_output_tokens": len(requests) * output_len,
                              "num_decode_steps": num_decode_steps, "wall_s": wall_s, "cpu_s": cpu_s})
             return result.records
 
@@ -85,19 +97,45 @@ def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> Serv
             for output_len in config.output_lens:
                 requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
                                            config.seed + len(singles))
-                singles += run(requests, f"single p{prompt_len} o{output_len}", len(requests) * (output_len - 1),
-                               max_concurrency=1, request_rate=1 / config.single_gap_s,
-                               burstiness=REGULAR_ARRIVALS)
+                singles += run(requests, f"single p{prompt_len} o{output_len}", 1, max_concurrency=1,
+                               request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS)
                 single_stretches += [stretches_of(readings[-1])] * len(requests)
         waves = []
         for wave in range(config.num_waves):
             requests = random_requests(config.model_dir, config.batch_size, config.batch_prompt_len,
                                        config.batch_output_len, config.seed + 100 + wave)
-            waves.append(run(requests, f"wave {wave} of {config.batch_size}", config.batch_output_len - 1))
+            waves.append(run(requests, f"wave {wave} of {config.batch_size}", config.batch_size))
     wave_stretches = [stretches_of(reading) for reading in readings[-len(waves):]]
-    return dataclasses.replace(overhead_from_records(profile, singles, waves, single_stretches, wave_stretches),
-                               cpu=sharing_from_readings(idle_cpu_s_per_s, readings),
-                               cpu_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings])
+    served = dataclasses.replace(profile, prefill=served_prefill_fit(profile.prefill, readings),
+                                 decode=served_decode_fit(profile.decode, readings))
+    overhead = overhead_from_records(served, singles, waves, single_stretches, wave_stretches)
+    return dataclasses.replace(served, serving=dataclasses.replace(
+        overhead, cpu=sharing_from_readings(idle_cpu_s_per_s, readings),
+        cpu_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings],
+        engine_alone={"prefill": dataclasses.asdict(profile.prefill), "decode": dataclasses.asdict(profile.decode)}))
+
+
+def served_prefill_fit(alone: PrefillFit, readings: list[dict]) -> PrefillFit:
+    """`alone` scaled by the prefill engine thread's CPU over what `alone` gives for the prompts
+    of the single-request runs, each prefilled in a step of its own (a wave's prompts reach the
+    prefill one by one from the gateway, in steps of unknown make-up)."""
+    singles = [r for r in readings if r["batch_size"] == 1]
+    fitted_s = sum(r["num_requests"] * alone.step_s([(0, r["prompt_len"])]) for r in singles)
+    scale = sum(r["cpu_s"]["prefill_engine"] for r in singles) / fitted_s
+    return PrefillFit(alone.intercept_s * scale, alone.per_token_s * scale, alone.per_attention_pair_s * scale)
+
+
+def served_decode_fit(alone: DecodeFit, readings: list[dict]) -> DecodeFit:
+    """`alone`'s intercept and per-request terms refitted to the decode engine thread's CPU over
+    the runs' decode steps, its context term kept. A run's tokens decoded and the context they
+    read are exact, a wave's number of steps an estimate (`_num_decode_steps`)."""
+    features, targets = [], []
+    for r in readings:
+        context_tokens = r["num_requests"] * sum(r["prompt_len"] + generated for generated in range(1, r["output_len"]))
+        features.append([r["num_decode_steps"], r["num_requests"] * (r["output_len"] - 1)])
+        targets.append(r["cpu_s"]["decode_engine"] - alone.per_context_token_s * context_tokens)
+    intercept_s, per_seq_s = fit_linear(features, targets, relative=False)
+    return DecodeFit(intercept_s, per_seq_s, alone.per_context_token_s)
 
 
 def sharing_from_readings(idle_cpu_s_per_s: dict[str, float], readings: list[dict]) -> CpuSharing:
@@ -165,6 +203,17 @@ def overhead_from_records(profile: Profile, singles: list[RequestRecord], waves:
                            per_seq_step_s=per_seq_step_s,
                            ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
                            handoff_residuals_s=handoff_residuals_s, samples=samples)
+
+
+def _num_decode_steps(records: list[RequestRecord], batch_size: int) -> int:
+    """A run's decode steps: a single's tokens less one each; a wave's, its length less one plus
+    the steps over which its first tokens spread (its prompts reach decode one by one)."""
+    output_len = records[0].output_len
+    if batch_size == 1:
+        return len(records) * (output_len - 1)
+    first_tokens_s = [r.start_s + r.ttft_s for r in records]
+    step_s = statistics.median(tpot_s(r) for r in records)
+    return output_len - 1 + round((max(first_tokens_s) - min(first_tokens_s)) / step_s)
 
 
 def stretches_of(reading: dict) -> tuple[float, float]:

@@ -1,6 +1,7 @@
 """The measuring steps end to end on a fake system that answers as the simulation does: what
 they send, read and return, without launching anything."""
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -34,24 +35,35 @@ def _random_requests(model_dir, num_prompts, input_len, output_len, seed, range_
     return [BenchRequest(None, [1] * input_len, output_len) for _ in range(num_prompts)]
 
 
-def _bench(base_url, requests, label, request_rate=math.inf, **options):
+_ENGINE_WORK_S = {}  # the last fake run's engine work, by kind, for _cpu_during to report
+
+
+def _bench(base_url, requests, label, request_rate=math.inf, max_concurrency=None, **options):
     gap_s = 0.0 if math.isinf(request_rate) else 1 / request_rate
+    if max_concurrency == 1:
+        gap_s = max(gap_s, 10.0)  # one at a time: each alone
     trace = [SimRequest(i * gap_s, len(r.prompt_token_ids), r.output_len) for i, r in enumerate(requests)]
+    simulation = Simulation(SERVED, XpYd(1, 1))
+    times = simulation.run(trace)
+    duration_s = max(t.finish_s for t in times) - min(t.arrival_s for t in times)
+    for core in simulation.cores:
+        _ENGINE_WORK_S[core.kind] = core.engine_work_s_per_s * duration_s
     records = [RequestRecord(prompt_len=r.prompt_len, output_len=r.output_len, ttft_s=t.ttft_s, itl_s=[],
                              e2el_s=t.finish_s - t.arrival_s, success=True, error="", start_s=r.arrival_s)
-               for r, t in zip(trace, Simulation(SERVED, XpYd(1, 1)).run(trace))]
+               for r, t in zip(trace, times)]
     return BenchResult(config=BenchConfig(backend="openai", target=base_url), model_id="m", date="",
                        records=records, metrics=compute_metrics(records, 1.0), server=None)
 
 
 def _cpu_during(system_pid, call):
-    """A fake reading: each engine at 0.3 CPU s/s and nothing beside them, so that no step is
-    slowed, as in the system `_bench` fakes."""
+    """A fake reading: each engine's work in the system `_bench` fakes, and nothing beside them,
+    so that no step is slowed there either."""
+    _ENGINE_WORK_S.clear()
     started_s = time.monotonic()
     result = call()
     wall_s = max(time.monotonic() - started_s, 1e-3)
-    return result, {"front": 0.0, "prefill_engine": 0.3 * wall_s, "decode_engine": 0.3 * wall_s,
-                    "prefill": 0.0, "decode": 0.0}, wall_s
+    return result, {"front": 0.0, "prefill_engine": _ENGINE_WORK_S.get("prefill", 0.0),
+                    "decode_engine": _ENGINE_WORK_S.get("decode", 0.0), "prefill": 0.0, "decode": 0.0}, wall_s
 
 
 @pytest.fixture
@@ -65,8 +77,17 @@ def fake_system(monkeypatch):
 
 def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engines(fake_system, tmp_path):
     config = serving.ServingRunConfig(model_dir=Path("model"), log_dir=tmp_path, idle_window_s=0.01)
-    measured = serving.measure_serving_overhead(ENGINE, config)
+    profile = serving.measure_serving(ENGINE, config)
+    measured = profile.serving
+    # the engine as served does what the fake system's engine did: the fits alone, plus the
+    # per-step overheads its decode steps spend as work
+    assert dataclasses.astuple(profile.prefill) == pytest.approx(dataclasses.astuple(ENGINE.prefill))
+    # (within a few %: a wave's steps are an estimate)
+    assert profile.decode.intercept_s == pytest.approx(ENGINE.decode.intercept_s + TRUTH.step_s, rel=0.05)
+    assert profile.decode.per_seq_s == pytest.approx(ENGINE.decode.per_seq_s + TRUTH.per_seq_step_s, rel=0.1)
+    assert measured.engine_alone["decode"] == dataclasses.asdict(ENGINE.decode)
     assert measured.handoff_s == pytest.approx(TRUTH.handoff_s, rel=0.05)
+    assert measured.step_s + measured.per_seq_step_s == pytest.approx(0.0, abs=1e-4)  # all of it in the fit
     assert measured.ttft_ratios == pytest.approx([1.0] * 40)
     assert len(measured.handoff_residuals_s) == 40
     assert measured.cpu.shares_replica_cpus
@@ -74,8 +95,11 @@ def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engi
                measured.cpu.front.per_decode_step_s) >= 0
     assert [r["label"] for r in measured.cpu_samples][:2] == ["idle", "single p64 o8"]
     assert sum(r["num_requests"] for r in measured.cpu_samples[1:]) == 40 + 3 * 16
-    # a single's decode steps are its tokens less one; a wave's, its length less one
-    assert [r["num_decode_steps"] for r in measured.cpu_samples[1:]] == [70, 630, 70, 630, 63, 63, 63]
+    # a single's decode steps are its tokens less one; a wave's, its length less one and the
+    # steps its prompts join over
+    assert [r["num_decode_steps"] for r in measured.cpu_samples[1:5]] == [70, 630, 70, 630]
+    assert all(63 < r["num_decode_steps"] < 63 + 16 * 3 for r in measured.cpu_samples[5:])
+    assert [r["batch_size"] for r in measured.cpu_samples[1:]] == [1, 1, 1, 1, 16, 16, 16]
 
 
 def test_validation_of_a_system_that_behaves_as_modelled(fake_system, tmp_path, monkeypatch):
