@@ -7,6 +7,7 @@ to a benchmark the planner is later checked against. Step times are linear model
     prefill step_s = intercept_s + per_token_s * batch_tokens
                      + per_attention_pair_s * sum(chunk_len * (chunk_start + chunk_len))
     decode step_s  = intercept_s + per_seq_s * num_seqs + per_context_token_s * context_tokens
+                     + per_join_s * requests joining the batch in that step (as served only)
 
 Fits minimise relative error (each sample's row is divided by its time), so short steps count as
 much as long ones, and coefficients are kept non-negative (a term whose weight comes out negative
@@ -76,9 +77,11 @@ class DecodeFit:
     intercept_s: float
     per_seq_s: float
     per_context_token_s: float
+    per_join_s: float = 0.0  # the engine thread's reservation, commit and join of a request, as served
 
-    def step_s(self, num_seqs: int, num_context_tokens: int) -> float:
-        return self.intercept_s + self.per_seq_s * num_seqs + self.per_context_token_s * num_context_tokens
+    def step_s(self, num_seqs: int, num_context_tokens: int, num_joins: int = 0) -> float:
+        return (self.intercept_s + self.per_seq_s * num_seqs + self.per_context_token_s * num_context_tokens
+                + self.per_join_s * num_joins)
 
     @staticmethod
     def fit(samples: list[DecodeSample]) -> DecodeFit:

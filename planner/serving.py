@@ -33,7 +33,8 @@ thread costs otherwise (the prefill's KV copy runs there, layer by layer; the de
 asyncio threads share its core and its caches). So the replicas' engine-thread CPU over the same
 runs resets them: the prefill fit is scaled by that CPU over what the fit gives for the runs'
 prompts, and the decode fit's intercept and per-request terms are refitted to that CPU over the
-runs' decode steps (its context term kept), before the overheads are taken beyond them.
+runs' decode steps (its context term kept), with a term per request joining (the reservation,
+commit and join its engine thread runs), before the overheads are taken beyond them.
 """
 from __future__ import annotations
 
@@ -126,16 +127,17 @@ def served_prefill_fit(alone: PrefillFit, readings: list[dict]) -> PrefillFit:
 
 
 def served_decode_fit(alone: DecodeFit, readings: list[dict]) -> DecodeFit:
-    """`alone`'s intercept and per-request terms refitted to the decode engine thread's CPU over
-    the runs' decode steps, its context term kept. A run's tokens decoded and the context they
-    read are exact, a wave's number of steps an estimate (`_num_decode_steps`)."""
+    """`alone`'s intercept and per-request terms, and a term per request joining, fitted to the
+    decode engine thread's CPU over the runs' decode steps, its context term kept. A run's
+    tokens decoded and the context they read are exact, a wave's number of steps an estimate
+    (`_num_decode_steps`)."""
     features, targets = [], []
     for r in readings:
         context_tokens = r["num_requests"] * sum(r["prompt_len"] + generated for generated in range(1, r["output_len"]))
-        features.append([r["num_decode_steps"], r["num_requests"] * (r["output_len"] - 1)])
+        features.append([r["num_decode_steps"], r["num_requests"] * (r["output_len"] - 1), r["num_requests"]])
         targets.append(r["cpu_s"]["decode_engine"] - alone.per_context_token_s * context_tokens)
-    intercept_s, per_seq_s = fit_linear(features, targets, relative=False)
-    return DecodeFit(intercept_s, per_seq_s, alone.per_context_token_s)
+    intercept_s, per_seq_s, per_join_s = fit_linear(features, targets, relative=False)
+    return DecodeFit(intercept_s, per_seq_s, alone.per_context_token_s, per_join_s)
 
 
 def sharing_from_readings(idle_cpu_s_per_s: dict[str, float], readings: list[dict]) -> CpuSharing:
@@ -227,6 +229,8 @@ def stretches_of(reading: dict) -> tuple[float, float]:
 
 
 def _engine_decode_s(profile: Profile, prompt_len: int, output_len: int, batch_size: int) -> float:
-    """The engine's decode steps of one request in a batch of `batch_size` like it."""
-    return sum(profile.decode.step_s(batch_size, batch_size * (prompt_len + generated))
+    """The engine's decode steps of one request in a batch of `batch_size` like it, all joined in
+    the first."""
+    return sum(profile.decode.step_s(batch_size, batch_size * (prompt_len + generated),
+                                     num_joins=batch_size if generated == 1 else 0)
                for generated in range(1, output_len))

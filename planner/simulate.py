@@ -255,7 +255,9 @@ class Simulation:
             self._start_decode(now_s, server)
 
     def _start_decode(self, now_s: float, server: _Server) -> None:
+        num_joins = 0
         while server.queue and len(server.running) < self.profile.max_num_seqs:
+            num_joins += 1
             job = server.queue.popleft()
             server.running.append(job)
             server.num_requests += 1
@@ -264,7 +266,8 @@ class Simulation:
         num_context_tokens = sum(job.request.prompt_len + job.num_generated for job in server.running)
         serving = self.profile.serving
         # the serving path's per-step overheads run on the engine thread too (planner/serving.py)
-        work_s = (self.profile.decode.step_s(num_seqs, num_context_tokens) * self._draws.ratio(self._decode_ratios)
+        work_s = (self.profile.decode.step_s(num_seqs, num_context_tokens, num_joins)
+                  * self._draws.ratio(self._decode_ratios)
                   + serving.step_s + serving.per_seq_step_s * num_seqs)
         self._start_step(now_s, server, work_s, self._end_decode, server)
 

@@ -6,7 +6,7 @@ import pytest
 from bench.records import RequestRecord
 from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import DecodeFit, PrefillFit, ServingOverhead
-from planner.serving import overhead_from_records, stretches_of
+from planner.serving import overhead_from_records, served_decode_fit, served_prefill_fit, stretches_of
 from planner.simulate import Simulation, XpYd
 from planner.workload import SimRequest
 
@@ -71,3 +71,23 @@ def test_the_overheads_are_recovered_beyond_the_steps_as_the_cpu_sharing_slows_t
     assert stretches_of({"wall_s": 2.0, "cpu_s": {"prefill_engine": 0.4, "decode_engine": 1.0, "prefill": 0.2,
                                                   "decode": 0.2, "front": 0.6}}) == pytest.approx(
         (1 / (1 - 0.1 - 0.3 * 0.7 / 1.1), 1 / (1 - 0.1 - 0.3 * 0.4 / 1.1)))
+
+
+def test_the_engine_as_served_is_refitted_to_its_threads_cpu():
+    alone_decode, alone_prefill = DecodeFit(0.004, 2e-4, 1e-7), PrefillFit(0.004, 5e-5, 0.0)
+    served = DecodeFit(0.003, 3e-4, 1e-7, per_join_s=0.002)
+    readings = []
+    for prompt_len, output_len, batch_size, num_steps in [(64, 8, 1, 70), (64, 64, 1, 630), (512, 8, 1, 70),
+                                                          (512, 64, 1, 630), (64, 64, 16, 75), (64, 64, 16, 72)]:
+        num_requests = 10 if batch_size == 1 else batch_size
+        context_tokens = num_requests * sum(prompt_len + generated for generated in range(1, output_len))
+        decode_s = (served.intercept_s * num_steps + served.per_seq_s * num_requests * (output_len - 1)
+                    + served.per_context_token_s * context_tokens + served.per_join_s * num_requests)
+        prefill_s = 1.3 * num_requests * alone_prefill.step_s([(0, prompt_len)])
+        readings.append({"num_requests": num_requests, "batch_size": batch_size, "prompt_len": prompt_len,
+                         "output_len": output_len, "num_decode_steps": num_steps,
+                         "cpu_s": {"decode_engine": decode_s, "prefill_engine": prefill_s}})
+    fit = served_decode_fit(alone_decode, readings)
+    assert dataclasses.astuple(fit) == pytest.approx(dataclasses.astuple(served))
+    prefill = served_prefill_fit(alone_prefill, readings)
+    assert dataclasses.astuple(prefill) == pytest.approx((0.004 * 1.3, 5e-5 * 1.3, 0.0))

@@ -195,3 +195,10 @@ def test_a_busy_decode_reserves_for_a_new_request_when_its_step_ends():
     assert first.ttft_s == pytest.approx(prefill_s)
     reserved_s = landed_s + 0.05  # the end of that step, which the second request (sent at 0.05) waits for
     assert second.ttft_s == pytest.approx(reserved_s + prefill_s - 0.05)
+
+
+def test_a_request_joining_decode_adds_its_join_to_that_step():
+    profile = make_profile(decode=DecodeFit(0.005, 0.001, 0.0, per_join_s=0.004))
+    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 100, 4)])
+    steps_s = 3 * (0.005 + 0.001) + 0.004  # the join in the first step only
+    assert times.finish_s - times.first_token_s == pytest.approx(100 * 1000 / 1e9 + steps_s)
