@@ -30,6 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class CpuOversubscribedError(ValueError):
+    """The engines and the work beside them would need more CPU than the replicas' cores have."""
+
+
 @dataclass(frozen=True, slots=True)
 class Activity:
     """What a server, or the whole system, served per second of a run."""
@@ -94,10 +98,10 @@ def shared_core_stretches(engine_work_s_per_s: list[float], own_s_per_s: list[fl
     """Each core's factor from its engine's work, its replica's own demand and the front's, all
     in CPU seconds per second (the module's formula)."""
     if max(own_s_per_s) >= 1:
-        raise ValueError(f"a replica's own work would take all of its core ({max(own_s_per_s):.2f} CPU s/s)")
+        raise CpuOversubscribedError(f"a replica's own work would take all of its core ({max(own_s_per_s):.2f} CPU s/s)")
     left = [max(0.0, 1 - work_s - own_s) for work_s, own_s in zip(engine_work_s_per_s, own_s_per_s)]
     if front_s_per_s > 0 and front_s_per_s >= sum(left):
-        raise ValueError(f"the front ({front_s_per_s:.2f} CPU s/s) would take every CPU the {len(left)} replicas "
+        raise CpuOversubscribedError(f"the front ({front_s_per_s:.2f} CPU s/s) would take every CPU the {len(left)} replicas "
                          f"leave ({sum(left):.2f})")
     front_shares = [front_s_per_s * left_s / sum(left) if front_s_per_s > 0 else 0.0 for left_s in left]
     return [1 / (1 - own_s - share) for own_s, share in zip(own_s_per_s, front_shares)]

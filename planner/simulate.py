@@ -101,6 +101,12 @@ class SimSummary:
             goodput_rps=good / duration_s, slo_attainment=good / len(times),
             throughput_rps=len(times) / duration_s, duration_s=duration_s, front_cpu_s_per_s=front_cpu_s_per_s)
 
+    @staticmethod
+    def unserved() -> SimSummary:
+        """A configuration that cannot serve the trace at all (its CPUs are oversubscribed)."""
+        return SimSummary(ttft_ms={p: float("inf") for p in PERCENTILES}, tpot_ms={p: float("inf") for p in PERCENTILES},
+                          goodput_rps=0.0, slo_attainment=0.0, throughput_rps=0.0, duration_s=float("inf"))
+
     def to_dict(self) -> dict:
         return {**{f"p{p}_ttft_ms": v for p, v in self.ttft_ms.items()},
                 **{f"p{p}_tpot_ms": v for p, v in self.tpot_ms.items()},
