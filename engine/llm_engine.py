@@ -112,9 +112,9 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if token_ids and len(token_ids) != num_prompt_tokens:
             raise InvalidRequestError(f"{len(token_ids)} token ids for a reservation of {num_prompt_tokens} tokens")
-        if not 0 < num_prompt_tokens < self.max_model_len:
-            raise InvalidRequestError(f"a reservation of {num_prompt_tokens} tokens: the model's context length is "
-                                      f"{self.max_model_len}, one token of it left to decode")
+        if not 0 < num_prompt_tokens <= self.max_model_len:
+            raise InvalidRequestError(f"a reservation of {num_prompt_tokens} tokens: the model's context length "
+                                      f"is {self.max_model_len}")
         prefix = []
         if token_ids and self.allocator.enable_caching:
             prefix = self.allocator.lookup(block_hashes(token_ids[:-1], self.allocator.block_size))

@@ -123,10 +123,10 @@ def test_unused_reservation_is_released(engines):
     assert decode.allocator.num_free_blocks == decode.allocator.num_blocks
 
 
-@pytest.mark.parametrize("num_tokens", [0, "max_model_len"])
+@pytest.mark.parametrize("num_tokens", [0, "beyond max_model_len"])
 def test_a_reservation_the_context_cannot_hold_is_refused_and_holds_nothing(engines, num_tokens):
     _, decode, _ = engines
-    num_tokens = decode.max_model_len if num_tokens == "max_model_len" else num_tokens
+    num_tokens = decode.max_model_len + 1 if num_tokens == "beyond max_model_len" else num_tokens
     with pytest.raises(InvalidRequestError, match="context length"):
         decode.reserve("too-long", num_tokens)
     assert decode.allocator.num_free_blocks == decode.allocator.num_blocks
