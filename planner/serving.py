@@ -25,8 +25,8 @@ The CPU beside the engines (planner/cpu_sharing.py) is read around each of those
 took beyond the idle rate is regressed (non-negative least squares of the absolute error) on its
 requests, output tokens and decode steps (the front's and the decode replica's), or on its
 requests alone (the prefill replica's, which streams no tokens). A single request's decode
-steps are its output tokens less one, and so are a wave's, whose prompts all join one batch;
-the waves are what tell a token's cost from a step's.
+steps are its output tokens less one; a wave's are its length less one plus the steps over
+which its prompts join (`_num_decode_steps`); the waves are what tell a token's cost from a step's.
 
 The engine's own fits (planner/measure.py) time it alone in this process; inside a replica its
 thread costs otherwise (the prefill's KV copy runs there, layer by layer; the decode's gRPC and

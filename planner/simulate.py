@@ -41,7 +41,7 @@ from planner.profile import Profile
 from planner.workload import SimRequest, Slo
 
 PERCENTILES = (50, 90, 99)
-NUM_PASSES = 4
+NUM_PASSES = 4  # the slow-down factors move by well under 1 % from the third pass to the fourth
 
 
 @dataclass(frozen=True, slots=True)
