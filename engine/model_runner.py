@@ -2,9 +2,15 @@
 
 Mechanism only: the scheduler has already decided which tokens of which requests run and
 where their K/V go (the block tables). The block tables live on the device between steps
-(engine/block_table.py); a step sends only the blocks appended since the last, in the same two
-copies (one per dtype) as the rest of its inputs. Logits are computed only for the last token
-of chunks that reach the end of their request; those rows are sampled.
+(engine/block_table.py); a step sends only the blocks appended since the last. Logits are
+computed only for the last token of chunks that reach the end of their request; those rows are
+sampled.
+
+Invariant: a step makes two host-to-device copies and, if it samples, one device-to-host
+readback, whatever its batch and whatever its rows' sampling params. In: one staged copy per
+dtype (engine/staging.py) holds the model's inputs, the block-table writes and everything the
+sampler reads (engine/sampling_inputs.py). Out: the sampled token ids and any logprobs, read back
+together (engine/sampler.py).
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from engine.block_table import BlockTable
 from engine.model import CausalLM
 from engine.outputs import TokenLogprobs
 from engine.sampler import sample
+from engine.sampling_inputs import SamplingInputs, pack_sampling
 from engine.scheduler import ScheduledChunk, SchedulerOutput
 from engine.staging import stage
 
@@ -45,26 +52,19 @@ class ModelRunner:
         self.block_table.release(output.departed_request_ids)
         if not output.chunks:
             return ModelRunnerOutput({}, {})
-        input_ids, positions, last_rows, attn = self._prepare(output.chunks, output.num_decode_chunks)
-        hidden = self.model(input_ids, positions, self.kv_cache, attn, on_layer_done)  # [num_tokens, hidden]
-
         sampling = [chunk for chunk in output.chunks if chunk.samples]
+        input_ids, positions, last_rows, attn, sampling_inputs = self._prepare(
+            output.chunks, output.num_decode_chunks, sampling)
+        hidden = self.model(input_ids, positions, self.kv_cache, attn, on_layer_done)  # [num_tokens, hidden]
         if not sampling:
             return ModelRunnerOutput({}, {})
         logits = self.model.compute_logits(hidden[last_rows])  # [num_sampling, vocab_size]
-        result = sample(
-            logits,
-            params=[chunk.request.params for chunk in sampling],
-            seeds=[chunk.request.seed for chunk in sampling],
-            positions=[chunk.request.num_tokens for chunk in sampling],
-            prompt_token_ids=[chunk.request.prompt_token_ids for chunk in sampling],
-            output_token_ids=[chunk.request.output_token_ids for chunk in sampling],
-            eos_token_id=self.eos_token_id,
-        )
+        result = sample(logits, sampling_inputs)
         ids = [chunk.request.request_id for chunk in sampling]
         return ModelRunnerOutput(dict(zip(ids, result.token_ids)), dict(zip(ids, result.logprobs)))
 
-    def _prepare(self, chunks: list[ScheduledChunk], num_decodes: int):
+    def _prepare(self, chunks: list[ScheduledChunk], num_decodes: int, sampling: list[ScheduledChunk]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, SamplingInputs]:
         block_size = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -82,12 +82,23 @@ class ModelRunner:
         for chunk in prefills:
             query_start_loc.append(query_start_loc[-1] + chunk.num_new_tokens)
         table_rows, table_indices, new_block_ids = self.block_table.diff(chunks)
-        # Two copies per step, whatever the batch: one per dtype (engine/staging.py).
-        input_ids_t, positions_t, slots_t, last_rows, table_indices_t = stage(
-            [input_ids, positions, slots, _last_rows(chunks), table_indices], torch.int64, self.device)
-        decode_lens, start_loc, prefill_lens, table_rows_t, new_block_ids_t = stage(
+        requests = [chunk.request for chunk in sampling]
+        packed = pack_sampling(
+            params=[request.params for request in requests],
+            seeds=[request.seed for request in requests],
+            positions=[request.num_tokens for request in requests],
+            vocab_size=self.model.config.vocab_size,
+            prompt_token_ids=[request.prompt_token_ids for request in requests],
+            output_token_ids=[request.output_token_ids for request in requests],
+            eos_token_id=self.eos_token_id,
+        )
+        # Two copies per step, whatever the batch and its sampling params: one per dtype.
+        input_ids_t, positions_t, slots_t, last_rows, table_indices_t, *sampling_int64 = stage(
+            [input_ids, positions, slots, _last_rows(chunks), table_indices, *packed.int64_parts],
+            torch.int64, self.device)
+        decode_lens, start_loc, prefill_lens, table_rows_t, new_block_ids_t, *sampling_int32 = stage(
             [[c.start + 1 for c in decodes], query_start_loc, [c.start + c.num_new_tokens for c in prefills],
-             table_rows, new_block_ids], torch.int32, self.device)
+             table_rows, new_block_ids, *packed.int32_parts], torch.int32, self.device)
         self.block_table.write(table_indices_t, new_block_ids_t)
         attn = AttentionMetadata(
             slot_mapping=slots_t,
@@ -98,7 +109,7 @@ class ModelRunner:
             prefill_query_start_loc=start_loc,
             prefill_context_lens=prefill_lens,
         )
-        return input_ids_t, positions_t, last_rows, attn
+        return input_ids_t, positions_t, last_rows, attn, packed.unpack(sampling_int64, sampling_int32)
 
 
 def _width(chunks: list[ScheduledChunk]) -> int:

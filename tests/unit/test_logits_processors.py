@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine.logits_processors import apply_logits_processors
-from engine.sampler import sample
 from engine.sampling_params import SamplingParams
+from tests.unit.sampling_on_cpu import sample, staged_inputs
 
 VOCAB_SIZE = 48
 EOS = 2
@@ -34,6 +34,11 @@ def reference_row(logits_row: torch.Tensor, params: SamplingParams, prompt: list
         z[token_id] = z[token_id] - f32(params.frequency_penalty) * f32(output.count(token_id))
         z[token_id] = z[token_id] - f32(params.presence_penalty)
     return z
+
+
+def adjustments(params: list[SamplingParams], prompts: list[list[int]], outputs: list[list[int]]):
+    """What the logits processors read for these rows (seeds and positions only matter to the draw)."""
+    return staged_inputs(params, [0] * len(params), [0] * len(params), VOCAB_SIZE, prompts, outputs, EOS)
 
 
 def plain(params: SamplingParams) -> SamplingParams:
@@ -74,7 +79,7 @@ def test_batched_processing_equals_the_per_request_reference(case_seed):
     logits = torch.randn(num_rows, VOCAB_SIZE, generator=torch.Generator().manual_seed(case_seed)) * 3
     raw = logits.clone()
 
-    processed = apply_logits_processors(logits, params, prompts, outputs, EOS)
+    processed = apply_logits_processors(logits, adjustments(params, prompts, outputs))
 
     expected = torch.stack([reference_row(logits[i], params[i], prompts[i], outputs[i], EOS)
                             for i in range(num_rows)])
@@ -147,7 +152,7 @@ def test_logprobs_stay_those_of_the_raw_logits():
 
 def test_a_batch_that_adjusts_nothing_is_returned_untouched():
     logits = torch.randn(3, VOCAB_SIZE)
-    assert apply_logits_processors(logits, [SamplingParams()] * 3, [[1]] * 3, [[]] * 3, EOS) is logits
+    assert apply_logits_processors(logits, adjustments([SamplingParams()] * 3, [[1]] * 3, [[]] * 3)) is logits
 
 
 def test_adjusting_params_without_the_token_history_is_an_error():

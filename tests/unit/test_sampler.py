@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from engine.sampler import exponential_noise, sample
+from engine.noise import exponential_noise, row_key
 from engine.sampling_params import SamplingParams
+from tests.unit.sampling_on_cpu import sample
 
 VOCAB_SIZE = 64
 
@@ -69,11 +70,16 @@ def test_different_seeds_or_positions_draw_differently():
     assert len(set(draws)) > 20  # positions do not repeat the same noise
 
 
+def noise_of(seeds: list[int], positions: list[int], vocab_size: int) -> torch.Tensor:
+    keys = torch.tensor([row_key(seed, position) for seed, position in zip(seeds, positions)])  # [num_rows]
+    return exponential_noise(keys, vocab_size)  # [num_rows, vocab_size]
+
+
 def test_noise_is_exponential_and_depends_only_on_seed_and_position():
-    noise = exponential_noise([3, 4, 3], [10, 10, 10], 50_000, "cpu")  # [3, 50_000]
+    noise = noise_of([3, 4, 3], [10, 10, 10], 50_000)  # [3, 50_000]
     assert torch.equal(noise[0], noise[2])
     assert not torch.equal(noise[0], noise[1])
-    assert torch.equal(noise[1], exponential_noise([4], [10], 50_000, "cpu")[0])
+    assert torch.equal(noise[1], noise_of([4], [10], 50_000)[0])
     assert (noise > 0).all()
     assert abs(noise.mean().item() - 1.0) < 0.02
     assert abs(noise.var().item() - 1.0) < 0.05

@@ -1,0 +1,32 @@
+"""The sampler driven from Python lists the way the runner drives it: packed, staged (on CPU)
+and sampled, so the tests exercise the one code path there is."""
+from collections.abc import Sequence
+
+import torch
+
+from engine import sampler
+from engine.sampling_inputs import SamplingInputs, pack_sampling
+from engine.sampling_params import SamplingParams
+from engine.staging import stage
+
+CPU = torch.device("cpu")
+
+
+def staged_inputs(params: Sequence[SamplingParams], seeds: Sequence[int], positions: Sequence[int], vocab_size: int,
+                  prompt_token_ids: Sequence[Sequence[int]] | None = None,
+                  output_token_ids: Sequence[Sequence[int]] | None = None,
+                  eos_token_id: int | None = None) -> SamplingInputs:
+    packed = pack_sampling(list(params), list(seeds), list(positions), vocab_size, prompt_token_ids,
+                           output_token_ids, eos_token_id)
+    return packed.unpack(stage(packed.int64_parts, torch.int64, CPU), stage(packed.int32_parts, torch.int32, CPU))
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], positions: Sequence[int],
+           *, prompt_token_ids: Sequence[Sequence[int]] | None = None,
+           output_token_ids: Sequence[Sequence[int]] | None = None,
+           eos_token_id: int | None = None) -> sampler.SamplerOutput:
+    """`engine.sampler.sample` of `logits` [num_rows, vocab_size] with row i's params, seed and
+    position (and token history, where its params adjust the logits)."""
+    inputs = staged_inputs(params, seeds, positions, logits.shape[-1], prompt_token_ids, output_token_ids,
+                           eos_token_id)
+    return sampler.sample(logits, inputs)
