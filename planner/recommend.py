@@ -5,8 +5,7 @@ split with the highest SLO attainment (the fraction of requests within both SLOs
 throughput); among splits within `ATTAINMENT_TIE` of it, the one with the lowest sum of p90 TTFT
 and p90 TPOT as shares of their SLOs, then fewer prefill servers. The rate is the fleet's total;
 fronts scale with the fleet (`gpus_per_gateway`), since one gateway's per-request cost would
-otherwise cap any fleet. A split whose replicas' cores cannot hold the engines and the work
-beside them (a CPU profile's front, planner/cpu_sharing.py) serves nothing.
+otherwise cap any fleet.
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from planner.cpu_sharing import CpuOversubscribedError
 from planner.profile import Profile
 from planner.simulate import SimSummary, XpYd, simulate
 from planner.workload import Slo, Workload
@@ -43,15 +41,8 @@ def sweep_splits(profile: Profile, num_gpus: int, workload: Workload, slo: Slo,
     requests = workload.requests()
     num_gateways = max(1, math.ceil(num_gpus / gpus_per_gateway))
     configs = [XpYd(p, num_gpus - p) for p in range(1, num_gpus)]
-    return [Candidate(config, _summary(profile, config, requests, slo, num_gateways))
+    return [Candidate(config, simulate(profile, config, requests, slo, num_gateways))
             for config in tqdm(configs, desc=f"{num_gpus} GPUs", unit="split", disable=not progress)]
-
-
-def _summary(profile: Profile, config: XpYd, requests, slo: Slo, num_gateways: int) -> SimSummary:
-    try:
-        return simulate(profile, config, requests, slo, num_gateways)
-    except CpuOversubscribedError:
-        return SimSummary.unserved()
 
 
 def pick(candidates: list[Candidate], slo: Slo) -> Candidate:

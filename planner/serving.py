@@ -3,18 +3,22 @@
 Two kinds of profile runs on a 1P1D system, neither of them a validation workload:
 1. One request at a time at a few prompt and output lengths, `single_gap_s` apart (nearly
    regular arrivals, concurrency 1), so each finds the system idle, its predecessor's clean-up
-   (KV release, Redis writes) done, as a request of a light load does. Per request,
-   TTFT less the engine's prefill step is the idle TTFT overhead (the gateway's share of it
-   below, the rest after it). E2EL - TTFT less the engine's decode steps at batch 1 is regressed
-   on the number of decode steps, each request's KV copy taken off first: the slope is the
-   overhead of a step at batch 1, the intercept the handoff (reserve, commit, join).
-2. Waves of `batch_size` requests sent at once. The gateway takes them one at a time, and the
-   prefill steps of the short prompts overlap it: the slope of the wave's sorted TTFTs against
-   their rank is the gateway's time per request (an upper bound, were prefill the slower of the
-   two; a slope, not the last TTFT, so that one stall of a shared machine does not set it).
-   Decode runs the wave as one batch: how much more TPOT exceeds the engine step and the
-   handoff's share by than at batch 1, over the batch less one, is the overhead per running
-   request per step (a streamed token); the rest of the batch-1 overhead is per step.
+   (KV release, Redis writes) done, as a request of a light load does.
+2. Waves of requests sent at once, of a few shapes (`wave_shapes`: batch, prompt and output
+   lengths). The gateway takes a wave's requests one at a time and the prefill steps of short
+   prompts overlap it: the slope of the wave's sorted TTFTs against their rank is an upper bound
+   on the gateway's time per request, the least of the shapes' (median) slopes its estimate (a
+   slope, not the last TTFT, so that one stall of a shared machine does not set it). Decode runs
+   a wave as one batch.
+
+The overheads are what these runs took beyond what the simulation (planner/simulate.py) gives
+the same traces with the engine's fits, the CPU beside them and no overheads, so that the
+simulation, given them back, reproduces the runs. Per single, TTFT beyond the simulated one is
+the idle TTFT overhead (the gateway's share of it, the rest after it); E2EL - TTFT beyond the
+simulated decode span is regressed on the number of decode steps: the slope is the overhead of a
+step at batch 1, the intercept the handoff (reserve, commit, join). Per wave, how much more TPOT
+exceeds the simulated one (with those overheads) by, over the batch less one, is the overhead per
+running request per step (a streamed token); the rest of the batch-1 overhead is per step.
 Medians throughout, since the machine is shared; the spreads are kept as samples: each single's
 idle TTFT overhead over their median (`ttft_ratios`), each single's decode span less the
 regression line (`handoff_residuals_s`).
@@ -26,7 +30,7 @@ took beyond the idle rate is regressed (non-negative least squares of the absolu
 requests, output tokens and decode steps (the front's and the decode replica's), or on its
 requests alone (the prefill replica's, which streams no tokens). A single request's decode
 steps are its output tokens less one; a wave's are its length less one plus the steps over
-which its prompts join (`_num_decode_steps`); the waves are what tell a token's cost from a step's.
+which its prompts join (`_num_decode_steps`).
 
 The engine's own fits (planner/measure.py) time it alone in this process; inside a replica its
 thread costs otherwise (the prefill's KV copy runs there, layer by layer; the decode's gRPC and
@@ -34,7 +38,9 @@ asyncio threads share its core and its caches). So the replicas' engine-thread C
 runs resets them: the prefill fit is scaled by that CPU over what the fit gives for the runs'
 prompts, and the decode fit's intercept and per-request terms are refitted to that CPU over the
 runs' decode steps (its context term kept), with a term per request joining (the reservation,
-commit and join its engine thread runs), before the overheads are taken beyond them.
+commit and join its engine thread runs). The waves' shapes differ in output length, so that a
+wave's joins (one per request) and its tokens (output length less one per request) are not in
+the same ratio in every run: otherwise the two terms could trade cost for each other.
 """
 from __future__ import annotations
 
@@ -48,11 +54,14 @@ import numpy as np
 from bench.metrics import tpot_s
 from bench.records import RequestRecord
 from planner.bench_runs import bench, launched, random_requests
-from planner.cpu_sharing import CpuDemand, CpuSharing, shared_core_stretches
+from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.proc_cpu import cpu_during
 from planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead, fit_linear
+from planner.simulate import RequestTimes, Simulation, XpYd
+from planner.workload import SimRequest
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
+GATEWAY_ITERATIONS = 4  # the simulated slope is then within well under 1 % of the measured one
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,10 +72,8 @@ class ServingRunConfig:
     output_lens: tuple[int, ...] = (8, 64)
     num_repeats: int = 10  # requests per (prompt, output) point: 40 samples of the idle spread
     single_gap_s: float = 0.6  # longer than a single request takes
-    batch_size: int = 16
-    batch_prompt_len: int = 64
-    batch_output_len: int = 64
-    num_waves: int = 3
+    wave_shapes: tuple[tuple[int, int, int], ...] = ((16, 64, 64), (8, 256, 32), (4, 64, 128))  # batch, prompt, output
+    num_waves: int = 2  # of each shape
     idle_window_s: float = 3.0
     dtype: str = "float32"
     seed: int = 1000  # apart from the validation traces' seeds
@@ -93,26 +100,25 @@ def measure_serving(profile: Profile, config: ServingRunConfig) -> Profile:
                              "num_decode_steps": num_decode_steps, "wall_s": wall_s, "cpu_s": cpu_s})
             return result.records
 
-        singles, single_stretches = [], []
+        singles = []
         for prompt_len in config.prompt_lens:
             for output_len in config.output_lens:
                 requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
                                            config.seed + len(singles))
-                singles += run(requests, f"single p{prompt_len} o{output_len}", 1, max_concurrency=1,
-                               request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS)
-                single_stretches += [stretches_of(readings[-1])] * len(requests)
+                singles.append(run(requests, f"single p{prompt_len} o{output_len}", 1, max_concurrency=1,
+                                   request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS))
         waves = []
-        for wave in range(config.num_waves):
-            requests = random_requests(config.model_dir, config.batch_size, config.batch_prompt_len,
-                                       config.batch_output_len, config.seed + 100 + wave)
-            waves.append(run(requests, f"wave {wave} of {config.batch_size}", config.batch_size))
-    wave_stretches = [stretches_of(reading) for reading in readings[-len(waves):]]
+        for batch_size, prompt_len, output_len in config.wave_shapes:
+            for _ in range(config.num_waves):
+                requests = random_requests(config.model_dir, batch_size, prompt_len, output_len,
+                                           config.seed + 100 + len(waves))
+                waves.append(run(requests, f"wave of {batch_size} p{prompt_len} o{output_len}", batch_size))
     served = dataclasses.replace(profile, prefill=served_prefill_fit(profile.prefill, readings),
-                                 decode=served_decode_fit(profile.decode, readings))
-    overhead = overhead_from_records(served, singles, waves, single_stretches, wave_stretches)
+                                 decode=served_decode_fit(profile.decode, readings),
+                                 serving=ServingOverhead(cpu=sharing_from_readings(idle_cpu_s_per_s, readings)))
+    overhead = overhead_from_records(served, singles, waves)
     return dataclasses.replace(served, serving=dataclasses.replace(
-        overhead, cpu=sharing_from_readings(idle_cpu_s_per_s, readings),
-        cpu_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings],
+        overhead, cpu_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings],
         engine_alone={"prefill": dataclasses.asdict(profile.prefill), "decode": dataclasses.asdict(profile.decode)}))
 
 
@@ -162,49 +168,76 @@ def demand_from_readings(part: str, idle_cpu_s_per_s: float, readings: list[dict
                      per_decode_step_s=per_feature.get("num_decode_steps", 0.0))
 
 
-def overhead_from_records(profile: Profile, singles: list[RequestRecord], waves: list[list[RequestRecord]],
-                          single_stretches: list[tuple[float, float]] | None = None,
-                          wave_stretches: list[tuple[float, float]] | None = None) -> ServingOverhead:
-    """The overheads beyond the engine's steps as the simulation slows them: by the (prefill,
-    decode) factors of each single's and each wave's run (`stretches_of`; 1 if not given). The
-    per-step overheads are work of the decode's engine thread, slowed with its steps."""
-    single_stretches = single_stretches or [(1.0, 1.0)] * len(singles)
-    wave_stretches = wave_stretches or [(1.0, 1.0)] * len(waves)
-    idle_overheads_s = [max(0.0, r.ttft_s - profile.prefill.step_s([(0, r.prompt_len)]) * prefill_stretch)
-                        for r, (prefill_stretch, _) in zip(singles, single_stretches)]
+def overhead_from_records(profile: Profile, singles: list[list[RequestRecord]],
+                          waves: list[list[RequestRecord]]) -> ServingOverhead:
+    """The overheads beyond what the simulation gives each run's trace under `profile` (its fits
+    and its CPU sharing; its overheads are not read): `singles` and `waves`, one list of records
+    per run, each record's `start_s` from its run's start."""
+    bare = dataclasses.replace(profile, serving=ServingOverhead(cpu=profile.serving.cpu),
+                               prefill_samples=[], decode_samples=[])  # the median model
+    single_records = [r for run in singles for r in run]
+    simulated = [t for run in singles for t in _simulated(bare, run)]
+    idle_overheads_s = [max(0.0, r.ttft_s - t.ttft_s) for r, t in zip(single_records, simulated)]
     idle_ttft_s = statistics.median(idle_overheads_s)
-    gateway_s = max(0.0, statistics.median(
-        float(np.polyfit(range(len(records)), sorted(r.ttft_s for r in records), 1)[0]) for records in waves))
-    ttft_s = max(0.0, idle_ttft_s - gateway_s)
-    decode_stretches = [decode_stretch for _, decode_stretch in single_stretches]
-    slowed_steps = [(r.output_len - 1) * stretch for r, stretch in zip(singles, decode_stretches)]
-    beyond_engine_s = [r.e2el_s - r.ttft_s - _engine_decode_s(profile, r.prompt_len, r.output_len, 1) * stretch
-                       - profile.transfer_s(r.prompt_len) for r, stretch in zip(singles, decode_stretches)]
-    # both per-step overheads at batch 1, as work; the handoff
-    single_step_s, intercept_s = np.polyfit(slowed_steps, beyond_engine_s, 1)
-    handoff_residuals_s = [float(b - (single_step_s * n + intercept_s)) for n, b in zip(slowed_steps, beyond_engine_s)]
+    gateway_s = _gateway_s(bare, waves, idle_ttft_s)
+    ttft_s = idle_ttft_s - gateway_s
+    num_steps = [r.output_len - 1 for r in single_records]
+    beyond_s = [(r.e2el_s - r.ttft_s) - (t.finish_s - t.first_token_s) for r, t in zip(single_records, simulated)]
+    # both per-step overheads at batch 1; the handoff
+    single_step_s, intercept_s = np.polyfit(num_steps, beyond_s, 1)
+    handoff_residuals_s = [float(b - (single_step_s * n + intercept_s)) for n, b in zip(num_steps, beyond_s)]
     handoff_s = max(0.0, float(intercept_s))
 
+    at_batch_1 = dataclasses.replace(bare, serving=dataclasses.replace(
+        bare.serving, gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=handoff_s, step_s=max(0.0, float(single_step_s))))
     per_seq_samples_s = []
-    for records, (_, stretch) in zip(waves, wave_stretches):
-        batch_size = len(records)
-        engine_s = statistics.median(
-            _engine_decode_s(profile, r.prompt_len, r.output_len, batch_size) / (r.output_len - 1) for r in records)
-        handoff_share_s = statistics.median(
-            (handoff_s + profile.transfer_s(r.prompt_len)) / (r.output_len - 1) for r in records)
-        beyond_s = (statistics.median(tpot_s(r) for r in records) - handoff_share_s) / stretch - engine_s
-        per_seq_samples_s.append((beyond_s - single_step_s) / (batch_size - 1))
+    for records in waves:
+        simulated_tpot_s = statistics.median(t.tpot_s for t in _simulated(at_batch_1, records))
+        beyond_wave_s = statistics.median(tpot_s(r) for r in records) - simulated_tpot_s
+        per_seq_samples_s.append(beyond_wave_s / (len(records) - 1))
     per_seq_step_s = max(0.0, float(statistics.median(per_seq_samples_s)))
     step_s = max(0.0, float(single_step_s) - per_seq_step_s)
     samples = [{"kind": "single", "prompt_len": r.prompt_len, "output_len": r.output_len,
-                "ttft_s": r.ttft_s, "e2el_s": r.e2el_s} for r in singles]
+                "ttft_s": r.ttft_s, "e2el_s": r.e2el_s} for r in single_records]
     samples += [{"kind": "wave", "batch_size": len(records), "prompt_len": r.prompt_len,
                  "output_len": r.output_len, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
                 for records in waves for r in records]
     return ServingOverhead(gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=handoff_s, step_s=step_s,
                            per_seq_step_s=per_seq_step_s,
                            ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
-                           handoff_residuals_s=handoff_residuals_s, samples=samples)
+                           handoff_residuals_s=handoff_residuals_s, samples=samples, cpu=profile.serving.cpu)
+
+
+def _gateway_s(bare: Profile, waves: list[list[RequestRecord]], idle_ttft_s: float) -> float:
+    """The gateway's work per request that gives the simulated waves the measured waves' least
+    TTFT slope (`_least_slope_s`), found by `GATEWAY_ITERATIONS` proportional corrections from
+    the measured slope itself; within [0, `idle_ttft_s`], the idle TTFT overhead it is part of."""
+    measured_s = _least_slope_s(waves, [[r.ttft_s for r in records] for records in waves])
+    gateway_s = min(max(0.0, measured_s), idle_ttft_s)
+    for _ in range(GATEWAY_ITERATIONS):
+        trial = dataclasses.replace(bare, serving=dataclasses.replace(
+            bare.serving, gateway_s=gateway_s, ttft_s=idle_ttft_s - gateway_s))
+        simulated_s = _least_slope_s(waves, [[t.ttft_s for t in _simulated(trial, records)] for records in waves])
+        if simulated_s <= 0 or gateway_s == 0:
+            break
+        gateway_s = min(max(0.0, gateway_s * measured_s / simulated_s), idle_ttft_s)
+    return gateway_s
+
+
+def _least_slope_s(waves: list[list[RequestRecord]], ttfts_s: list[list[float]]) -> float:
+    """The least, over the waves' shapes (batch, prompt and output lengths), of the median slope
+    of a wave's sorted TTFTs (`ttfts_s`, one list per wave) against their rank: the shape where
+    the gateway, not the prefill, sets the pace."""
+    slopes_s: dict[tuple[int, int, int], list[float]] = {}
+    for records, ttfts in zip(waves, ttfts_s):
+        shape = (len(records), records[0].prompt_len, records[0].output_len)
+        slopes_s.setdefault(shape, []).append(float(np.polyfit(range(len(ttfts)), sorted(ttfts), 1)[0]))
+    return min(statistics.median(slopes) for slopes in slopes_s.values())
+
+
+def _simulated(profile: Profile, records: list[RequestRecord]) -> list[RequestTimes]:
+    """What the simulation gives one run's trace, on the 1P1D system the profile runs measured."""
+    return Simulation(profile, XpYd(1, 1)).run([SimRequest(r.start_s, r.prompt_len, r.output_len) for r in records])
 
 
 def _num_decode_steps(records: list[RequestRecord], batch_size: int) -> int:
@@ -216,21 +249,3 @@ def _num_decode_steps(records: list[RequestRecord], batch_size: int) -> int:
     first_tokens_s = [r.start_s + r.ttft_s for r in records]
     step_s = statistics.median(tpot_s(r) for r in records)
     return output_len - 1 + round((max(first_tokens_s) - min(first_tokens_s)) / step_s)
-
-
-def stretches_of(reading: dict) -> tuple[float, float]:
-    """The (prefill, decode) factors of a 1P1D run from its CPU reading: each engine thread's
-    CPU and the rest of its replica's, per second of the run, and the front's."""
-    cpu_s, wall_s = reading["cpu_s"], reading["wall_s"]
-    prefill_stretch, decode_stretch = shared_core_stretches(
-        [cpu_s["prefill_engine"] / wall_s, cpu_s["decode_engine"] / wall_s],
-        [cpu_s["prefill"] / wall_s, cpu_s["decode"] / wall_s], cpu_s["front"] / wall_s)
-    return prefill_stretch, decode_stretch
-
-
-def _engine_decode_s(profile: Profile, prompt_len: int, output_len: int, batch_size: int) -> float:
-    """The engine's decode steps of one request in a batch of `batch_size` like it, all joined in
-    the first."""
-    return sum(profile.decode.step_s(batch_size, batch_size * (prompt_len + generated),
-                                     num_joins=batch_size if generated == 1 else 0)
-               for generated in range(1, output_len))

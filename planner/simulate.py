@@ -1,13 +1,13 @@
 """A discrete-event model of xPyD serving: P prefill servers, D decode servers, one trace.
 
     arrival ─▶ gateway: `num_gateways` FIFO servers (the first free one takes the request),
-               `serving.gateway_s` per request (tokenize, Redis round trips, gRPC)
+               `serving.gateway_s` of work per request (tokenize, Redis round trips, gRPC)
             ─▶ it picks a decode (fewest held tokens), which reserves the KV blocks between
                its steps (its engine thread runs commands there): a busy decode answers when its
                step ends; then a prefill (fewest queued tokens)
             ─▶ prefill queue ─▶ steps of chunked prefill under the token budget (FIFO, partial
                chunks carried over, as engine/scheduler.py does)
-            ─▶ step end: the first token, seen by the client `serving.ttft_s` later (TTFT)
+            ─▶ step end ─▶ `serving.ttft_s` of work ─▶ the first token at the client (TTFT)
             ─▶ KV handoff: lands `serving.handoff_s` + tokens × bytes/token ÷ GB/s after that
                first token (the prefill server is not held; the push runs beside its next steps)
             ─▶ decode pending ─▶ joins the running batch at the next step boundary
@@ -15,33 +15,38 @@
 
 Step times come from the profile's fits plus the measured serving overheads, with their measured
 spreads (planner/jitter.py): each engine step is its fit times a ratio drawn from the profile's
-timed repeats of that kind of step; each request's gateway time and idle TTFT overhead are scaled
+timed repeats of that kind of step; each request's gateway work and idle TTFT overhead are scaled
 by one ratio drawn from the single requests' overheads, and its handoff gets a residual drawn
-from their decode spans (floored at 0). Every engine step is then slowed by the work that shares
-its replica's core (planner/cpu_sharing.py: 1 unless the profile's replicas share their cores).
-That factor depends on how busy the engines are, so the run is repeated `NUM_PASSES` times, each
-pass slowing the steps by what the pass before served and computed; the last pass is the answer.
+from their decode spans (floored at 0).
+
+Where the profile's replicas share the host's CPUs (a CPU host), every piece of work above is a
+job on them (planner/shared_cpus.py): engine steps pinned to their replica's core, the gateway's
+and the TTFT path's work floating, and beside them, at the events they belong to, the CPU work
+that is on no request's path (planner/cpu_sharing.py): each replica's own per request and per
+step, the front's per decode step and the rest of its per request. A step then takes as long as
+what shares the CPUs while it runs makes it; elsewhere each takes exactly its work. Neglected:
+the idle demands (well under 1 % of a core each here).
+
 Invariant: the simulation is a pure function of (profile, config, requests, seed): no clock,
-draws from one generator seeded per pass in event order; events at the same instant run in the
-order they were scheduled. A profile without spreads or CPU sharing gives the median model, for
-any seed.
+draws from one generator seeded once, in event order; events at the same instant run in the
+order they were scheduled. A profile without spreads gives the median model, for any seed.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.cpu_sharing import Activity, CoreUsage
+from planner.shared_cpus import SharedCpus
 from planner.jitter import Draws
 from planner.profile import Profile
 from planner.workload import SimRequest, Slo
 
 PERCENTILES = (50, 90, 99)
-NUM_PASSES = 4  # the slow-down factors move by well under 1 % from the third pass to the fourth
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +106,6 @@ class SimSummary:
             goodput_rps=good / duration_s, slo_attainment=good / len(times),
             throughput_rps=len(times) / duration_s, duration_s=duration_s, front_cpu_s_per_s=front_cpu_s_per_s)
 
-    @staticmethod
-    def unserved() -> SimSummary:
-        """A configuration that cannot serve the trace at all (its CPUs are oversubscribed)."""
-        return SimSummary(ttft_ms={p: float("inf") for p in PERCENTILES}, tpot_ms={p: float("inf") for p in PERCENTILES},
-                          goodput_rps=0.0, slo_attainment=0.0, throughput_rps=0.0, duration_s=float("inf"))
-
     def to_dict(self) -> dict:
         return {**{f"p{p}_ttft_ms": v for p, v in self.ttft_ms.items()},
                 **{f"p{p}_tpot_ms": v for p, v in self.tpot_ms.items()},
@@ -129,22 +128,12 @@ class _Job:
 @dataclass(slots=True)
 class _Server:
     kind: str  # "prefill" or "decode"
-    step_stretch: float = 1.0  # its engine steps' slow-down by the work sharing its core
+    core: int  # the CPU its replica is pinned to, where the replicas share the host's CPUs
     queue: deque[_Job] = field(default_factory=deque)  # prefill: waiting prompts; decode: landed, not joined
     running: list[_Job] = field(default_factory=list)  # decode only
+    reserving: list[_Job] = field(default_factory=list)  # decode only: reservations waiting for its step to end
     busy: bool = False
-    step_end_s: float = 0.0  # when its current step ends, while busy
     load_tokens: int = 0  # prefill: tokens left to compute; decode: prompt and output tokens held
-    work_s: float = 0.0  # its engine steps, unslowed
-    num_requests: int = 0  # prefill: prompts finished; decode: requests joined
-    num_output_tokens: int = 0  # decode: of the requests joined, the first token included
-    num_steps: int = 0
-
-    def usage(self, duration_s: float) -> CoreUsage:
-        per_s = 1 / duration_s
-        return CoreUsage(self.kind, self.work_s * per_s, Activity(
-            self.num_requests * per_s, self.num_output_tokens * per_s,
-            self.num_steps * per_s if self.kind == "decode" else 0.0))
 
 
 class Simulation:
@@ -159,27 +148,22 @@ class Simulation:
         self._decode_ratios = profile.decode_step_ratios
 
     def run(self, requests: list[SimRequest]) -> list[RequestTimes]:
-        """Times of every request, in the order given; `cores` then holds what each replica's
-        core did in the last pass (prefills first), `step_stretches` what slowed its steps."""
-        self.step_stretches = [1.0] * self.config.num_gpus
-        for pass_index in range(NUM_PASSES):
-            if pass_index:
-                self.step_stretches = self.profile.serving.cpu.step_stretches(self.cores)
-            times = self._run_once(requests, self.step_stretches)
-            duration_s = max(t.finish_s for t in times) - min(t.arrival_s for t in times)
-            self.cores = [server.usage(duration_s if duration_s > 0 else 1.0)
-                          for server in self._prefills + self._decodes]
-        return times
-
-    def _run_once(self, requests: list[SimRequest], stretches: list[float]) -> list[RequestTimes]:
+        """Times of every request, in the order given. Then `engine_work_s` holds the engines'
+        work over the run by kind ("prefill", "decode"), and `front_cpu_s` the front's (0 where
+        the replicas do not share the host's CPUs)."""
         self._events: list = []
         self._sequence = itertools.count()
         self._draws = Draws(self.seed)
+        cpu = self.profile.serving.cpu
+        self._cores = SharedCpus(self.config.num_gpus, self._at) if cpu.shares_replica_cpus else None
         kinds = ["prefill"] * self.config.num_prefill + ["decode"] * self.config.num_decode
-        servers = [_Server(kind, stretch) for kind, stretch in zip(kinds, stretches)]
+        servers = [_Server(kind, core) for core, kind in enumerate(kinds)]
         self._prefills, self._decodes = servers[:self.config.num_prefill], servers[self.config.num_prefill:]
         self._done: dict[int, RequestTimes] = {}
-        self._gateways_free_s = [0.0] * self.num_gateways  # a heap: when each gateway is next free
+        self._gateway_queue: deque[_Job] = deque()
+        self._num_free_gateways = self.num_gateways
+        self.engine_work_s = {"prefill": 0.0, "decode": 0.0}
+        self.front_cpu_s = 0.0
         for index, request in enumerate(requests):
             self._at(request.arrival_s, self._arrive, _Job(index, request, decode=-1))
         while self._events:
@@ -190,20 +174,59 @@ class Simulation:
     def _at(self, time_s: float, action, argument) -> None:
         heapq.heappush(self._events, (time_s, next(self._sequence), action, argument))
 
+    def _compute(self, now_s: float, work_s: float, then: Callable[[float], None], core: int | None = None) -> None:
+        """`work_s` of CPU on the path of a request: on `core` (None: the front's, floating) of the
+        shared CPUs, or taking exactly `work_s` where the replicas have theirs to themselves."""
+        if self._cores is None:
+            self._at(now_s + work_s, _call, then)
+        else:
+            self._cores.start(now_s, work_s, then, core)
+
+    def _engine_step(self, now_s: float, server: _Server, work_s: float, then: Callable[[float], None]) -> None:
+        server.busy = True
+        self.engine_work_s[server.kind] += work_s
+        self._compute(now_s, work_s, then, server.core)
+
+    def _beside(self, now_s: float, work_s: float, core: int | None = None) -> None:
+        """`work_s` of CPU on no request's path, which only slows what shares its core."""
+        if self._cores is not None and work_s > 0:
+            self._cores.start(now_s, work_s, _ignore, core)
+
+    def _front(self, now_s: float, work_s: float, then: Callable[[float], None] | None = None) -> None:
+        if self._cores is not None:
+            self.front_cpu_s += work_s
+        if then is None:
+            self._beside(now_s, work_s)
+        else:
+            self._compute(now_s, work_s, then)
+
     def _arrive(self, now_s: float, job: _Job) -> None:
         job.overhead_ratio = self._draws.ratio(self.profile.serving.ttft_ratios)
-        gateway_s = self.profile.serving.gateway_s * job.overhead_ratio
-        routed_s = max(now_s, heapq.heappop(self._gateways_free_s)) + gateway_s
-        heapq.heappush(self._gateways_free_s, routed_s)
-        self._at(routed_s, self._route, job)
+        self._gateway_queue.append(job)
+        if self._num_free_gateways:
+            self._next_at_gateway(now_s)
+
+    def _next_at_gateway(self, now_s: float) -> None:
+        """A gateway takes the first request waiting and routes it after its `gateway_s`."""
+        self._num_free_gateways -= 1
+        job = self._gateway_queue.popleft()
+        self._front(now_s, self.profile.serving.gateway_s * job.overhead_ratio, lambda t: self._route(t, job))
 
     def _route(self, now_s: float, job: _Job) -> None:
+        self._num_free_gateways += 1
+        if self._gateway_queue:
+            self._next_at_gateway(now_s)
         job.decode = min(range(len(self._decodes)), key=lambda i: (self._decodes[i].load_tokens, i))
         decode = self._decodes[job.decode]
         decode.load_tokens += job.request.prompt_len + job.request.output_len
-        self._at(decode.step_end_s if decode.busy else now_s, self._reserved, job)
+        if decode.busy:  # its engine thread answers between steps
+            decode.reserving.append(job)
+        else:
+            self._reserved(now_s, job)
 
     def _reserved(self, now_s: float, job: _Job) -> None:
+        decode = self._decodes[job.decode]
+        self._beside(now_s, self.profile.serving.cpu.decode.per_request_s, decode.core)
         server = min(self._prefills, key=lambda server: server.load_tokens)
         server.queue.append(job)
         server.load_tokens += job.request.prompt_len
@@ -220,39 +243,33 @@ class Simulation:
             chunks.append((job, num_new))
             budget -= num_new
         work_s = self.profile.prefill.step_s([(job.num_computed, n) for job, n in chunks])
-        self._start_step(now_s, server, work_s * self._draws.ratio(self._prefill_ratios), self._end_prefill,
-                         (server, chunks))
+        self._engine_step(now_s, server, work_s * self._draws.ratio(self._prefill_ratios),
+                          lambda t: self._end_prefill(t, server, chunks))
 
-    def _start_step(self, now_s: float, server: _Server, work_s: float, end, argument) -> None:
-        """Its engine thread's `work_s`, slowed by what shares its core."""
-        server.busy = True
-        server.work_s += work_s
-        server.num_steps += 1
-        server.step_end_s = now_s + work_s * server.step_stretch
-        self._at(server.step_end_s, end, argument)
-
-    def _end_prefill(self, now_s: float, step: tuple[_Server, list[tuple[_Job, int]]]) -> None:
-        server, chunks = step
-        serving = self.profile.serving
+    def _end_prefill(self, now_s: float, server: _Server, chunks: list[tuple[_Job, int]]) -> None:
         for job, num_new in chunks:
             job.num_computed += num_new
             server.load_tokens -= num_new
             if job.num_computed < job.request.prompt_len:
                 continue
             server.queue.remove(job)
-            server.num_requests += 1
+            self._beside(now_s, self.profile.serving.cpu.prefill.per_request_s, server.core)
             job.num_generated = 1
-            job.first_token_s = now_s + serving.ttft_s * job.overhead_ratio
-            if job.request.output_len == 1:
-                self._decodes[job.decode].load_tokens -= job.request.prompt_len + 1
-                self._finish(job, job.first_token_s)
-            else:
-                handoff_s = max(0.0, serving.handoff_s + self._draws.residual_s(serving.handoff_residuals_s))
-                landed_s = job.first_token_s + handoff_s + self.profile.transfer_s(job.request.prompt_len)
-                self._at(landed_s, self._land, job)
+            self._front(now_s, self.profile.serving.ttft_s * job.overhead_ratio, lambda t, job=job: self._first_token(t, job))
         server.busy = False
         if server.queue:
             self._start_prefill(now_s, server)
+
+    def _first_token(self, now_s: float, job: _Job) -> None:
+        """The first token at the client; its KV is pushed meanwhile, landing after the handoff."""
+        serving = self.profile.serving
+        job.first_token_s = now_s
+        if job.request.output_len == 1:
+            self._decodes[job.decode].load_tokens -= job.request.prompt_len + 1
+            self._finish(job, now_s)
+            return
+        handoff_s = max(0.0, serving.handoff_s + self._draws.residual_s(serving.handoff_residuals_s))
+        self._at(now_s + handoff_s + self.profile.transfer_s(job.request.prompt_len), self._land, job)
 
     def _land(self, now_s: float, job: _Job) -> None:
         server = self._decodes[job.decode]
@@ -264,10 +281,7 @@ class Simulation:
         num_joins = 0
         while server.queue and len(server.running) < self.profile.max_num_seqs:
             num_joins += 1
-            job = server.queue.popleft()
-            server.running.append(job)
-            server.num_requests += 1
-            server.num_output_tokens += job.request.output_len
+            server.running.append(server.queue.popleft())
         num_seqs = len(server.running)
         num_context_tokens = sum(job.request.prompt_len + job.num_generated for job in server.running)
         serving = self.profile.serving
@@ -275,9 +289,13 @@ class Simulation:
         work_s = (self.profile.decode.step_s(num_seqs, num_context_tokens, num_joins)
                   * self._draws.ratio(self._decode_ratios)
                   + serving.step_s + serving.per_seq_step_s * num_seqs)
-        self._start_step(now_s, server, work_s, self._end_decode, server)
+        self._engine_step(now_s, server, work_s, lambda t: self._end_decode(t, server))
 
     def _end_decode(self, now_s: float, server: _Server) -> None:
+        cpu = self.profile.serving.cpu
+        num_tokens = len(server.running)
+        self._beside(now_s, cpu.decode.per_decode_step_s + cpu.decode.per_output_token_s * num_tokens, server.core)
+        self._front(now_s, cpu.front.per_decode_step_s + cpu.front.per_output_token_s * num_tokens)
         still_running = []
         for job in server.running:
             job.num_generated += 1
@@ -288,16 +306,33 @@ class Simulation:
                 still_running.append(job)
         server.running = still_running
         server.busy = False
+        reserving, server.reserving = server.reserving, []
+        for job in reserving:
+            self._reserved(now_s, job)
         if server.running or server.queue:
             self._start_decode(now_s, server)
 
     def _finish(self, job: _Job, finish_s: float) -> None:
+        serving = self.profile.serving
+        # the front's work for a request beyond what its path to the first token timed
+        self._front(finish_s, max(0.0, serving.cpu.front.per_request_s - serving.gateway_s - serving.ttft_s))
         self._done[job.index] = RequestTimes(job.request.arrival_s, job.first_token_s, finish_s,
                                              job.request.output_len)
+
+
+def _call(now_s: float, then: Callable[[float], None]) -> None:
+    then(now_s)
+
+
+def _ignore(now_s: float) -> None:
+    pass
 
 
 def simulate(profile: Profile, config: XpYd, requests: list[SimRequest], slo: Slo,
              num_gateways: int = 1, seed: int = 0) -> SimSummary:
     simulation = Simulation(profile, config, num_gateways, seed)
     times = simulation.run(requests)
-    return SimSummary.of(times, slo, profile.serving.cpu.front_cpu_s_per_s(simulation.cores))
+    duration_s = max(t.finish_s for t in times) - min(t.arrival_s for t in times)
+    front_cpu_s_per_s = (profile.serving.cpu.front.idle_s_per_s + simulation.front_cpu_s / duration_s
+                         if profile.serving.cpu.shares_replica_cpus and duration_s > 0 else 0.0)
+    return SimSummary.of(times, slo, front_cpu_s_per_s)

@@ -10,9 +10,9 @@ lengths, nothing the system measured; its figures for a trace are the medians ov
 `NUM_DRAWS` seeds of its jitter draws, so that a few drawn outliers do not set one trace's tail. A row pairs the medians over the repeats of each
 percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
 figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's CPU
-(planner/proc_cpu.py) is read too: the front's is set beside what the profile's model of it takes
-at what the simulation served (planner/cpu_sharing.py), a check of the slow-down's input, not a
-figure the prediction uses; the replicas' are kept with the run's figures.
+(planner/proc_cpu.py) is read too: the front's is set beside the front's work the simulation ran
+(planner/cpu_sharing.py), a check of the sharing's input, not a figure the prediction uses; the
+replicas' are kept with the run's figures.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The CPU work beside the engines: its model (planner/cpu_sharing.py), its regression from
-profile runs, and its reading from /proc."""
+"""The CPU work beside the engines (planner/cpu_sharing.py): its regression from profile runs,
+and its reading from /proc."""
 import os
 import subprocess
 import sys
@@ -8,50 +8,9 @@ import time
 
 import pytest
 
-from planner.cpu_sharing import Activity, CoreUsage, CpuDemand, CpuSharing
 from planner.proc_cpu import (cpu_during, descendants, engine_thread_cpu_s, front_cpu_s, is_replica, process_cpu_s,
                               replica_kind)
 from planner.serving import demand_from_readings, sharing_from_readings
-
-DEMAND = CpuDemand(idle_s_per_s=0.1, per_request_s=0.02, per_output_token_s=1e-3, per_decode_step_s=2e-3)
-
-
-def test_a_demand_is_idle_plus_what_was_served_times_its_costs():
-    activity = Activity(requests_per_s=4, output_tokens_per_s=120, decode_steps_per_s=50)
-    assert DEMAND.cpu_s_per_s(activity) == pytest.approx(0.1 + 4 * 0.02 + 120 * 1e-3 + 50 * 2e-3)
-    assert DEMAND.cpu_s_per_s(Activity()) == pytest.approx(0.1)
-
-
-def test_the_front_goes_to_each_core_in_proportion_to_what_its_replica_leaves():
-    sharing = CpuSharing(True, front=CpuDemand(per_request_s=0.1), prefill=CpuDemand(per_request_s=0.05),
-                         decode=CpuDemand(per_output_token_s=0.001))
-    cores = [CoreUsage("prefill", 0.2, Activity(requests_per_s=2)),  # own 0.1, leaves 0.7
-             CoreUsage("decode", 0.5, Activity(requests_per_s=2, output_tokens_per_s=100, decode_steps_per_s=90))]
-    assert sharing.front_cpu_s_per_s(cores) == pytest.approx(0.2)  # the prefills' 2 requests/s
-    front_prefill, front_decode = 0.2 * 0.7 / 1.1, 0.2 * 0.4 / 1.1  # the decode's own 0.1 leaves it 0.4
-    assert sharing.step_stretches(cores) == pytest.approx([1 / (1 - 0.1 - front_prefill), 1 / (1 - 0.1 - front_decode)])
-
-
-def test_a_saturated_core_takes_no_front():
-    sharing = CpuSharing(True, front=CpuDemand(idle_s_per_s=0.3))
-    cores = [CoreUsage("prefill", 1.2, Activity()), CoreUsage("decode", 0.4, Activity())]
-    assert sharing.step_stretches(cores) == pytest.approx([1.0, 1 / (1 - 0.3)])
-
-
-def test_replicas_off_the_fronts_cores_or_unmeasured_are_slowed_by_nothing():
-    cores = [CoreUsage("prefill", 0.5, Activity(1, 1, 0)), CoreUsage("decode", 0.5, Activity(1, 10, 10))]
-    assert CpuSharing().step_stretches(cores) == [1.0, 1.0]
-    assert CpuSharing(False, front=DEMAND, prefill=DEMAND, decode=DEMAND).step_stretches(cores) == [1.0, 1.0]
-    assert CpuSharing(True).step_stretches(cores) == [1.0, 1.0]
-
-
-def test_work_that_would_take_every_cpu_is_refused():
-    cores = [CoreUsage("prefill", 0.6, Activity()), CoreUsage("decode", 0.6, Activity())]
-    with pytest.raises(ValueError, match="every CPU"):
-        CpuSharing(True, front=CpuDemand(idle_s_per_s=0.8)).step_stretches(cores)
-    with pytest.raises(ValueError, match="all of its core"):
-        CpuSharing(True, decode=CpuDemand(idle_s_per_s=1.0)).step_stretches(cores)
-
 
 def test_the_costs_are_regressed_from_runs_beyond_the_idle_rate():
     idle, per_request, per_token, per_step = 0.05, 0.01, 2e-4, 5e-4

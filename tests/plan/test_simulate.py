@@ -159,24 +159,38 @@ SHARED = CpuSharing(True, front=CpuDemand(idle_s_per_s=0.2, per_request_s=0.04),
                     prefill=CpuDemand(per_request_s=0.005), decode=CpuDemand(per_output_token_s=2e-4))
 
 
-def test_work_on_the_replicas_cores_slows_each_engine_step_by_its_cores_factor_at_the_fixed_point():
-    # 10 req/s regular: the engines' steps take their fit times their core's factor, the
-    # overheads do not; the factors the last pass used are those its own usage gives, within 1 %.
-    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.001, cpu=SHARED)
-    requests = [SimRequest(0.1 * i, 100, 3) for i in range(50)]
-    simulation = Simulation(make_profile(serving=serving), ONE_TO_ONE)
-    times = simulation.run(requests)
-    prefill_stretch, decode_stretch = simulation.step_stretches
-    assert 1.05 < prefill_stretch and 1.05 < decode_stretch
-    assert SHARED.step_stretches(simulation.cores) == pytest.approx(simulation.step_stretches, rel=0.01)
-    prefill_s = 0.010 + 0.0001 * 100
-    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s * prefill_stretch + 0.003] * 50)
-    steps_s = 2 * (0.005 + 0.001) * decode_stretch
-    assert [t.finish_s - t.first_token_s for t in times] == pytest.approx([0.001 + 100 * 1000 / 1e9 + steps_s] * 50)
+def test_a_request_alone_on_shared_cpus_loses_only_what_its_own_replica_runs_beside_its_steps():
+    # the front's work floats to an idle core and each replica's own work after a prefill or a
+    # decode step shares its core with the next step only: with 0.5 ms after each decode step,
+    # each step but the first is 0.5 ms longer (both at half speed for 1 ms)
+    sharing = dataclasses.replace(SHARED, decode=CpuDemand(per_decode_step_s=0.0005))
+    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, cpu=sharing)
+    profile = make_profile(decode=DecodeFit(0.005, 0.001, 1e-6), serving=serving)
+    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
 
-    unshared = dataclasses.replace(serving, cpu=dataclasses.replace(SHARED, shares_replica_cpus=False))
-    times = Simulation(make_profile(serving=unshared), ONE_TO_ONE).run(requests)
-    assert [t.ttft_s for t in times] == pytest.approx([0.002 + prefill_s + 0.003] * 50)
+    prefill_s = 0.010 + 0.0001 * 100
+    assert times.ttft_s == pytest.approx(0.002 + prefill_s + 0.003)
+    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) for generated in range(1, 5))
+    assert times.finish_s - times.first_token_s == pytest.approx(0.004 + 100 * 1000 / 1e9 + steps_s + 3 * 0.0005)
+
+    unshared = dataclasses.replace(serving, cpu=dataclasses.replace(sharing, shares_replica_cpus=False))
+    [times] = Simulation(make_profile(decode=profile.decode, serving=unshared), ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
+    assert times.finish_s - times.first_token_s == pytest.approx(0.004 + 100 * 1000 / 1e9 + steps_s)
+
+
+def test_front_work_that_lands_while_both_engines_step_slows_them_both():
+    # 2 ms of gateway work beside two busy engines: the three share the two cores at 2/3 each,
+    # so it takes 3 ms and each engine loses 1 ms; beside one busy engine it takes the idle core
+    serving = ServingOverhead(gateway_s=0.002, cpu=CpuSharing(True))
+    profile = make_profile(prefill=PrefillFit(0.050, 0.0, 0.0), decode=DecodeFit(0.1, 0.0, 0.0), serving=serving)
+    requests = [SimRequest(0.0, 10, 3), SimRequest(0.060, 10, 1), SimRequest(0.170, 10, 1)]
+    first, second, third = Simulation(profile, ONE_TO_ONE).run(requests)
+    landed_s = 0.052 + 10 * 1000 / 1e9  # the first: gateway alone, prefill, then two 100 ms decode steps
+    # the second's gateway work (60-62 ms) runs beside the decode step alone; it reserves at the
+    # step's end and prefills then, with the third's gateway work (170-173 ms) beside
+    assert second.ttft_s == pytest.approx(landed_s + 0.1 + 0.050 + 0.001 - 0.060)
+    assert first.finish_s == pytest.approx(landed_s + 2 * 0.1 + 0.001)
+    assert third.ttft_s == pytest.approx(first.finish_s + 0.050 - 0.170)
 
 
 def test_the_summary_carries_the_fronts_cpu_at_what_the_run_served():
