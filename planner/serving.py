@@ -61,7 +61,7 @@ from planner.simulate import RequestTimes, Simulation, XpYd
 from planner.workload import SimRequest
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
-GATEWAY_ITERATIONS = 4  # the simulated slope is then within well under 1 % of the measured one
+GATEWAY_ITERATIONS = 4  # the estimate moves by well under 1 % from the third to the fourth
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

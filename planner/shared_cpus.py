@@ -59,6 +59,7 @@ class SharedCpus:
         self._num_cores = num_cores
         self._schedule = schedule
         self._jobs: list[_Job] = []
+        self._num_pinned = [0] * num_cores  # jobs pinned to each core, of `_jobs`
         self._updated_s = 0.0
         self._version = 0
 
@@ -69,6 +70,8 @@ class SharedCpus:
             raise ValueError(f"core {core} of {self._num_cores}")
         self._advance(now_s)
         self._jobs.append(_Job(work_s, on_done, core))
+        if core is not None:
+            self._num_pinned[core] += 1
         self._reschedule(now_s)
 
     def _advance(self, now_s: float) -> None:
@@ -81,14 +84,11 @@ class SharedCpus:
         self._version += 1
         if not self._jobs:
             return
-        num_pinned = [0] * self._num_cores
-        for job in self._jobs:
-            if job.core is not None:
-                num_pinned[job.core] += 1
-        pinned_rates, floating_rate = fair_rates(num_pinned, len(self._jobs) - sum(num_pinned))
+        pinned_rates, floating_rate = fair_rates(self._num_pinned, len(self._jobs) - sum(self._num_pinned))
+        next_s = float("inf")
         for job in self._jobs:
             job.rate = floating_rate if job.core is None else pinned_rates[job.core]
-        next_s = now_s + min(max(0.0, job.work_left_s) / job.rate for job in self._jobs)
+            next_s = min(next_s, now_s + max(0.0, job.work_left_s) / job.rate)
         self._schedule(next_s, self._complete, self._version)
 
     def _complete(self, now_s: float, version: int) -> None:
@@ -97,6 +97,9 @@ class SharedCpus:
         self._advance(now_s)
         done = [job for job in self._jobs if job.work_left_s <= DONE_S]
         self._jobs = [job for job in self._jobs if job.work_left_s > DONE_S]
+        for job in done:
+            if job.core is not None:
+                self._num_pinned[job.core] -= 1
         self._reschedule(now_s)
         for job in done:
             job.on_done(now_s)

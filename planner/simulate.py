@@ -22,8 +22,10 @@ from their decode spans (floored at 0).
 Where the profile's replicas share the host's CPUs (a CPU host), every piece of work above is a
 job on them (planner/shared_cpus.py): engine steps pinned to their replica's core, the gateway's
 and the TTFT path's work floating, and beside them, at the events they belong to, the CPU work
-that is on no request's path (planner/cpu_sharing.py): each replica's own per request and per
-step, the front's per decode step and the rest of its per request. A step then takes as long as
+that is on no request's path (planner/cpu_sharing.py): each replica's own per request, the
+front's per decode step and the rest of its per request. A decode replica's own per-step work
+(streaming the step's tokens) shares the core with its engine thread alone, so it is taken as
+part of the step. A step then takes as long as
 what shares the CPUs while it runs makes it; elsewhere each takes exactly its work. Neglected:
 the idle demands (well under 1 % of a core each here).
 
@@ -289,13 +291,13 @@ class Simulation:
         work_s = (self.profile.decode.step_s(num_seqs, num_context_tokens, num_joins)
                   * self._draws.ratio(self._decode_ratios)
                   + serving.step_s + serving.per_seq_step_s * num_seqs)
+        if self._cores is not None:  # its replica streams the step's tokens on the same core
+            work_s += serving.cpu.decode.per_decode_step_s + serving.cpu.decode.per_output_token_s * num_seqs
         self._engine_step(now_s, server, work_s, lambda t: self._end_decode(t, server))
 
     def _end_decode(self, now_s: float, server: _Server) -> None:
-        cpu = self.profile.serving.cpu
-        num_tokens = len(server.running)
-        self._beside(now_s, cpu.decode.per_decode_step_s + cpu.decode.per_output_token_s * num_tokens, server.core)
-        self._front(now_s, cpu.front.per_decode_step_s + cpu.front.per_output_token_s * num_tokens)
+        front = self.profile.serving.cpu.front
+        self._front(now_s, front.per_decode_step_s + front.per_output_token_s * len(server.running))
         still_running = []
         for job in server.running:
             job.num_generated += 1
