@@ -22,6 +22,7 @@ when it comes (its version is stale).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,18 +39,20 @@ class _Job:
     rate: float = 0.0  # cores' worth of CPU it gets now
 
 
-def fair_rates(num_pinned: list[int], num_floating: int) -> tuple[list[float], float]:
+@functools.lru_cache(maxsize=1 << 16)  # a run revisits few of its states: one job changes at a time
+def fair_rates(num_pinned: tuple[int, ...], num_floating: int) -> tuple[tuple[float, ...], float]:
     """(the rate of a job pinned to each core, the rate of a floating job), as the module says."""
     if num_floating == 0:
-        return [1 / n if n else 0.0 for n in num_pinned], 0.0
-    giving = list(range(len(num_pinned)))  # cores whose pinned jobs leave some of it to the floating
-    while True:
-        level = min(1.0, len(giving) / (sum(num_pinned[core] for core in giving) + num_floating))
-        full = [core for core in giving if num_pinned[core] * level >= 1]
-        if not full:
-            break
-        giving = [core for core in giving if core not in full]
-    return [min(level, 1 / n) if n else 0.0 for n in num_pinned], level
+        return tuple(1 / n if n else 0.0 for n in num_pinned), 0.0
+    # cores fill in order of their pinned jobs, most first: find the level where that stops
+    counts = sorted(num_pinned, reverse=True)
+    num_giving, pinned_giving = len(counts), sum(counts)
+    level = min(1.0, num_giving / (pinned_giving + num_floating))
+    while num_giving and counts[len(counts) - num_giving] * level >= 1:
+        pinned_giving -= counts[len(counts) - num_giving]
+        num_giving -= 1
+        level = min(1.0, num_giving / (pinned_giving + num_floating))
+    return tuple(min(level, 1 / n) if n else 0.0 for n in num_pinned), level
 
 
 class SharedCpus:
@@ -84,7 +87,7 @@ class SharedCpus:
         self._version += 1
         if not self._jobs:
             return
-        pinned_rates, floating_rate = fair_rates(self._num_pinned, len(self._jobs) - sum(self._num_pinned))
+        pinned_rates, floating_rate = fair_rates(tuple(self._num_pinned), len(self._jobs) - sum(self._num_pinned))
         next_s = float("inf")
         for job in self._jobs:
             job.rate = floating_rate if job.core is None else pinned_rates[job.core]

@@ -8,25 +8,25 @@ from planner.shared_cpus import SharedCpus, fair_rates
 
 
 def test_jobs_alone_on_their_cores_run_at_full_speed():
-    assert fair_rates([1, 1], 0) == ([1.0, 1.0], 0.0)
-    assert fair_rates([0, 1], 1) == ([0.0, 1.0], 1.0)  # the front takes the idle core
-    assert fair_rates([0, 0], 1) == ([0.0, 0.0], 1.0)  # one job, one core at most
+    assert fair_rates((1, 1), 0) == ((1.0, 1.0), 0.0)
+    assert fair_rates((0, 1), 1) == ((0.0, 1.0), 1.0)  # the front takes the idle core
+    assert fair_rates((0, 0), 1) == ((0.0, 0.0), 1.0)  # one job, one core at most
 
 
 def test_the_front_beside_two_busy_engines_takes_a_third_of_the_host():
-    pinned, floating = fair_rates([1, 1], 1)
+    pinned, floating = fair_rates((1, 1), 1)
     assert pinned == pytest.approx([2 / 3, 2 / 3]) and floating == pytest.approx(2 / 3)
 
 
 def test_a_crowded_core_gives_its_jobs_an_equal_share_and_the_front_nothing():
-    pinned, floating = fair_rates([3, 0], 2)
+    pinned, floating = fair_rates((3, 0), 2)
     assert pinned == pytest.approx([1 / 3, 0.0]) and floating == pytest.approx(0.5)  # two jobs on the free core
-    pinned, floating = fair_rates([2, 1], 1)
+    pinned, floating = fair_rates((2, 1), 1)
     assert pinned == pytest.approx([0.5, 0.5]) and floating == pytest.approx(0.5)
 
 
 def test_the_rates_use_the_host_and_no_more():
-    for num_pinned in ([0, 0], [1, 0], [1, 1], [2, 1], [3, 0], [1, 1, 1], [4, 0, 1]):
+    for num_pinned in ((0, 0), (1, 0), (1, 1), (2, 1), (3, 0), (1, 1, 1), (4, 0, 1), (2, 2, 0, 1)):
         for num_floating in range(5):
             pinned, floating = fair_rates(num_pinned, num_floating)
             used = sum(n * rate for n, rate in zip(num_pinned, pinned)) + num_floating * floating
