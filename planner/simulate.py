@@ -25,9 +25,8 @@ and the TTFT path's work floating, and beside them, at the events they belong to
 that is on no request's path (planner/cpu_sharing.py): each replica's own per request, the
 front's per decode step and the rest of its per request. A decode replica's own per-step work
 (streaming the step's tokens) shares the core with its engine thread alone, so it is taken as
-part of the step. A step then takes as long as
-what shares the CPUs while it runs makes it; elsewhere each takes exactly its work. Neglected:
-the idle demands (well under 1 % of a core each here).
+part of the step. A step then takes as long as what shares the CPUs while it runs makes it;
+elsewhere each takes exactly its work. Neglected: the idle demands (about 1 % of a core each).
 
 Invariant: the simulation is a pure function of (profile, config, requests, seed): no clock,
 draws from one generator seeded once, in event order; events at the same instant run in the
@@ -195,6 +194,7 @@ class Simulation:
             self._cores.start(now_s, work_s, _ignore, core)
 
     def _front(self, now_s: float, work_s: float, then: Callable[[float], None] | None = None) -> None:
+        """The front's work, floating: on a request's path when `then` follows it, else beside."""
         if self._cores is not None:
             self.front_cpu_s += work_s
         if then is None:
