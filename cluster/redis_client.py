@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import redis.asyncio as redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
 from engine.errors import UnavailableError
 
@@ -44,14 +45,22 @@ def connect_redis(
     return redis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
 
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
+
+
 class StateStoreUnavailableError(UnavailableError):
     """Redis, which holds request records and the replica registry, cannot be reached now."""
 
 
 @contextlib.contextmanager
 def state_store_errors() -> Iterator[None]:
-    """Raises StateStoreUnavailableError for a Redis that cannot be reached inside the block."""
+    """Raises StateStoreUnavailableError for a Redis that cannot be reached inside the block,
+    including a connection lost under WATCH, which redis-py raises as a WatchError."""
     try:
         yield
-    except (RedisConnectionError, RedisTimeoutError) as exc:
+    except _UNREACHABLE as exc:
         raise StateStoreUnavailableError(f"the state store (Redis) is unreachable: {exc}") from exc
+    except WatchError as exc:
+        if not isinstance(exc.__context__, _UNREACHABLE):
+            raise  # another writer changed a watched key: the caller retries
+        raise StateStoreUnavailableError(f"the state store (Redis) is unreachable: {exc.__context__}") from exc

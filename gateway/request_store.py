@@ -188,15 +188,15 @@ class RequestStore:
         """Runs `body` (reads, then `pipe.multi()` and queued writes) under WATCH on `key`,
         again from the start whenever another writer changed `key` before EXEC."""
         for _ in range(_MAX_ATTEMPTS):
-            with state_store_errors():
-                async with self._redis.pipeline(transaction=True) as pipe:
-                    await pipe.watch(key)
-                    await body(pipe)
-                    try:
+            try:
+                with state_store_errors():
+                    async with self._redis.pipeline(transaction=True) as pipe:
+                        await pipe.watch(key)
+                        await body(pipe)
                         await pipe.execute()
                         return
-                    except WatchError:
-                        continue
+            except WatchError:  # another writer won; a lost connection raised StateStoreUnavailableError
+                continue
         raise StoreContentionError(f"{key} changed under {_MAX_ATTEMPTS} transactions in a row")
 
 
