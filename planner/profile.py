@@ -115,21 +115,24 @@ class DecodeSample:
 
 @dataclass(frozen=True, slots=True)
 class ServingOverhead:
-    """What the serving path adds to the engine, measured on one request at a time through
-    `pdserve up` (planner/serving.py); zeros for an engine-only profile."""
+    """What the serving path adds to the engine, measured through `pdserve up`
+    (planner/serving.py); zeros for an engine-only profile."""
 
     gateway_s: float = 0.0  # per request, served one at a time before it reaches a prefill queue
     ttft_s: float = 0.0  # the rest of TTFT beyond the gateway and the prefill step, on an idle system
     handoff_s: float = 0.0  # the client's first token → KV landed at decode, beyond the copy itself
-    step_s: float = 0.0  # per decode step, beyond the engine step: work of the engine thread in serving
-    per_seq_step_s: float = 0.0  # per decode step and running request: a streamed token (gRPC, SSE)
+    step_s: float = 0.0  # per decode step at batch 1, beyond the engine step: serving's work on its thread
+    # per decode step and running request beyond the first, beyond the engine step; negative where
+    # a served step grows more slowly with its batch than the engine's fit (no less than
+    # -decode.per_seq_s, so that a step never shrinks as its batch grows)
+    per_seq_step_s: float = 0.0
     # each single request's idle TTFT overhead (gateway and the rest) over their median
     ttft_ratios: list[float] = field(default_factory=list)
     # each single request's E2EL - TTFT beyond the engine's steps, less the fitted line: the
     # per-request spread of its decode span, drawn as the spread of its handoff
     handoff_residuals_s: list[float] = field(default_factory=list)
     cpu: CpuSharing = CpuSharing()  # the work beside the engines on their cores
-    samples: list[dict] = field(default_factory=list)  # the single-request runs it was read from
+    samples: list[dict] = field(default_factory=list)  # the runs' requests it was read from
     cpu_samples: list[dict] = field(default_factory=list)  # the CPU readings `cpu` was read from
     engine_alone: dict = field(default_factory=dict)  # the engine's fits before the served ones replaced them
 

@@ -1,6 +1,6 @@
 """The engine as a replica runs it, and what the serving path adds, measured through `pdserve up`.
 
-Two kinds of profile runs on a 1P1D system, neither of them a validation workload:
+Three kinds of profile runs on a 1P1D system, none of them a validation workload:
 1. One request at a time at a few prompt and output lengths, `single_gap_s` apart (nearly
    regular arrivals, concurrency 1), so each finds the system idle, its predecessor's clean-up
    (KV release, Redis writes) done, as a request of a light load does.
@@ -9,16 +9,20 @@ Two kinds of profile runs on a 1P1D system, neither of them a validation workloa
    prompts overlap it: the slope of the wave's sorted TTFTs against their rank is an upper bound
    on the gateway's time per request, the least of the shapes' (median) slopes its estimate (a
    slope, not the last TTFT, so that one stall of a shared machine does not set it). Decode runs
-   a wave as one batch.
+   a wave as one batch (the CPU readings below use the waves; the TPOT calibration does not).
+3. Staggered runs of a few shapes (`staggered_shapes`: requests in flight, prompt and output
+   lengths), arriving regularly at the rate that keeps that many in flight at the singles'
+   latency: requests joining and leaving a running batch of a few, as under a moderate load.
 
 The overheads are what these runs took beyond what the simulation (planner/simulate.py) gives
 the same traces with the engine's fits, the CPU beside them and no overheads, so that the
 simulation, given them back, reproduces the runs. Per single, TTFT beyond the simulated one is
 the idle TTFT overhead (the gateway's share of it, the rest after it); E2EL - TTFT beyond the
 simulated decode span is regressed on the number of decode steps: the slope is the overhead of a
-step at batch 1, the intercept the handoff (reserve, commit, join). Per wave, how much more TPOT
-exceeds the simulated one (with those overheads) by, over the batch less one, is the overhead per
-running request per step (a streamed token); the rest of the batch-1 overhead is per step.
+step at batch 1, the intercept the handoff (reserve, commit, join). The overhead per step and
+running request beyond the first is what gives the staggered runs, simulated with all of that,
+their measured median TPOTs (`_per_seq_step_s`): read where requests overlap as they do under a
+load, not from waves, whose many streams at once cost more per request than a few do.
 Medians throughout, since the machine is shared; the spreads are kept as samples: each single's
 idle TTFT overhead over their median (`ttft_ratios`), each single's decode span less the
 regression line (`handoff_residuals_s`).
@@ -62,6 +66,8 @@ from planner.workload import SimRequest
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
 GATEWAY_ITERATIONS = 4  # the estimate moves by well under 1 % from the third to the fourth
+PER_SEQ_STEP_BOUND_S = 0.05  # far beyond any step's cost per request
+BISECTIONS = 20  # to within 0.05 µs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,9 +80,18 @@ class ServingRunConfig:
     single_gap_s: float = 0.6  # longer than a single request takes
     wave_shapes: tuple[tuple[int, int, int], ...] = ((16, 64, 64), (8, 256, 32), (4, 64, 128))  # batch, prompt, output
     num_waves: int = 2  # of each shape
+    # requests in flight, prompt and output lengths; (prompt, output) among the singles'
+    staggered_shapes: tuple[tuple[int, int, int], ...] = ((2, 512, 64), (4, 64, 64))
+    num_staggered: int = 32  # requests per staggered run
+    num_staggered_runs: int = 2  # of each shape
     idle_window_s: float = 3.0
     dtype: str = "float32"
     seed: int = 1000  # apart from the validation traces' seeds
+
+    def __post_init__(self) -> None:
+        singles = {(p, o) for p in self.prompt_lens for o in self.output_lens}
+        if any((p, o) not in singles for _, p, o in self.staggered_shapes):
+            raise ValueError(f"staggered shapes {self.staggered_shapes} need singles of their lengths")
 
 
 def measure_serving(profile: Profile, config: ServingRunConfig) -> Profile:
@@ -113,10 +128,20 @@ def measure_serving(profile: Profile, config: ServingRunConfig) -> Profile:
                 requests = random_requests(config.model_dir, batch_size, prompt_len, output_len,
                                            config.seed + 100 + len(waves))
                 waves.append(run(requests, f"wave of {batch_size} p{prompt_len} o{output_len}", batch_size))
+        single_e2el_s = {(run[0].prompt_len, run[0].output_len): statistics.median(r.e2el_s for r in run)
+                         for run in singles}
+        staggered = []
+        for in_flight, prompt_len, output_len in config.staggered_shapes:
+            for _ in range(config.num_staggered_runs):
+                requests = random_requests(config.model_dir, config.num_staggered, prompt_len, output_len,
+                                           config.seed + 200 + len(staggered))
+                rate = in_flight / single_e2el_s[prompt_len, output_len]  # Little's law, at idle latency
+                staggered.append(bench(base_url, requests, f"staggered {in_flight} p{prompt_len} o{output_len}",
+                                       request_rate=rate, burstiness=REGULAR_ARRIVALS).records)
     served = dataclasses.replace(profile, prefill=served_prefill_fit(profile.prefill, readings),
                                  decode=served_decode_fit(profile.decode, readings),
                                  serving=ServingOverhead(cpu=sharing_from_readings(idle_cpu_s_per_s, readings)))
-    overhead = overhead_from_records(served, singles, waves)
+    overhead = overhead_from_records(served, singles, waves, staggered)
     return dataclasses.replace(served, serving=dataclasses.replace(
         overhead, cpu_samples=[{"label": "idle", "cpu_s_per_s": idle_cpu_s_per_s}, *readings],
         engine_alone={"prefill": dataclasses.asdict(profile.prefill), "decode": dataclasses.asdict(profile.decode)}))
@@ -168,11 +193,11 @@ def demand_from_readings(part: str, idle_cpu_s_per_s: float, readings: list[dict
                      per_decode_step_s=per_feature.get("num_decode_steps", 0.0))
 
 
-def overhead_from_records(profile: Profile, singles: list[list[RequestRecord]],
-                          waves: list[list[RequestRecord]]) -> ServingOverhead:
+def overhead_from_records(profile: Profile, singles: list[list[RequestRecord]], waves: list[list[RequestRecord]],
+                          staggered: list[list[RequestRecord]]) -> ServingOverhead:
     """The overheads beyond what the simulation gives each run's trace under `profile` (its fits
-    and its CPU sharing; its overheads are not read): `singles` and `waves`, one list of records
-    per run, each record's `start_s` from its run's start."""
+    and its CPU sharing; its overheads are not read): `singles`, `waves` and `staggered`, one
+    list of records per run, each record's `start_s` from its run's start."""
     bare = dataclasses.replace(profile, serving=ServingOverhead(cpu=profile.serving.cpu),
                                prefill_samples=[], decode_samples=[])  # the median model
     single_records = [r for run in singles for r in run]
@@ -183,29 +208,39 @@ def overhead_from_records(profile: Profile, singles: list[list[RequestRecord]],
     ttft_s = idle_ttft_s - gateway_s
     num_steps = [r.output_len - 1 for r in single_records]
     beyond_s = [(r.e2el_s - r.ttft_s) - (t.finish_s - t.first_token_s) for r, t in zip(single_records, simulated)]
-    # both per-step overheads at batch 1; the handoff
-    single_step_s, intercept_s = np.polyfit(num_steps, beyond_s, 1)
-    handoff_residuals_s = [float(b - (single_step_s * n + intercept_s)) for n, b in zip(num_steps, beyond_s)]
-    handoff_s = max(0.0, float(intercept_s))
-
+    # the per-step overhead at batch 1; the handoff
+    step_s, intercept_s = np.polyfit(num_steps, beyond_s, 1)
+    handoff_residuals_s = [float(b - (step_s * n + intercept_s)) for n, b in zip(num_steps, beyond_s)]
     at_batch_1 = dataclasses.replace(bare, serving=dataclasses.replace(
-        bare.serving, gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=handoff_s, step_s=max(0.0, float(single_step_s))))
-    per_seq_samples_s = []
-    for records in waves:
-        simulated_tpot_s = statistics.median(t.tpot_s for t in _simulated(at_batch_1, records))
-        beyond_wave_s = statistics.median(tpot_s(r) for r in records) - simulated_tpot_s
-        per_seq_samples_s.append(beyond_wave_s / (len(records) - 1))
-    per_seq_step_s = max(0.0, float(statistics.median(per_seq_samples_s)))
-    step_s = max(0.0, float(single_step_s) - per_seq_step_s)
+        bare.serving, gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=max(0.0, float(intercept_s)),
+        step_s=max(0.0, float(step_s))))
     samples = [{"kind": "single", "prompt_len": r.prompt_len, "output_len": r.output_len,
                 "ttft_s": r.ttft_s, "e2el_s": r.e2el_s} for r in single_records]
-    samples += [{"kind": "wave", "batch_size": len(records), "prompt_len": r.prompt_len,
-                 "output_len": r.output_len, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
-                for records in waves for r in records]
-    return ServingOverhead(gateway_s=gateway_s, ttft_s=ttft_s, handoff_s=handoff_s, step_s=step_s,
-                           per_seq_step_s=per_seq_step_s,
-                           ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
-                           handoff_residuals_s=handoff_residuals_s, samples=samples, cpu=profile.serving.cpu)
+    samples += [{"kind": kind, "batch_size": len(records), "prompt_len": r.prompt_len, "output_len": r.output_len,
+                 "start_s": r.start_s, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
+                for kind, runs in (("wave", waves), ("staggered", staggered)) for records in runs for r in records]
+    return dataclasses.replace(
+        at_batch_1.serving, per_seq_step_s=_per_seq_step_s(at_batch_1, staggered),
+        ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
+        handoff_residuals_s=handoff_residuals_s, samples=samples)
+
+
+def _per_seq_step_s(at_batch_1: Profile, staggered: list[list[RequestRecord]]) -> float:
+    """The overhead per running request beyond the first, per decode step, that gives the
+    staggered runs, simulated under `at_batch_1` with it, their measured median TPOTs summed:
+    found by bisection, no less than takes the served step's per-request slope to 0."""
+    measured_s = sum(statistics.median(tpot_s(r) for r in records) for records in staggered)
+
+    def simulated_s(per_seq_step_s: float) -> float:
+        trial = dataclasses.replace(at_batch_1, serving=dataclasses.replace(
+            at_batch_1.serving, per_seq_step_s=per_seq_step_s))
+        return sum(statistics.median(t.tpot_s for t in _simulated(trial, records)) for records in staggered)
+
+    low_s, high_s = -at_batch_1.decode.per_seq_s, PER_SEQ_STEP_BOUND_S
+    for _ in range(BISECTIONS):
+        middle_s = (low_s + high_s) / 2
+        low_s, high_s = (middle_s, high_s) if simulated_s(middle_s) < measured_s else (low_s, middle_s)
+    return (low_s + high_s) / 2
 
 
 def _gateway_s(bare: Profile, waves: list[list[RequestRecord]], idle_ttft_s: float) -> float:

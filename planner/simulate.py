@@ -290,7 +290,7 @@ class Simulation:
         # the serving path's per-step overheads run on the engine thread too (planner/serving.py)
         work_s = (self.profile.decode.step_s(num_seqs, num_context_tokens, num_joins)
                   * self._draws.ratio(self._decode_ratios)
-                  + serving.step_s + serving.per_seq_step_s * num_seqs)
+                  + serving.step_s + serving.per_seq_step_s * (num_seqs - 1))
         if self._cores is not None:  # its replica streams the step's tokens on the same core
             work_s += serving.cpu.decode.per_decode_step_s + serving.cpu.decode.per_output_token_s * num_seqs
         self._engine_step(now_s, server, work_s, lambda t: self._end_decode(t, server))

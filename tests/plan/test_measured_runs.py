@@ -81,13 +81,14 @@ def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engi
     # per-step overheads its decode steps spend as work
     assert dataclasses.astuple(profile.prefill) == pytest.approx(dataclasses.astuple(ENGINE.prefill))
     # (within a few %: a wave's steps are an estimate)
-    assert profile.decode.intercept_s == pytest.approx(ENGINE.decode.intercept_s + TRUTH.step_s, rel=0.05)
+    assert profile.decode.intercept_s == pytest.approx(
+        ENGINE.decode.intercept_s + TRUTH.step_s - TRUTH.per_seq_step_s, rel=0.05)
     assert profile.decode.per_seq_s == pytest.approx(ENGINE.decode.per_seq_s + TRUTH.per_seq_step_s, rel=0.1)
     # the steps' estimate leaves a little in the join term, which the handoff then gives up
     assert profile.decode.per_join_s < 0.1 * TRUTH.handoff_s
     assert measured.engine_alone["decode"] == dataclasses.asdict(ENGINE.decode)
     assert measured.handoff_s + profile.decode.per_join_s == pytest.approx(TRUTH.handoff_s, rel=0.02)
-    assert measured.step_s + measured.per_seq_step_s == pytest.approx(0.0, abs=1e-4)  # all of it in the fit
+    assert (measured.step_s, measured.per_seq_step_s) == pytest.approx((0.0, 0.0), abs=1e-4)  # all of it in the fit
     assert measured.ttft_ratios == pytest.approx([1.0] * 40)
     assert len(measured.handoff_residuals_s) == 40
     assert measured.cpu.shares_replica_cpus

@@ -22,7 +22,8 @@ def test_a_request_alone_waits_for_nothing_but_its_own_steps_and_the_overheads()
     prefill_s = 0.010 + 0.0001 * 100
     assert times.ttft_s == pytest.approx(0.002 + prefill_s + 0.003)
     transfer_s = 100 * 1000 / 1e9
-    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) + 0.0005 + 0.0001 for generated in range(1, 5))
+    # alone in its batch: no per_seq_step_s, which counts the running requests beyond the first
+    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) + 0.0005 for generated in range(1, 5))
     assert times.finish_s - times.first_token_s == pytest.approx(0.004 + transfer_s + steps_s)
 
 
@@ -38,6 +39,15 @@ def test_a_burst_decodes_as_one_batch_so_tpot_is_the_step_time_at_that_batch():
     times = Simulation(profile, ONE_TO_ONE).run(requests)
     step_s = 0.005 + 0.001 * 8  # one request fewer in the batch would be 12 % off
     # the first request, routed alone, runs one step before the others join: within 1 %
+    assert [t.tpot_s for t in times] == pytest.approx([step_s] * 8, rel=0.01)
+
+
+@pytest.mark.parametrize("per_seq_step_s", [0.0003, -0.0005], ids=["steeper", "flatter"])
+def test_the_per_request_overhead_changes_a_steps_slope_beyond_the_first_request(per_seq_step_s):
+    serving = ServingOverhead(step_s=0.002, per_seq_step_s=per_seq_step_s)
+    profile = make_profile(prefill=PrefillFit(1e-6, 0.0, 0.0), transfer_gb_per_s=1e12, serving=serving)
+    times = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 16, 101) for _ in range(8)])
+    step_s = 0.005 + 0.001 * 8 + 0.002 + per_seq_step_s * 7
     assert [t.tpot_s for t in times] == pytest.approx([step_s] * 8, rel=0.01)
 
 
