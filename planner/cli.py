@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> int:
     from planner.measure import MeasureConfig, measure_profile
     from planner.serving import ServingRunConfig, measure_serving
+    from planner.speed import SpeedProbe
 
     sizes = {name: tuple(getattr(args, name)) for name in
              ("prefill_prompt_lens", "prefill_num_seqs", "decode_num_seqs", "decode_context_lens")
@@ -97,12 +98,14 @@ def _profile(args: argparse.Namespace) -> int:
     config = MeasureConfig(model_dir=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                            max_num_batched_tokens=args.max_num_batched_tokens, repeats=args.repeats, **sizes)
     all_cpus = os.sched_getaffinity(0)
-    if args.cpus:
-        os.sched_setaffinity(0, args.cpus)
-    profile = measure_profile(config)
-    os.sched_setaffinity(0, all_cpus)
-    if args.serving and args.device == "cpu":
-        profile = measure_serving(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
+    with SpeedProbe() as probe:
+        if args.cpus:
+            os.sched_setaffinity(0, args.cpus)
+        profile = measure_profile(config)
+        os.sched_setaffinity(0, all_cpus)
+        if args.serving and args.device == "cpu":
+            profile = measure_serving(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
+    profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": probe.reference_s})
     print(profile.save(args.out))
     return 0
 

@@ -12,8 +12,13 @@ from planner.validate import COMPARED, TOLERANCE
 
 
 def validation_markdown(rows: list[dict]) -> str:
+    """One line per row; where the rows carry predictions at each run's speed (planner/speed.py),
+    their ratios too, in the order of COMPARED."""
+    at_speed = all("at_speed" in row for row in rows)
     header = ["config", "rate (req/s)"] + [f"{key[:-3]} pred / meas (ratio)" for key in COMPARED] + [
         "goodput pred / meas (req/s)", "front CPU pred / meas (s/s)", f"within {TOLERANCE:.0%}"]
+    if at_speed:
+        header += ["ratios at the runs' speed", f"within {TOLERANCE:.0%} at the runs' speed"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["config"], f"{row['request_rate']:g}"]
@@ -25,6 +30,10 @@ def validation_markdown(rows: list[dict]) -> str:
         front = [row[side].get("front_cpu_s_per_s") for side in ("predicted", "measured")]
         cells.append("n/a" if None in front else f"{front[0]:.2f} / {front[1]:.2f}")
         cells.append("yes" if row["within_tolerance"] else "no")
+        if at_speed:
+            ratios = row["at_speed"]["ratios"]
+            cells.append(" ".join(f"{ratios[key]:.2f}" if key in ratios else "n/a" for key in COMPARED))
+            cells.append("yes" if row["at_speed"]["within_tolerance"] else "no")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

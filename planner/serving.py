@@ -81,9 +81,9 @@ class ServingRunConfig:
     wave_shapes: tuple[tuple[int, int, int], ...] = ((16, 64, 64), (8, 256, 32), (4, 64, 128))  # batch, prompt, output
     num_waves: int = 2  # of each shape
     # requests in flight, prompt and output lengths; (prompt, output) among the singles'
-    staggered_shapes: tuple[tuple[int, int, int], ...] = ((2, 512, 64), (4, 64, 64))
+    staggered_shapes: tuple[tuple[int, int, int], ...] = ((2, 512, 64), (2, 64, 64), (4, 64, 64))
     num_staggered: int = 32  # requests per staggered run
-    num_staggered_runs: int = 2  # of each shape
+    num_staggered_runs: int = 3  # of each shape
     idle_window_s: float = 3.0
     dtype: str = "float32"
     seed: int = 1000  # apart from the validation traces' seeds

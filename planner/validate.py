@@ -12,7 +12,9 @@ percentile and of the goodput, with predicted / measured ratios, and keeps every
 figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's CPU
 (planner/proc_cpu.py) is read too: the front's is set beside the front's work the simulation ran
 (planner/cpu_sharing.py), a check of the sharing's input, not a figure the prediction uses; the
-replicas' are kept with the run's figures.
+replicas' are kept with the run's figures. A speed probe (planner/speed.py) runs beside each
+run; where the profile has a reference time too, each row also carries the prediction at each
+run's speed (`at_speed`): the profile scaled to the machine's speed during that run.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from planner.bench_runs import bench, launched, random_requests
 from planner.proc_cpu import cpu_during
 from planner.profile import Profile
 from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
+from planner.speed import SpeedProbe, at_speed
 from planner.workload import SimRequest, Slo
 
 TOLERANCE = 0.25
@@ -66,7 +69,7 @@ def validate(config: ValidationConfig) -> list[dict]:
     rows = []
     for xpyd in config.configs:
         for index, rate in enumerate(config.request_rates):
-            results, cpu_s_per_s = [], []
+            results, cpu_s_per_s, references_s = [], [], []
             for repeat in range(config.num_repeats):
                 # fresh prompts each run: the same ones again would hit the prefix cache
                 seed = config.seed + index * config.num_repeats + repeat
@@ -76,24 +79,29 @@ def validate(config: ValidationConfig) -> list[dict]:
                               dtype=config.dtype) as system:
                     bench(system.spec.base_url, random_requests(config.model_dir, 4, config.input_len, 8,
                                                                 config.seed + 999), "warm-up", progress=False)
-                    result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
-                        system.spec.base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate,
-                        seed=seed, goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
+                    with SpeedProbe() as probe:
+                        result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
+                            system.spec.base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}",
+                            request_rate=rate, seed=seed,
+                            goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
                 results.append(result)
                 cpu_s_per_s.append({part: seconds / wall_s for part, seconds in cpu_s.items()})
-            rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s))
+                references_s.append(probe.reference_s)
+            rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s, references_s))
     return rows
 
 
 def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo,
-                cpu_s_per_s: list[dict[str, float]] | None = None) -> dict:
+                cpu_s_per_s: list[dict[str, float]] | None = None, references_s: list[float] | None = None) -> dict:
     """`cpu_s_per_s`: each run's measured CPU seconds per second by part (planner/proc_cpu.py's
-    `system_cpu_s` keys), when read."""
-    predicted_runs, measured_runs = [], []
+    `system_cpu_s` keys), when read; `references_s`: each run's reference time (planner/speed.py),
+    when read, for the prediction at each run's speed beside the one at the profile's."""
+    predicted_runs, at_speed_runs, measured_runs = [], [], []
     for index, result in enumerate(results):
         trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
-        predicted_runs.append(_medians([simulate(profile, xpyd, trace, slo, seed=seed).to_dict()
-                                        for seed in range(NUM_DRAWS)]))
+        predicted_runs.append(_predicted(profile, xpyd, trace, slo))
+        if references_s is not None:
+            at_speed_runs.append(_predicted(at_speed(profile, references_s[index]), xpyd, trace, slo))
         measured_runs.append(SimSummary.of(
             [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
              for r in result.records], slo).to_dict())
@@ -103,11 +111,23 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
             measured_runs[-1]["front_cpu_s_per_s"] = cpu_s_per_s[index]["front"]
             measured_runs[-1]["cpu_s_per_s"] = cpu_s_per_s[index]
     predicted, measured = _medians(predicted_runs), _medians(measured_runs)
+    row = {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
+           "num_repeats": len(results), "predicted": predicted, "measured": measured,
+           **_compared(predicted, measured), "measured_runs": measured_runs, "load_average_1m": os.getloadavg()[0]}
+    if references_s is not None:
+        at_speed_predicted = _medians(at_speed_runs)
+        row["at_speed"] = {"references_s": references_s, "profile_reference_s": profile.hardware.get("reference_s"),
+                           "predicted": at_speed_predicted, **_compared(at_speed_predicted, measured)}
+    return row
+
+
+def _predicted(profile: Profile, xpyd: XpYd, trace: list[SimRequest], slo: Slo) -> dict:
+    return _medians([simulate(profile, xpyd, trace, slo, seed=seed).to_dict() for seed in range(NUM_DRAWS)])
+
+
+def _compared(predicted: dict, measured: dict) -> dict:
     ratios = {key: predicted[key] / measured[key] for key in COMPARED if measured[key] > 0}
-    return {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
-            "num_repeats": len(results), "predicted": predicted, "measured": measured, "ratios": ratios,
-            "within_tolerance": all(abs(ratio - 1) <= TOLERANCE for ratio in ratios.values()),
-            "measured_runs": measured_runs, "load_average_1m": os.getloadavg()[0]}
+    return {"ratios": ratios, "within_tolerance": all(abs(ratio - 1) <= TOLERANCE for ratio in ratios.values())}
 
 
 def _medians(runs: list[dict]) -> dict:

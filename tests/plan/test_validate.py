@@ -9,6 +9,8 @@ from bench.runner import BenchConfig, BenchResult
 from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import ServingOverhead
 from planner.simulate import Simulation, XpYd, simulate
+from planner.report import validation_markdown
+from planner.speed import at_speed
 from planner.validate import check_runnable, compare_row
 from planner.workload import SimRequest, Slo, Workload
 
@@ -71,3 +73,17 @@ def test_the_fronts_measured_cpu_is_set_beside_the_models():
     assert row["measured"]["front_cpu_s_per_s"] == pytest.approx(0.2)
     assert row["measured"]["cpu_s_per_s"] == {"front": 0.2, "prefill": 0.01, "decode": 0.02}
     assert "front_cpu_s_per_s" not in row["ratios"]
+
+
+def test_a_run_on_a_machine_half_as_fast_is_predicted_exactly_at_its_speed():
+    """A system twice as slow in everything: the profile at its speed predicts it; at its own it
+    predicts at most half of every latency (less where the slower system queues)."""
+    profile = make_profile(serving=ServingOverhead(gateway_s=0.003, handoff_s=0.01))
+    profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": 0.001})
+    slower = at_speed(profile, 0.002)
+    row = compare_row(profile, XpYd(1, 1), 10, [_run(slower, XpYd(1, 1))] * 3, SLO, references_s=[0.002] * 3)
+    assert len(row["ratios"]) == 4 and all(ratio < 0.51 for ratio in row["ratios"].values())
+    assert not row["within_tolerance"]
+    assert row["at_speed"]["ratios"] == pytest.approx({key: 1 for key in row["ratios"]})
+    assert row["at_speed"]["within_tolerance"] and row["at_speed"]["references_s"] == [0.002] * 3
+    assert "at the runs' speed" in validation_markdown([row])

@@ -1,0 +1,51 @@
+"""The speed probe reads a window's reference time; `at_speed` scales every duration of a profile
+by the ratio of reference times and nothing else."""
+import dataclasses
+import time
+
+import pytest
+
+from planner.cpu_sharing import CpuDemand, CpuSharing
+from planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from planner.speed import SpeedProbe, at_speed
+
+from tests.plan.profiles import make_profile
+
+
+def test_the_probe_times_the_reference_work_while_its_block_runs():
+    with SpeedProbe(interval_s=0.01) as probe:
+        deadline_s = time.monotonic() + 30.0
+        while len(probe.timings_s) < 1:  # the first timing is in by the time the block starts
+            assert time.monotonic() < deadline_s
+        time.sleep(0.2)
+    assert len(probe.timings_s) >= 2  # and more came while the block ran
+    assert 0 < probe.reference_s < 1.0
+    assert probe._process.returncode is not None  # the probe process is gone
+
+
+def test_a_profile_at_twice_its_reference_time_takes_twice_as_long_for_everything():
+    sharing = CpuSharing(True, front=CpuDemand(0.01, 0.02, 0.003, 0.004), prefill=CpuDemand(0.0, 0.005),
+                         decode=CpuDemand(0.001, 0.002, 0.0, 0.0003))
+    serving = ServingOverhead(gateway_s=0.003, ttft_s=0.004, handoff_s=0.01, step_s=0.001, per_seq_step_s=-2e-4,
+                              ttft_ratios=[0.9, 1.1], handoff_residuals_s=[-0.001, 0.002], cpu=sharing)
+    profile = make_profile(prefill=PrefillFit(0.01, 1e-4, 1e-8), decode=DecodeFit(0.005, 0.001, 1e-6, 0.002),
+                           serving=serving, transfer_gb_per_s=4.0)
+    profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": 0.0015})
+
+    slower = at_speed(profile, 0.003)
+    assert dataclasses.astuple(slower.prefill) == pytest.approx((0.02, 2e-4, 2e-8))
+    assert dataclasses.astuple(slower.decode) == pytest.approx((0.01, 0.002, 2e-6, 0.004))
+    assert (slower.serving.gateway_s, slower.serving.ttft_s, slower.serving.handoff_s, slower.serving.step_s,
+            slower.serving.per_seq_step_s) == pytest.approx((0.006, 0.008, 0.02, 0.002, -4e-4))
+    assert slower.serving.handoff_residuals_s == pytest.approx([-0.002, 0.004])
+    assert slower.serving.ttft_ratios == [0.9, 1.1]  # ratios have no unit
+    assert dataclasses.astuple(slower.serving.cpu.front) == pytest.approx((0.02, 0.04, 0.006, 0.008))
+    assert dataclasses.astuple(slower.serving.cpu.decode) == pytest.approx((0.002, 0.004, 0.0, 0.0006))
+    assert slower.serving.cpu.shares_replica_cpus
+    assert slower.transfer_gb_per_s == pytest.approx(2.0)
+    assert slower.hardware == profile.hardware  # still the profile's own machine and reference
+
+
+def test_a_profile_without_a_reference_time_is_left_as_it_is():
+    profile = make_profile()
+    assert at_speed(profile, 0.003) is profile
