@@ -216,7 +216,7 @@ def overhead_from_records(profile: Profile, singles: list[list[RequestRecord]], 
         step_s=max(0.0, float(step_s))))
     samples = [{"kind": "single", "prompt_len": r.prompt_len, "output_len": r.output_len,
                 "ttft_s": r.ttft_s, "e2el_s": r.e2el_s} for r in single_records]
-    samples += [{"kind": kind, "batch_size": len(records), "prompt_len": r.prompt_len, "output_len": r.output_len,
+    samples += [{"kind": kind, "num_requests": len(records), "prompt_len": r.prompt_len, "output_len": r.output_len,
                  "start_s": r.start_s, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
                 for kind, runs in (("wave", waves), ("staggered", staggered)) for records in runs for r in records]
     return dataclasses.replace(

@@ -4,10 +4,12 @@ gets the output of an unharmed run; no KV block stays taken on either side."""
 import asyncio
 import time
 
+import grpc
 import pytest
 import torch
 
 from engine.config import ModelConfig
+from pdserve.v1 import gateway_pb2
 from tests.faults.conftest import (
     StreamRun, assert_prefill_kv_free, greedy_request, migrations, num_prefills, recovery_s, request_info,
     wait_until_gone)
@@ -33,12 +35,14 @@ def test_killing_a_prefill_replica_with_prompts_in_flight_loses_no_request(make_
     assert all(outcome.error is None for outcome in reference)
 
     async def kill_a_busy_prefill_replica(run: StreamRun):
-        await run.wait_for(lambda outcomes: any(o.token_ids for o in outcomes), "a first token")
-        waiting = [f"p-{i}" for i, o in enumerate(run.outcomes) if not o.token_ids]
-        infos = [await asyncio.to_thread(request_info, cluster, request_id) for request_id in waiting]
-        run.victim = next(info.prefill_replica for info in infos if info.prefill_replica)
-        cluster.kill(next(s for s in cluster.services if s.name == run.victim))
-        run.killed_s = time.monotonic()
+        """Kills the replica of the first request found still prefilling, the latest sent first
+        (the likeliest to be queued behind others), as soon as it is found."""
+        deadline_s = time.monotonic() + 60.0
+        while (victim := await asyncio.to_thread(_a_prefilling_replica, cluster)) is None:
+            assert time.monotonic() < deadline_s, "no request was seen prefilling"
+            await asyncio.sleep(0.01)
+        cluster.kill(next(s for s in cluster.services if s.name == victim))
+        run.victim, run.killed_s = victim, time.monotonic()
 
     run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"p-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
     outcomes = asyncio.run(run.run(kill_a_busy_prefill_replica))
@@ -58,3 +62,16 @@ def test_killing_a_prefill_replica_with_prompts_in_flight_loses_no_request(make_
     wait_until_gone(cluster, "prefill", run.victim)
     cluster.assert_all_kv_free()
     assert_prefill_kv_free(cluster)
+
+
+def _a_prefilling_replica(cluster) -> str | None:
+    for i in reversed(range(NUM_REQUESTS)):
+        try:
+            info = request_info(cluster, f"p-{i}")
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.NOT_FOUND:  # not yet at the gateway
+                raise
+            continue
+        if info.state == gateway_pb2.REQUEST_STATE_PREFILLING and info.prefill_replica:
+            return info.prefill_replica
+    return None

@@ -102,6 +102,8 @@ def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engi
     assert all(r["output_len"] - 1 < r["num_decode_steps"] < r["output_len"] - 1 + 3 * r["batch_size"]
                for r in measured.cpu_samples[5:])
     assert [r["batch_size"] for r in measured.cpu_samples[1:]] == [1, 1, 1, 1, 16, 16, 8, 8, 4, 4]
+    # staggered runs: three of each of the three shapes, the TPOT calibration's, not the CPU's
+    assert sum(s["kind"] == "staggered" for s in measured.samples) == 3 * 3 * config.num_staggered
 
 
 def test_validation_of_a_system_that_behaves_as_modelled(fake_system, tmp_path, monkeypatch):
