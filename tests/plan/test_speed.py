@@ -14,9 +14,7 @@ from tests.plan.profiles import make_profile
 
 def test_the_probe_times_the_reference_work_while_its_block_runs():
     with SpeedProbe(interval_s=0.01) as probe:
-        deadline_s = time.monotonic() + 30.0
-        while len(probe.timings_s) < 1:  # the first timing is in by the time the block starts
-            assert time.monotonic() < deadline_s
+        assert len(probe.timings_s) == 1  # the first timing is in by the time the block starts
         time.sleep(0.2)
     assert len(probe.timings_s) >= 2  # and more came while the block ran
     assert 0 < probe.reference_s < 1.0
