@@ -11,11 +11,13 @@ JSON results go to `--result-dir` (with markdown and, for recommend, a PNG); tab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
+import statistics
 from pathlib import Path
 
 from bench.datasets import RANDOM_KINDS
@@ -98,14 +100,21 @@ def _profile(args: argparse.Namespace) -> int:
     config = MeasureConfig(model_dir=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                            max_num_batched_tokens=args.max_num_batched_tokens, repeats=args.repeats, **sizes)
     all_cpus = os.sched_getaffinity(0)
-    with SpeedProbe() as probe:
+    references_s = []  # the machine's speed around each part; a GPU's does not drift so, and is not read
+    with SpeedProbe(args.model) if args.device == "cpu" else contextlib.nullcontext() as probe:
+        read_speed = (lambda: references_s.append(probe.read_s())) if probe else (lambda: None)  # noqa: E731
+        read_speed()  # the probe started first: it floats over all the CPUs
         if args.cpus:
             os.sched_setaffinity(0, args.cpus)
         profile = measure_profile(config)
         os.sched_setaffinity(0, all_cpus)
+        read_speed()
         if args.serving and args.device == "cpu":
             profile = measure_serving(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
-    profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": probe.reference_s})
+            read_speed()
+    if references_s:
+        profile = dataclasses.replace(profile, hardware={
+            **profile.hardware, "reference_s": statistics.median(references_s), "reference_readings_s": references_s})
     print(profile.save(args.out))
     return 0
 

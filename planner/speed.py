@@ -1,62 +1,113 @@
-"""The machine's speed while something runs, read by a light probe beside it.
+"""The machine's speed, read on a quiet machine by timing a fixed step of the engine.
 
 On a shared host (a VM among changing neighbours) the same work can take twice as long from one
-minute to the next, whatever runs on it. A probe process beside the runs times a fixed piece of
-interpreter work (`REFERENCE_WORK`, about a millisecond) every `interval_s`, floating over the
-CPUs as the front does; the median of its timings over a window is the window's reference time,
-which tracks how long the engines' steps take there (the steps of a small model are interpreter
-work for the most part). It costs well under 1 % of a core.
+minute to the next, whatever runs on it. A probe process holds an engine of the profiled model
+on one torch thread, as a replica on one CPU runs it, and on each request times one fixed step
+pair, a prefill of `PROMPT_LEN` random tokens and the decode step after it, over and over for
+`window_s`; the median of those timings is the window's reference time. The probe is read only
+while nothing else runs (before and after a run, never during one), so that a reading is the
+machine's speed, not the run's contention for its CPUs; between readings it waits on its pipe
+and takes no CPU.
 
-A profile records the reference time of the runs it was read from (`hardware["reference_s"]`),
-each validation run its own, and `at_speed` sets a profile to another window's speed: every
-duration in it scaled by the ratio of the two reference times. So a prediction can be compared
-with a run at the speed the machine had during that run, beside the prediction at the profile's.
+A profile records the median of readings taken before, between and after its parts
+(`hardware["reference_s"]`; one reading caught by a neighbour's burst does not set it), each
+validation run the mean of one reading before it and one after, and
+`at_speed` sets a profile to another window's speed: every duration in it scaled by the ratio of
+the two reference times. So a prediction can be compared with a run at the speed the machine had
+around that run, beside the prediction at the profile's.
 """
 from __future__ import annotations
 
 import dataclasses
+import random
+import select
 import statistics
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import DecodeFit, PrefillFit, Profile
 
-REFERENCE_WORK = "sum(i * i for i in range(20000))"
-_PROBE = """
-import sys, time
-interval_s = float(sys.argv[1])
-while True:
-    started_s = time.perf_counter()
-    {work}
-    print(time.perf_counter() - started_s, flush=True)
-    time.sleep(interval_s)
-""".format(work=REFERENCE_WORK)
+PROMPT_LEN = 64
+NUM_BLOCKS = 16  # room for the one request of a step pair
+READY = "ready"
+LOAD_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 
 
 class SpeedProbe:
-    """`with SpeedProbe() as probe: ...`, then `probe.reference_s`: the median timing of the
-    reference work while the block ran."""
+    """`with SpeedProbe(model_dir) as probe: ... probe.read_s() ...`: each call, the reference
+    time of a window of `window_s` read now."""
 
-    def __init__(self, interval_s: float = 0.25):
-        self.interval_s = interval_s
-        self.timings_s: list[float] = []
+    def __init__(self, model_dir: Path, window_s: float = 2.0):
+        self.model_dir = model_dir
+        self.window_s = window_s
 
     def __enter__(self) -> SpeedProbe:
-        self._process = subprocess.Popen([sys.executable, "-c", _PROBE, str(self.interval_s)],
-                                         stdout=subprocess.PIPE, text=True)
-        self.timings_s = [float(self._process.stdout.readline())]  # running: at least one timing
+        self._process = subprocess.Popen([sys.executable, "-m", "planner.speed", str(self.model_dir)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self._line(LOAD_TIMEOUT_S) != READY:
+            self.__exit__()
+            raise RuntimeError(f"speed probe: no engine of {self.model_dir} (its stderr says why)")
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._process.terminate()
-        remaining, _ = self._process.communicate(timeout=STOP_TIMEOUT_S)
-        self.timings_s += [float(line) for line in remaining.split()]
+        self._process.stdin.close()
+        try:
+            self._process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
 
-    @property
-    def reference_s(self) -> float:
-        return statistics.median(self.timings_s)
+    def read_s(self) -> float:
+        self._process.stdin.write(f"{self.window_s}\n")
+        self._process.stdin.flush()
+        line = self._line(self.window_s + STOP_TIMEOUT_S)
+        if not line:
+            raise RuntimeError("speed probe: gone before it answered")
+        return float(line)
+
+    def _line(self, timeout_s: float) -> str:
+        ready, _, _ = select.select([self._process.stdout], [], [], timeout_s)
+        return self._process.stdout.readline().strip() if ready else ""
+
+
+def _serve(model_dir: str) -> None:
+    """The probe process: an engine, then one window of timed step pairs per line read."""
+    import torch
+
+    from engine.engine_config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    torch.set_num_threads(1)
+    engine = LLMEngine(EngineConfig(model=model_dir, num_gpu_blocks=NUM_BLOCKS,
+                                    enable_prefix_caching=False, detokenize=False))
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    rng = random.Random(0)
+    request_ids = iter(range(sys.maxsize))
+
+    def step_pair_s() -> float:
+        prompt = [rng.randrange(engine.model_config.vocab_size) for _ in range(PROMPT_LEN)]
+        engine.add_request(str(next(request_ids)), prompt, params)
+        started_s = time.perf_counter()
+        engine.step()  # the prefill
+        engine.step()  # one decode step, the last
+        elapsed_s = time.perf_counter() - started_s
+        while engine.has_unfinished_requests():
+            engine.step()
+        return elapsed_s
+
+    step_pair_s()  # untimed warm-up
+    print(READY, flush=True)
+    for line in sys.stdin:
+        deadline_s = time.perf_counter() + float(line)
+        timings_s = [step_pair_s()]
+        while time.perf_counter() < deadline_s:
+            timings_s.append(step_pair_s())
+        print(statistics.median(timings_s), flush=True)
 
 
 def at_speed(profile: Profile, reference_s: float) -> Profile:
@@ -79,3 +130,7 @@ def at_speed(profile: Profile, reference_s: float) -> Profile:
             cpu=CpuSharing(serving.cpu.shares_replica_cpus, *(
                 CpuDemand(*(scale * value for value in dataclasses.astuple(demand)))
                 for demand in (serving.cpu.front, serving.cpu.prefill, serving.cpu.decode)))))
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

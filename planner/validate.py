@@ -6,15 +6,17 @@ launched afresh (planner/bench_runs.py) and with fresh prompts of the same lengt
 run hits the prefix cache): the machine is shared and one run can be far off, and where the
 scheduler puts the floating front (gateway, Redis, client) differs from one start to the next.
 The simulation gets each run's trace: each request's send time and its prompt and output
-lengths, nothing the system measured; its figures for a trace are the medians over
-`NUM_DRAWS` seeds of its jitter draws, so that a few drawn outliers do not set one trace's tail. A row pairs the medians over the repeats of each
-percentile and of the goodput, with predicted / measured ratios, and keeps every repeat's
-figures; it is within tolerance when every TTFT and TPOT ratio is. Each run's CPU
-(planner/proc_cpu.py) is read too: the front's is set beside the front's work the simulation ran
-(planner/cpu_sharing.py), a check of the sharing's input, not a figure the prediction uses; the
-replicas' are kept with the run's figures. A speed probe (planner/speed.py) runs beside each
-run; where the profile has a reference time too, each row also carries the prediction at each
-run's speed (`at_speed`): the profile scaled to the machine's speed during that run.
+lengths, nothing the system measured; its figures for a trace are the medians over `NUM_DRAWS`
+seeds of its jitter draws, so that a few drawn outliers do not set one trace's tail. A row pairs
+the medians over the repeats of each percentile and of the goodput, with predicted / measured
+ratios, and keeps every repeat's figures, predicted and measured (so that what the traces
+explain of the runs' spread shows); it is within tolerance when every TTFT and TPOT ratio is.
+Each run's CPU (planner/proc_cpu.py) is read too: the front's is set beside the front's work the
+simulation ran (planner/cpu_sharing.py), a check of the sharing's input, not a figure the
+prediction uses; the replicas' are kept with the run's figures. A speed probe
+(planner/speed.py) is read before and after each run, with the system idle; where the profile
+has a reference time too, each row also carries the prediction at each run's speed
+(`at_speed`): the profile scaled to the machine's speed around that run.
 """
 from __future__ import annotations
 
@@ -67,27 +69,29 @@ def validate(config: ValidationConfig) -> list[dict]:
     for xpyd in config.configs:
         check_runnable(xpyd)
     rows = []
-    for xpyd in config.configs:
-        for index, rate in enumerate(config.request_rates):
-            results, cpu_s_per_s, references_s = [], [], []
-            for repeat in range(config.num_repeats):
-                # fresh prompts each run: the same ones again would hit the prefix cache
-                seed = config.seed + index * config.num_repeats + repeat
-                requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
-                                           config.output_len, seed, config.range_ratio)
-                with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
-                              dtype=config.dtype) as system:
-                    bench(system.spec.base_url, random_requests(config.model_dir, 4, config.input_len, 8,
-                                                                config.seed + 999), "warm-up", progress=False)
-                    with SpeedProbe() as probe:
+    with SpeedProbe(config.model_dir) as probe:
+        for xpyd in config.configs:
+            for index, rate in enumerate(config.request_rates):
+                results, cpu_s_per_s, references_s = [], [], []
+                for repeat in range(config.num_repeats):
+                    # fresh prompts each run: the same ones again would hit the prefix cache
+                    seed = config.seed + index * config.num_repeats + repeat
+                    requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
+                                               config.output_len, seed, config.range_ratio)
+                    with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
+                                  dtype=config.dtype) as system:
+                        bench(system.spec.base_url, random_requests(config.model_dir, 4, config.input_len, 8,
+                                                                    config.seed + 999), "warm-up", progress=False)
+                        before_s = probe.read_s()  # the system idle, before the run and after it
                         result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
                             system.spec.base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}",
                             request_rate=rate, seed=seed,
                             goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
-                results.append(result)
-                cpu_s_per_s.append({part: seconds / wall_s for part, seconds in cpu_s.items()})
-                references_s.append(probe.reference_s)
-            rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s, references_s))
+                        references_s.append((before_s + probe.read_s()) / 2)
+                    results.append(result)
+                    cpu_s_per_s.append({part: seconds / wall_s for part, seconds in cpu_s.items()})
+                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s,
+                                        references_s))
     return rows
 
 
@@ -113,7 +117,8 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
     predicted, measured = _medians(predicted_runs), _medians(measured_runs)
     row = {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
            "num_repeats": len(results), "predicted": predicted, "measured": measured,
-           **_compared(predicted, measured), "measured_runs": measured_runs, "load_average_1m": os.getloadavg()[0]}
+           **_compared(predicted, measured), "predicted_runs": predicted_runs, "measured_runs": measured_runs,
+           "load_average_1m": os.getloadavg()[0]}
     if references_s is not None:
         at_speed_predicted = _medians(at_speed_runs)
         row["at_speed"] = {"references_s": references_s, "profile_reference_s": profile.hardware.get("reference_s"),

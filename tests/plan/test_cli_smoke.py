@@ -61,3 +61,4 @@ def test_profile_measures_the_tiny_model_quickly(tiny_model, tmp_path):
     assert profile.prefill.step_s([(0, 256)]) > profile.prefill.step_s([(0, 16)])
     assert profile.kv_bytes_per_token > 0 and profile.transfer_gb_per_s > 0
     assert profile.hardware["device"] == "cpu" and profile.serving == ServingOverhead()
+    assert profile.hardware["reference_s"] > 0  # the machine's speed around it

@@ -64,8 +64,25 @@ def _cpu_during(system_pid, call):
                     "decode_engine": _ENGINE_WORK_S.get("decode", 0.0), "prefill": 0.0, "decode": 0.0}, wall_s
 
 
+class _SteadyProbe:
+    """The machine's speed as the fake system has it: the same in every window."""
+
+    def __init__(self, model_dir):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        pass
+
+    def read_s(self):
+        return 0.001
+
+
 @pytest.fixture
 def fake_system(monkeypatch):
+    monkeypatch.setattr(validate, "SpeedProbe", _SteadyProbe)
     for module in (serving, validate):
         monkeypatch.setattr(module, "launched", _launched)
         monkeypatch.setattr(module, "bench", _bench)
@@ -114,3 +131,4 @@ def test_validation_of_a_system_that_behaves_as_modelled(fake_system, tmp_path, 
     [row] = validate.validate(config)
     assert row["within_tolerance"] and row["ratios"]["p50_ttft_ms"] == pytest.approx(1)
     assert row["measured"]["front_cpu_s_per_s"] >= 0 and row["predicted"]["front_cpu_s_per_s"] == 0
+    assert row["at_speed"]["references_s"] == [0.001, 0.001]  # each run's, read around it

@@ -1,7 +1,7 @@
-"""The speed probe reads a window's reference time; `at_speed` scales every duration of a profile
-by the ratio of reference times and nothing else."""
+"""The speed probe reads a window's reference time off an engine; `at_speed` scales every
+duration of a profile by the ratio of reference times and nothing else."""
 import dataclasses
-import time
+from pathlib import Path
 
 import pytest
 
@@ -12,13 +12,17 @@ from planner.speed import SpeedProbe, at_speed
 from tests.plan.profiles import make_profile
 
 
-def test_the_probe_times_the_reference_work_while_its_block_runs():
-    with SpeedProbe(interval_s=0.01) as probe:
-        assert len(probe.timings_s) == 1  # the first timing is in by the time the block starts
-        time.sleep(0.2)
-    assert len(probe.timings_s) >= 2  # and more came while the block ran
-    assert 0 < probe.reference_s < 1.0
-    assert probe._process.returncode is not None  # the probe process is gone
+def test_the_probe_times_the_engines_step_pair_for_each_window_read(tiny_model):
+    with SpeedProbe(Path(tiny_model()), window_s=0.2) as probe:
+        readings_s = [probe.read_s(), probe.read_s()]
+    assert all(0 < reading_s < 1.0 for reading_s in readings_s)
+    assert probe._process.returncode == 0  # gone when its pipe closed
+
+
+def test_a_probe_that_cannot_load_its_engine_says_so(tmp_path):
+    with pytest.raises(RuntimeError, match="no engine"):
+        with SpeedProbe(tmp_path):
+            pass
 
 
 def test_a_profile_at_twice_its_reference_time_takes_twice_as_long_for_everything():

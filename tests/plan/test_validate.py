@@ -52,6 +52,8 @@ def test_the_row_takes_the_median_of_the_repeats():
     row = compare_row(profile, XpYd(1, 1), 10, runs, SLO)
     assert row["measured"]["p50_ttft_ms"] == pytest.approx(row["measured_runs"][1]["p50_ttft_ms"])
     assert row["ratios"]["p50_ttft_ms"] == pytest.approx(0.5)
+    # each run's own prediction is kept beside its measurement (here the same trace each time)
+    assert [run["p50_ttft_ms"] for run in row["predicted_runs"]] == [row["predicted"]["p50_ttft_ms"]] * 3
 
 
 def test_configurations_whose_replicas_would_share_cores_are_refused(monkeypatch):
