@@ -1,12 +1,12 @@
 """Step-to-step jitter: measured spreads kept as samples, drawn from with a seeded generator.
 
 A spread is a list of samples of one quantity's variation, measured, never assumed: ratios to a
-median (engine steps, idle TTFT overheads) or residuals in seconds from a fit (a request's decode
-span). `Draws` picks one sample per event, uniformly, from a generator (`random.Random`, fast
-for one draw at a time) seeded once per simulation run. Invariants: an empty spread draws the
-neutral value (ratio 1, residual 0) and consumes nothing, so a profile without spreads simulates
-as the median model; a spread of only neutral values gives the same answers; the same seed and
-event order give the same draws.
+median (engine steps) or residuals in seconds from a fit or a model (a request's decode span,
+its TTFT under a light load). `Draws` picks one sample per event, uniformly, from a generator
+(`random.Random`, fast for one draw at a time) seeded once per simulation run. Invariants: an
+empty spread draws the neutral value (ratio 1, residual 0) and consumes nothing, so a profile
+without spreads simulates as the median model; a spread of only neutral values gives the same
+answers; the same seed and event order give the same draws.
 """
 from __future__ import annotations
 

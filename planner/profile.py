@@ -126,8 +126,10 @@ class ServingOverhead:
     # a served step grows more slowly with its batch than the engine's fit (no less than
     # -decode.per_seq_s, so that a step never shrinks as its batch grows)
     per_seq_step_s: float = 0.0
-    # each single request's idle TTFT overhead (gateway and the rest) over their median
-    ttft_ratios: list[float] = field(default_factory=list)
+    # each staggered request's TTFT beyond what the simulation gives it with every overhead above
+    # (the median model): what a light load adds on the TTFT path beyond the CPU sharing the
+    # simulation runs, drawn per request as a wait before the first token reaches the client
+    ttft_delays_s: list[float] = field(default_factory=list)
     # each single request's E2EL - TTFT beyond the engine's steps, less the fitted line: the
     # per-request spread of its decode span, drawn as the spread of its handoff
     handoff_residuals_s: list[float] = field(default_factory=list)

@@ -23,9 +23,11 @@ step at batch 1, the intercept the handoff (reserve, commit, join). The overhead
 running request beyond the first is what gives the staggered runs, simulated with all of that,
 their measured median TPOTs (`_per_seq_step_s`): read where requests overlap as they do under a
 load, not from waves, whose many streams at once cost more per request than a few do.
-Medians throughout, since the machine is shared; the spreads are kept as samples: each single's
-idle TTFT overhead over their median (`ttft_ratios`), each single's decode span less the
-regression line (`handoff_residuals_s`).
+Medians throughout, since the machine is shared; the spreads are kept as samples: each staggered
+request's TTFT less what the simulation, given all of the above, gives it (`ttft_delays_s`: a
+light load's spread on the TTFT path, which requests alone do not show, and the part of its
+median the CPU sharing does not explain), each single's decode span less the regression line
+(`handoff_residuals_s`).
 
 The CPU beside the engines (planner/cpu_sharing.py) is read around each of those runs
 (planner/proc_cpu.py): the front's, and each replica's beyond its engine thread; first over
@@ -219,10 +221,17 @@ def overhead_from_records(profile: Profile, singles: list[list[RequestRecord]], 
     samples += [{"kind": kind, "num_requests": len(records), "prompt_len": r.prompt_len, "output_len": r.output_len,
                  "start_s": r.start_s, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
                 for kind, runs in (("wave", waves), ("staggered", staggered)) for records in runs for r in records]
-    return dataclasses.replace(
-        at_batch_1.serving, per_seq_step_s=_per_seq_step_s(at_batch_1, staggered),
-        ttft_ratios=[o / idle_ttft_s for o in idle_overheads_s] if idle_ttft_s > 0 else [],
-        handoff_residuals_s=handoff_residuals_s, samples=samples)
+    calibrated = dataclasses.replace(at_batch_1, serving=dataclasses.replace(
+        at_batch_1.serving, per_seq_step_s=_per_seq_step_s(at_batch_1, staggered)))
+    return dataclasses.replace(calibrated.serving, ttft_delays_s=_ttft_delays_s(calibrated, staggered),
+                               handoff_residuals_s=handoff_residuals_s, samples=samples)
+
+
+def _ttft_delays_s(calibrated: Profile, staggered: list[list[RequestRecord]]) -> list[float]:
+    """Each staggered request's TTFT less what the simulation gives it under `calibrated`, the
+    median model with every other overhead in: the singles' own spread is in these too, so they
+    replace it."""
+    return [r.ttft_s - t.ttft_s for records in staggered for r, t in zip(records, _simulated(calibrated, records))]
 
 
 def _per_seq_step_s(at_batch_1: Profile, staggered: list[list[RequestRecord]]) -> float:

@@ -15,9 +15,9 @@
 
 Step times come from the profile's fits plus the measured serving overheads, with their measured
 spreads (planner/jitter.py): each engine step is its fit times a ratio drawn from the profile's
-timed repeats of that kind of step; each request's gateway work and idle TTFT overhead are scaled
-by one ratio drawn from the single requests' overheads, and its handoff gets a residual drawn
-from their decode spans (floored at 0).
+timed repeats of that kind of step; each request's first token waits a delay drawn from the
+staggered runs' TTFTs beyond their simulation, and its handoff a residual drawn from the single
+requests' decode spans (both floored at 0).
 
 Where the profile's replicas share the host's CPUs (a CPU host), every piece of work above is a
 job on them (planner/shared_cpus.py): engine steps pinned to their replica's core, the gateway's
@@ -123,7 +123,6 @@ class _Job:
     num_computed: int = 0  # prompt tokens prefilled
     num_generated: int = 0  # output tokens, the prefill's first one included
     first_token_s: float = 0.0
-    overhead_ratio: float = 1.0  # its gateway time and idle TTFT overhead over their medians
 
 
 @dataclass(slots=True)
@@ -203,7 +202,6 @@ class Simulation:
             self._compute(now_s, work_s, then)
 
     def _arrive(self, now_s: float, job: _Job) -> None:
-        job.overhead_ratio = self._draws.ratio(self.profile.serving.ttft_ratios)
         self._gateway_queue.append(job)
         if self._num_free_gateways:
             self._next_at_gateway(now_s)
@@ -212,7 +210,7 @@ class Simulation:
         """A gateway takes the first request waiting and routes it after its `gateway_s`."""
         self._num_free_gateways -= 1
         job = self._gateway_queue.popleft()
-        self._front(now_s, self.profile.serving.gateway_s * job.overhead_ratio, lambda t: self._route(t, job))
+        self._front(now_s, self.profile.serving.gateway_s, lambda t: self._route(t, job))
 
     def _route(self, now_s: float, job: _Job) -> None:
         self._num_free_gateways += 1
@@ -257,7 +255,9 @@ class Simulation:
             server.queue.remove(job)
             self._beside(now_s, self.profile.serving.cpu.prefill.per_request_s, server.core)
             job.num_generated = 1
-            self._front(now_s, self.profile.serving.ttft_s * job.overhead_ratio, lambda t, job=job: self._first_token(t, job))
+            delay_s = max(0.0, self._draws.residual_s(self.profile.serving.ttft_delays_s))
+            self._front(now_s, self.profile.serving.ttft_s,
+                        lambda t, job=job, delay_s=delay_s: self._at(t + delay_s, self._first_token, job))
         server.busy = False
         if server.queue:
             self._start_prefill(now_s, server)

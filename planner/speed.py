@@ -126,6 +126,7 @@ def at_speed(profile: Profile, reference_s: float) -> Profile:
             serving, gateway_s=scale * serving.gateway_s, ttft_s=scale * serving.ttft_s,
             handoff_s=scale * serving.handoff_s, step_s=scale * serving.step_s,
             per_seq_step_s=scale * serving.per_seq_step_s,
+            ttft_delays_s=[scale * delay_s for delay_s in serving.ttft_delays_s],
             handoff_residuals_s=[scale * residual_s for residual_s in serving.handoff_residuals_s],
             cpu=CpuSharing(serving.cpu.shares_replica_cpus, *(
                 CpuDemand(*(scale * value for value in dataclasses.astuple(demand)))

@@ -118,6 +118,8 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
     row = {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
            "num_repeats": len(results), "predicted": predicted, "measured": measured,
            **_compared(predicted, measured), "predicted_runs": predicted_runs, "measured_runs": measured_runs,
+           "records": [[[r.start_s, r.prompt_len, r.output_len, r.ttft_s, r.e2el_s] for r in result.records]
+                       for result in results],  # each run's trace and times, to replay another model on
            "load_average_1m": os.getloadavg()[0]}
     if references_s is not None:
         at_speed_predicted = _medians(at_speed_runs)

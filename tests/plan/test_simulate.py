@@ -134,10 +134,11 @@ def test_a_configuration_needs_both_kinds_of_server():
     assert str(XpYd(3, 5)) == "3P5D" and XpYd(3, 5).num_gpus == 8
 
 
-def _with_spreads(profile, prefill_timings_s, decode_timings_s, ttft_ratios, handoff_residuals_s):
+def _with_spreads(profile, prefill_timings_s, decode_timings_s, ttft_delays_s, handoff_residuals_s):
     """`profile` with one measured point of each kind whose repeats are these timings."""
     fields = {f: getattr(profile, f) for f in Profile.__dataclass_fields__}
-    serving = dataclasses.replace(profile.serving, ttft_ratios=ttft_ratios, handoff_residuals_s=handoff_residuals_s)
+    serving = dataclasses.replace(profile.serving, ttft_delays_s=ttft_delays_s,
+                                  handoff_residuals_s=handoff_residuals_s)
     return Profile(**{**fields, "serving": serving,
                       "prefill_samples": [PrefillSample(1, 16, float(np.median(prefill_timings_s)), prefill_timings_s)],
                       "decode_samples": [DecodeSample(1, 16, float(np.median(decode_timings_s)), decode_timings_s)]})
@@ -148,13 +149,14 @@ LIGHT_LOAD = Workload(5, 400, 100, 20, range_ratio=0.3, seed=1).requests()
 
 
 def test_spreads_of_neutral_values_give_the_median_models_answers_for_any_seed():
-    flat = _with_spreads(SERVED, [0.01] * 5, [0.004] * 5, [1.0] * 20, [0.0] * 20)
+    flat = _with_spreads(SERVED, [0.01] * 5, [0.004] * 5, [0.0] * 20, [0.0] * 20)
     expected = Simulation(SERVED, ONE_TO_ONE).run(LIGHT_LOAD)
     assert Simulation(flat, ONE_TO_ONE, seed=7).run(LIGHT_LOAD) == expected
 
 
 def test_measured_spreads_widen_the_tails_and_the_seed_fixes_the_draws():
-    spread = _with_spreads(SERVED, [0.008, 0.01, 0.02], [0.003, 0.004, 0.008], [0.5, 1.0, 3.0], [-0.002, 0.0, 0.01])
+    spread = _with_spreads(SERVED, [0.008, 0.01, 0.02], [0.003, 0.004, 0.008], [-0.002, 0.0, 0.03],
+                           [-0.002, 0.0, 0.01])
     requests = [SimRequest(float(i), 100, 20) for i in range(200)]  # alone, each the same
     flat = simulate(SERVED, ONE_TO_ONE, requests, SLO_LOOSE)
     assert flat.ttft_ms[90] == pytest.approx(flat.ttft_ms[50]) and flat.tpot_ms[90] == pytest.approx(flat.tpot_ms[50])

@@ -29,7 +29,7 @@ def test_a_profile_at_twice_its_reference_time_takes_twice_as_long_for_everythin
     sharing = CpuSharing(True, front=CpuDemand(0.01, 0.02, 0.003, 0.004), prefill=CpuDemand(0.0, 0.005),
                          decode=CpuDemand(0.001, 0.002, 0.0, 0.0003))
     serving = ServingOverhead(gateway_s=0.003, ttft_s=0.004, handoff_s=0.01, step_s=0.001, per_seq_step_s=-2e-4,
-                              ttft_ratios=[0.9, 1.1], handoff_residuals_s=[-0.001, 0.002], cpu=sharing)
+                              ttft_delays_s=[-0.001, 0.005], handoff_residuals_s=[-0.001, 0.002], cpu=sharing)
     profile = make_profile(prefill=PrefillFit(0.01, 1e-4, 1e-8), decode=DecodeFit(0.005, 0.001, 1e-6, 0.002),
                            serving=serving, transfer_gb_per_s=4.0)
     profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": 0.0015})
@@ -40,7 +40,7 @@ def test_a_profile_at_twice_its_reference_time_takes_twice_as_long_for_everythin
     assert (slower.serving.gateway_s, slower.serving.ttft_s, slower.serving.handoff_s, slower.serving.step_s,
             slower.serving.per_seq_step_s) == pytest.approx((0.006, 0.008, 0.02, 0.002, -4e-4))
     assert slower.serving.handoff_residuals_s == pytest.approx([-0.002, 0.004])
-    assert slower.serving.ttft_ratios == [0.9, 1.1]  # ratios have no unit
+    assert slower.serving.ttft_delays_s == pytest.approx([-0.002, 0.01])
     assert dataclasses.astuple(slower.serving.cpu.front) == pytest.approx((0.02, 0.04, 0.006, 0.008))
     assert dataclasses.astuple(slower.serving.cpu.decode) == pytest.approx((0.002, 0.004, 0.0, 0.0006))
     assert slower.serving.cpu.shares_replica_cpus

@@ -54,6 +54,10 @@ def test_the_row_takes_the_median_of_the_repeats():
     assert row["ratios"]["p50_ttft_ms"] == pytest.approx(0.5)
     # each run's own prediction is kept beside its measurement (here the same trace each time)
     assert [run["p50_ttft_ms"] for run in row["predicted_runs"]] == [row["predicted"]["p50_ttft_ms"]] * 3
+    # and each run's trace with its times, to replay another model on
+    first = runs[0].records[0]
+    assert row["records"][0][0] == [first.start_s, first.prompt_len, first.output_len, first.ttft_s, first.e2el_s]
+    assert [len(records) for records in row["records"]] == [len(run.records) for run in runs]
 
 
 def test_configurations_whose_replicas_would_share_cores_are_refused(monkeypatch):
