@@ -11,10 +11,11 @@ and takes no CPU.
 
 A profile records the median of readings taken before, between and after its parts
 (`hardware["reference_s"]`; one reading caught by a neighbour's burst does not set it), each
-validation run the mean of one reading before it and one after, and
-`at_speed` sets a profile to another window's speed: every duration in it scaled by the ratio of
-the two reference times. So a prediction can be compared with a run at the speed the machine had
-around that run, beside the prediction at the profile's.
+validation run the mean of one reading before it and one after, and `at_speed` sets a profile
+to another window's speed: every duration in it scaled by the ratio of the two reference times.
+So a prediction can be compared with a run at the speed the machine had around that run, beside
+the prediction at the profile's. The probe runs the engine on the CPU: a GPU profile has no
+reference time.
 """
 from __future__ import annotations
 
