@@ -12,13 +12,14 @@ from planner.validate import COMPARED, TOLERANCE
 
 
 def validation_markdown(rows: list[dict]) -> str:
-    """One line per row; where the rows carry predictions at each run's speed (planner/speed.py),
-    their ratios too, in the order of COMPARED."""
-    at_speed = all("at_speed" in row for row in rows)
+    """One line per row; where the rows carry predictions at each run's speed (planner/speed.py)
+    or served speed (planner/served_speed.py), their ratios too, in the order of COMPARED."""
+    variants = [(key, name) for key, name in (("at_speed", "the runs' speed"), ("at_served_speed", "served speed"))
+                if all(key in row for row in rows)]
     header = ["config", "rate (req/s)"] + [f"{key[:-3]} pred / meas (ratio)" for key in COMPARED] + [
         "goodput pred / meas (req/s)", "front CPU pred / meas (s/s)", f"within {TOLERANCE:.0%}"]
-    if at_speed:
-        header += ["ratios at the runs' speed", f"within {TOLERANCE:.0%} at the runs' speed"]
+    for _, name in variants:
+        header += [f"ratios at {name}", f"within {TOLERANCE:.0%} at {name}"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["config"], f"{row['request_rate']:g}"]
@@ -30,10 +31,10 @@ def validation_markdown(rows: list[dict]) -> str:
         front = [row[side].get("front_cpu_s_per_s") for side in ("predicted", "measured")]
         cells.append("n/a" if None in front else f"{front[0]:.2f} / {front[1]:.2f}")
         cells.append("yes" if row["within_tolerance"] else "no")
-        if at_speed:
-            ratios = row["at_speed"]["ratios"]
+        for variant, _ in variants:
+            ratios = row[variant]["ratios"]
             cells.append(" ".join(f"{ratios[key]:.2f}" if key in ratios else "n/a" for key in COMPARED))
-            cells.append("yes" if row["at_speed"]["within_tolerance"] else "no")
+            cells.append("yes" if row[variant]["within_tolerance"] else "no")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

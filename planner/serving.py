@@ -67,6 +67,7 @@ from planner.simulate import RequestTimes, Simulation, XpYd
 from planner.workload import SimRequest
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
+SINGLE_GAP_S = 0.6  # between single requests: longer than one takes
 GATEWAY_ITERATIONS = 4  # the estimate moves by well under 1 % from the third to the fourth
 PER_SEQ_STEP_BOUND_S = 0.05  # far beyond any step's cost per request
 BISECTIONS = 20  # to within 0.05 µs
@@ -79,7 +80,7 @@ class ServingRunConfig:
     prompt_lens: tuple[int, ...] = (64, 512)
     output_lens: tuple[int, ...] = (8, 64)
     num_repeats: int = 10  # requests per (prompt, output) point: 40 samples of the idle spread
-    single_gap_s: float = 0.6  # longer than a single request takes
+    single_gap_s: float = SINGLE_GAP_S
     wave_shapes: tuple[tuple[int, int, int], ...] = ((16, 64, 64), (8, 256, 32), (4, 64, 128))  # batch, prompt, output
     num_waves: int = 2  # of each shape
     # requests in flight, prompt and output lengths; (prompt, output) among the singles'

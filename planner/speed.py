@@ -115,9 +115,11 @@ def at_speed(profile: Profile, reference_s: float) -> Profile:
     """`profile` as the machine would have measured it at `reference_s`: every duration scaled
     by `reference_s` over the profile's own; unchanged for a profile without one."""
     own_s = profile.hardware.get("reference_s")
-    if not own_s:
-        return profile
-    scale = reference_s / own_s
+    return scaled(profile, reference_s / own_s) if own_s else profile
+
+
+def scaled(profile: Profile, scale: float) -> Profile:
+    """`profile` on a machine `scale` times as slow: every duration in it times `scale`."""
     serving = profile.serving
     return dataclasses.replace(
         profile, transfer_gb_per_s=profile.transfer_gb_per_s / scale,

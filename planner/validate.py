@@ -1,7 +1,8 @@
 """Predicted against measured: the planner's simulation beside `pdserve bench` on the same trace.
 
 For each configuration this machine can run (xPyD with one CPU per replica) and each request
-rate, a trace is sent through the benchmark's runner `num_repeats` times, each time to a system
+rate, a trace is sent through the benchmark's runner `num_repeats` times (round robin over the
+points, so that each point's runs spread over the whole validation), each time to a system
 launched afresh (planner/bench_runs.py) and with fresh prompts of the same lengths (so that no
 run hits the prefix cache): the machine is shared and one run can be far off, and where the
 scheduler puts the floating front (gateway, Redis, client) differs from one start to the next.
@@ -16,7 +17,9 @@ simulation ran (planner/cpu_sharing.py), a check of the sharing's input, not a f
 prediction uses; the replicas' are kept with the run's figures. A speed probe
 (planner/speed.py) is read before and after each run, with the system idle; where the profile
 has a reference time too, each row also carries the prediction at each run's speed
-(`at_speed`): the profile scaled to the machine's speed around that run.
+(`at_speed`): the profile scaled to the machine's speed around that run. So does the served
+speed (planner/served_speed.py), read through the idle system around each run
+(`at_served_speed`).
 """
 from __future__ import annotations
 
@@ -30,12 +33,14 @@ from planner.bench_runs import bench, launched, random_requests
 from planner.proc_cpu import cpu_during
 from planner.profile import Profile
 from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
-from planner.speed import SpeedProbe, at_speed
+from planner.served_speed import anchor_shape, anchor_ttft_s, profile_anchor_ttft_s
+from planner.speed import SpeedProbe, at_speed, scaled
 from planner.workload import SimRequest, Slo
 
 TOLERANCE = 0.25
 NUM_DRAWS = 5
 COMPARED = ("p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms")
+ANCHOR_SEED = 5000  # apart from the runs' seeds
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,44 +73,55 @@ def check_runnable(config: XpYd) -> None:
 def validate(config: ValidationConfig) -> list[dict]:
     for xpyd in config.configs:
         check_runnable(xpyd)
-    rows = []
+    points = [(xpyd, index, rate) for xpyd in config.configs for index, rate in enumerate(config.request_rates)]
+    runs = {point: [] for point in points}  # each point's runs: (result, CPU s/s by part, reference, scale)
+    anchor = anchor_shape(config.profile)
     with SpeedProbe(config.model_dir) as probe:
-        for xpyd in config.configs:
-            for index, rate in enumerate(config.request_rates):
-                results, cpu_s_per_s, references_s = [], [], []
-                for repeat in range(config.num_repeats):
-                    # fresh prompts each run: the same ones again would hit the prefix cache
-                    seed = config.seed + index * config.num_repeats + repeat
-                    requests = random_requests(config.model_dir, config.num_prompts, config.input_len,
-                                               config.output_len, seed, config.range_ratio)
-                    with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log",
-                                  dtype=config.dtype) as system:
-                        bench(system.spec.base_url, random_requests(config.model_dir, 4, config.input_len, 8,
-                                                                    config.seed + 999), "warm-up", progress=False)
-                        before_s = probe.read_s()  # the system idle, before the run and after it
-                        result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
-                            system.spec.base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}",
-                            request_rate=rate, seed=seed,
-                            goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
-                        references_s.append((before_s + probe.read_s()) / 2)
-                    results.append(result)
-                    cpu_s_per_s.append({part: seconds / wall_s for part, seconds in cpu_s.items()})
-                rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s,
-                                        references_s))
+        # round robin, so that each point's runs spread over the whole validation as the machine drifts
+        for repeat in range(config.num_repeats):
+            for point in points:
+                runs[point].append(_run(config, probe, anchor, *point, repeat))
+    rows = []
+    for (xpyd, _, rate), point_runs in runs.items():
+        results, cpu_s_per_s, references_s, served_scales = map(list, zip(*point_runs))
+        rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s, references_s,
+                                served_scales))
     return rows
 
 
+def _run(config: ValidationConfig, probe: SpeedProbe, anchor: tuple[int, int], xpyd: XpYd, index: int,
+         rate: float, repeat: int) -> tuple[BenchResult, dict[str, float], float, float]:
+    """One run on a system launched afresh, with the speed probe and the served speed
+    (planner/served_speed.py) read around it while the system is idle."""
+    # fresh prompts each run: the same ones again would hit the prefix cache
+    seed = config.seed + index * config.num_repeats + repeat
+    requests = random_requests(config.model_dir, config.num_prompts, config.input_len, config.output_len, seed,
+                               config.range_ratio)
+    with launched(config.model_dir, xpyd.num_decode, config.log_dir / f"{xpyd}.log", dtype=config.dtype) as system:
+        base_url = system.spec.base_url
+        bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999), "warm-up",
+              progress=False)
+        before_s = probe.read_s()
+        anchor_before_s = anchor_ttft_s(base_url, config.model_dir, anchor, ANCHOR_SEED + 2 * seed)
+        result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
+            base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate, seed=seed,
+            goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
+        anchor_after_s = anchor_ttft_s(base_url, config.model_dir, anchor, ANCHOR_SEED + 2 * seed + 1)
+        reference_s = (before_s + probe.read_s()) / 2
+    served_scale = (anchor_before_s + anchor_after_s) / 2 / profile_anchor_ttft_s(config.profile)
+    return result, {part: seconds / wall_s for part, seconds in cpu_s.items()}, reference_s, served_scale
+
+
 def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo,
-                cpu_s_per_s: list[dict[str, float]] | None = None, references_s: list[float] | None = None) -> dict:
+                cpu_s_per_s: list[dict[str, float]] | None = None, references_s: list[float] | None = None,
+                served_scales: list[float] | None = None) -> dict:
     """`cpu_s_per_s`: each run's measured CPU seconds per second by part (planner/proc_cpu.py's
-    `system_cpu_s` keys), when read; `references_s`: each run's reference time (planner/speed.py),
-    when read, for the prediction at each run's speed beside the one at the profile's."""
-    predicted_runs, at_speed_runs, measured_runs = [], [], []
+    `system_cpu_s` keys), when read; `references_s`: each run's reference time (planner/speed.py)
+    and `served_scales` its served speed (planner/served_speed.py), when read, each for a
+    prediction at each run's speed beside the one at the profile's."""
+    traces, measured_runs = [], []
     for index, result in enumerate(results):
-        trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records]
-        predicted_runs.append(_predicted(profile, xpyd, trace, slo))
-        if references_s is not None:
-            at_speed_runs.append(_predicted(at_speed(profile, references_s[index]), xpyd, trace, slo))
+        traces.append([SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records])
         measured_runs.append(SimSummary.of(
             [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
              for r in result.records], slo).to_dict())
@@ -114,6 +130,7 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
         else:
             measured_runs[-1]["front_cpu_s_per_s"] = cpu_s_per_s[index]["front"]
             measured_runs[-1]["cpu_s_per_s"] = cpu_s_per_s[index]
+    predicted_runs = [_predicted(profile, xpyd, trace, slo) for trace in traces]
     predicted, measured = _medians(predicted_runs), _medians(measured_runs)
     row = {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
            "num_repeats": len(results), "predicted": predicted, "measured": measured,
@@ -122,10 +139,18 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
                        for result in results],  # each run's trace and times, to replay another model on
            "load_average_1m": os.getloadavg()[0]}
     if references_s is not None:
-        at_speed_predicted = _medians(at_speed_runs)
         row["at_speed"] = {"references_s": references_s, "profile_reference_s": profile.hardware.get("reference_s"),
-                           "predicted": at_speed_predicted, **_compared(at_speed_predicted, measured)}
+                           **_at([at_speed(profile, s) for s in references_s], xpyd, traces, slo, measured)}
+    if served_scales is not None:
+        row["at_served_speed"] = {"scales": served_scales, "profile_anchor_ttft_s": profile_anchor_ttft_s(profile),
+                                  **_at([scaled(profile, s) for s in served_scales], xpyd, traces, slo, measured)}
     return row
+
+
+def _at(profiles: list[Profile], xpyd: XpYd, traces: list[list[SimRequest]], slo: Slo, measured: dict) -> dict:
+    """Each run's trace predicted with its own profile, against the measured medians."""
+    predicted = _medians([_predicted(p, xpyd, trace, slo) for p, trace in zip(profiles, traces)])
+    return {"predicted": predicted, **_compared(predicted, measured)}
 
 
 def _predicted(profile: Profile, xpyd: XpYd, trace: list[SimRequest], slo: Slo) -> dict:

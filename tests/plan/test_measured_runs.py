@@ -15,7 +15,7 @@ from bench.datasets import BenchRequest
 from bench.metrics import compute_metrics
 from bench.records import RequestRecord
 from bench.runner import BenchConfig, BenchResult
-from planner import serving, validate
+from planner import served_speed, serving, validate
 from planner.profile import DecodeFit, PrefillFit, ServingOverhead
 from planner.simulate import Simulation, XpYd
 from planner.workload import SimRequest, Slo
@@ -86,9 +86,10 @@ def fake_system(monkeypatch):
     monkeypatch.setattr(validate, "SpeedProbe", _SteadyProbe)
     for module in (serving, validate):
         monkeypatch.setattr(module, "launched", _launched)
+        monkeypatch.setattr(module, "cpu_during", _cpu_during)
+    for module in (serving, validate, served_speed):
         monkeypatch.setattr(module, "bench", _bench)
         monkeypatch.setattr(module, "random_requests", _random_requests)
-        monkeypatch.setattr(module, "cpu_during", _cpu_during)
 
 
 def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engines(fake_system, tmp_path):
@@ -132,10 +133,26 @@ def test_the_serving_profile_reads_overheads_spreads_and_the_cpu_beside_the_engi
 
 def test_validation_of_a_system_that_behaves_as_modelled(fake_system, tmp_path, monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    labels = []
+    monkeypatch.setattr(validate, "bench", lambda url, requests, label, **options: (
+        labels.append(label), _bench(url, requests, label, **options))[1])
+    # the profile's singles of the anchor shape, as the fake system answers them
+    singles = _bench("", _random_requests(None, 3, 512, 8, 0), "singles", max_concurrency=1).records
+    profile = dataclasses.replace(SERVED, serving=dataclasses.replace(SERVED.serving, samples=[
+        {"kind": "single", "prompt_len": 512, "output_len": 8, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s}
+        for r in singles]))
     config = validate.ValidationConfig(
-        profile=SERVED, model_dir=Path("model"), configs=(XpYd(1, 1),), request_rates=(5.0,), num_prompts=30,
+        profile=profile, model_dir=Path("model"), configs=(XpYd(1, 1),), request_rates=(5.0, 2.0), num_prompts=30,
         input_len=64, output_len=8, range_ratio=0.0, slo=Slo(500, 50), log_dir=tmp_path, num_repeats=2)
-    [row] = validate.validate(config)
-    assert row["within_tolerance"] and row["ratios"]["p50_ttft_ms"] == pytest.approx(1)
-    assert row["measured"]["front_cpu_s_per_s"] >= 0 and row["predicted"]["front_cpu_s_per_s"] == 0
-    assert row["at_speed"]["references_s"] == [0.001, 0.001]  # each run's, read around it
+    rows = validate.validate(config)
+    assert [row["request_rate"] for row in rows] == [5.0, 2.0]
+    # round robin: each rate's runs spread over the validation
+    assert [label for label in labels if "rate" in label] == [
+        "1P1D rate 5 run 1", "1P1D rate 2 run 1", "1P1D rate 5 run 2", "1P1D rate 2 run 2"]
+    for row in rows:
+        assert row["within_tolerance"] and row["ratios"]["p50_ttft_ms"] == pytest.approx(1)
+        assert row["measured"]["front_cpu_s_per_s"] >= 0 and row["predicted"]["front_cpu_s_per_s"] == 0
+        assert row["at_speed"]["references_s"] == [0.001, 0.001]  # each run's, read around it
+        # the anchors run as fast as the profile's singles did
+        assert row["at_served_speed"]["scales"] == pytest.approx([1.0, 1.0])
+        assert row["at_served_speed"]["ratios"] == pytest.approx(row["ratios"])

@@ -82,14 +82,21 @@ def test_the_fronts_measured_cpu_is_set_beside_the_models():
 
 
 def test_a_run_on_a_machine_half_as_fast_is_predicted_exactly_at_its_speed():
-    """A system twice as slow in everything: the profile at its speed predicts it; at its own it
-    predicts at most half of every latency (less where the slower system queues)."""
-    profile = make_profile(serving=ServingOverhead(gateway_s=0.003, handoff_s=0.01))
+    """A system twice as slow in everything: the profile at its speed (the probe's or the served
+    one) predicts it; at its own it predicts at most half of every latency (less where the slower
+    system queues)."""
+    single = {"kind": "single", "prompt_len": 512, "output_len": 8, "ttft_s": 0.1, "e2el_s": 0.2}
+    profile = make_profile(serving=ServingOverhead(gateway_s=0.003, handoff_s=0.01, samples=[single]))
     profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": 0.001})
     slower = at_speed(profile, 0.002)
-    row = compare_row(profile, XpYd(1, 1), 10, [_run(slower, XpYd(1, 1))] * 3, SLO, references_s=[0.002] * 3)
+    row = compare_row(profile, XpYd(1, 1), 10, [_run(slower, XpYd(1, 1))] * 3, SLO, references_s=[0.002] * 3,
+                      served_scales=[2.0] * 3)
     assert len(row["ratios"]) == 4 and all(ratio < 0.51 for ratio in row["ratios"].values())
     assert not row["within_tolerance"]
-    assert row["at_speed"]["ratios"] == pytest.approx({key: 1 for key in row["ratios"]})
-    assert row["at_speed"]["within_tolerance"] and row["at_speed"]["references_s"] == [0.002] * 3
-    assert "at the runs' speed" in validation_markdown([row])
+    for variant in ("at_speed", "at_served_speed"):
+        assert row[variant]["ratios"] == pytest.approx({key: 1 for key in row["ratios"]})
+        assert row[variant]["within_tolerance"]
+    assert row["at_speed"]["references_s"] == [0.002] * 3
+    assert row["at_served_speed"]["scales"] == [2.0] * 3 and row["at_served_speed"]["profile_anchor_ttft_s"] == 0.1
+    markdown = validation_markdown([row])
+    assert "at the runs' speed" in markdown and "at served speed" in markdown
