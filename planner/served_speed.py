@@ -21,12 +21,11 @@ from planner.serving import REGULAR_ARRIVALS, SINGLE_GAP_S
 NUM_ANCHORS = 5
 
 
-def anchor_shape(profile: Profile) -> tuple[int, int]:
-    """(prompt, output) tokens: the profile's longest single prompt, with its shortest output."""
+def anchor_shape(profile: Profile) -> tuple[int, int] | None:
+    """(prompt, output) tokens: the profile's longest single prompt, with its shortest output;
+    None for a profile that served none (`plan profile --no-serving`), which has no served speed."""
     shapes = {(s["prompt_len"], s["output_len"]) for s in profile.serving.samples if s["kind"] == "single"}
-    if not shapes:
-        raise ValueError("the profile has no single requests to read the served speed against")
-    return max(shapes, key=lambda shape: (shape[0], -shape[1]))
+    return max(shapes, key=lambda shape: (shape[0], -shape[1])) if shapes else None
 
 
 def profile_anchor_ttft_s(profile: Profile) -> float:

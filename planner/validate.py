@@ -85,14 +85,14 @@ def validate(config: ValidationConfig) -> list[dict]:
     for (xpyd, _, rate), point_runs in runs.items():
         results, cpu_s_per_s, references_s, served_scales = map(list, zip(*point_runs))
         rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s, references_s,
-                                served_scales))
+                                served_scales if anchor else None))
     return rows
 
 
-def _run(config: ValidationConfig, probe: SpeedProbe, anchor: tuple[int, int], xpyd: XpYd, index: int,
-         rate: float, repeat: int) -> tuple[BenchResult, dict[str, float], float, float]:
+def _run(config: ValidationConfig, probe: SpeedProbe, anchor: tuple[int, int] | None, xpyd: XpYd, index: int,
+         rate: float, repeat: int) -> tuple[BenchResult, dict[str, float], float, float | None]:
     """One run on a system launched afresh, with the speed probe and the served speed
-    (planner/served_speed.py) read around it while the system is idle."""
+    (planner/served_speed.py; none without an anchor) read around it while the system is idle."""
     # fresh prompts each run: the same ones again would hit the prefix cache
     seed = config.seed + index * config.num_repeats + repeat
     requests = random_requests(config.model_dir, config.num_prompts, config.input_len, config.output_len, seed,
@@ -102,13 +102,14 @@ def _run(config: ValidationConfig, probe: SpeedProbe, anchor: tuple[int, int], x
         bench(base_url, random_requests(config.model_dir, 4, config.input_len, 8, config.seed + 999), "warm-up",
               progress=False)
         before_s = probe.read_s()
-        anchor_before_s = anchor_ttft_s(base_url, config.model_dir, anchor, ANCHOR_SEED + 2 * seed)
+        anchors_s = [anchor_ttft_s(base_url, config.model_dir, anchor, ANCHOR_SEED + 2 * seed)] if anchor else []
         result, cpu_s, wall_s = cpu_during(system.pid, lambda: bench(
             base_url, requests, f"{xpyd} rate {rate:g} run {repeat + 1}", request_rate=rate, seed=seed,
             goodput_slos_ms={"ttft": config.slo.ttft_ms, "tpot": config.slo.tpot_ms}))
-        anchor_after_s = anchor_ttft_s(base_url, config.model_dir, anchor, ANCHOR_SEED + 2 * seed + 1)
+        if anchor:
+            anchors_s.append(anchor_ttft_s(base_url, config.model_dir, anchor, ANCHOR_SEED + 2 * seed + 1))
         reference_s = (before_s + probe.read_s()) / 2
-    served_scale = (anchor_before_s + anchor_after_s) / 2 / profile_anchor_ttft_s(config.profile)
+    served_scale = statistics.mean(anchors_s) / profile_anchor_ttft_s(config.profile) if anchors_s else None
     return result, {part: seconds / wall_s for part, seconds in cpu_s.items()}, reference_s, served_scale
 
 

@@ -156,3 +156,12 @@ def test_validation_of_a_system_that_behaves_as_modelled(fake_system, tmp_path, 
         # the anchors run as fast as the profile's singles did
         assert row["at_served_speed"]["scales"] == pytest.approx([1.0, 1.0])
         assert row["at_served_speed"]["ratios"] == pytest.approx(row["ratios"])
+
+
+def test_a_profile_without_singles_is_validated_without_a_served_speed(fake_system, tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    config = validate.ValidationConfig(
+        profile=SERVED, model_dir=Path("model"), configs=(XpYd(1, 1),), request_rates=(5.0,), num_prompts=10,
+        input_len=64, output_len=8, range_ratio=0.0, slo=Slo(500, 50), log_dir=tmp_path, num_repeats=1)
+    [row] = validate.validate(config)
+    assert "at_served_speed" not in row and row["at_speed"]["references_s"] == [0.001]

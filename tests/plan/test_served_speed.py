@@ -1,6 +1,4 @@
 """The served speed's anchor: which of the profile's single requests it is read against."""
-import pytest
-
 from planner.profile import ServingOverhead
 from planner.served_speed import anchor_shape, profile_anchor_ttft_s
 
@@ -20,5 +18,4 @@ def test_the_anchor_is_the_longest_single_prompt_with_its_shortest_output():
 
 
 def test_a_profile_without_single_requests_has_no_anchor():
-    with pytest.raises(ValueError, match="no single requests"):
-        anchor_shape(make_profile())
+    assert anchor_shape(make_profile()) is None
