@@ -162,7 +162,7 @@ def _recommend(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from planner.profile import Profile
-    from planner.report import validation_markdown
+    from planner.report import plot_validation, validation_markdown
     from planner.simulate import XpYd
     from planner.validate import ValidationConfig, validate
 
@@ -179,6 +179,7 @@ def _validate(args: argparse.Namespace) -> int:
         "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
         "range_ratio": args.range_ratio, "request_rates": list(args.request_rates), "num_repeats": args.num_repeats},
         "slo": dataclasses.asdict(config.slo), "rows": rows}, markdown)
+    print(plot_validation(rows, result_dir / "validation.png"))
     return 0 if all(row["within_tolerance"] for row in rows) else 1
 
 

@@ -88,3 +88,30 @@ def plot_fleet(fleet: dict, path: Path) -> Path:
                     f"TTFT ≤ {slo['ttft_ms']:g} ms, TPOT ≤ {slo['tpot_ms']:g} ms")
     figure.savefig(path, dpi=100)
     return path
+
+
+def plot_validation(rows: list[dict], path: Path) -> Path:
+    """Each compared percentile against the request rate, one colour per configuration: the
+    prediction at the profile's speed as a line inside its tolerance band, the measured median as
+    a point with the range of its runs."""
+    figure = Figure(figsize=(12, 8), layout="constrained")
+    for axes, key in zip(figure.subplots(2, 2).flat, COMPARED):
+        for index, config in enumerate(dict.fromkeys(row["config"] for row in rows)):
+            config_rows = sorted((row for row in rows if row["config"] == config), key=lambda row: row["request_rate"])
+            rates = [row["request_rate"] for row in config_rows]
+            predicted = [row["predicted"][key] for row in config_rows]
+            measured = [row["measured"][key] for row in config_rows]
+            runs = [[run[key] for run in row["measured_runs"]] for row in config_rows]
+            color = f"C{index}"
+            axes.plot(rates, predicted, color=color, label=f"{config} predicted")
+            axes.fill_between(rates, [(1 - TOLERANCE) * p for p in predicted], [(1 + TOLERANCE) * p for p in predicted],
+                              color=color, alpha=0.15)
+            axes.errorbar(rates, measured, yerr=[[m - min(r) for m, r in zip(measured, runs)],
+                                                 [max(r) - m for m, r in zip(measured, runs)]],
+                          fmt="o", color=color, capsize=4, label=f"{config} measured")
+        axes.set(title=f"{key[:3]} {key[4:-3].upper()}", xlabel="request rate (req/s)", ylabel="ms", ylim=(0, None))
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    figure.suptitle(f"Predicted (band: ±{TOLERANCE:.0%}) against measured (median, range of the runs)")
+    figure.savefig(path, dpi=100)
+    return path

@@ -9,7 +9,7 @@ from bench.runner import BenchConfig, BenchResult
 from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import ServingOverhead
 from planner.simulate import Simulation, XpYd, simulate
-from planner.report import validation_markdown
+from planner.report import plot_validation, validation_markdown
 from planner.speed import at_speed
 from planner.validate import check_runnable, compare_row
 from planner.workload import SimRequest, Slo, Workload
@@ -100,3 +100,11 @@ def test_a_run_on_a_machine_half_as_fast_is_predicted_exactly_at_its_speed():
     assert row["at_served_speed"]["scales"] == [2.0] * 3 and row["at_served_speed"]["profile_anchor_ttft_s"] == 0.1
     markdown = validation_markdown([row])
     assert "at the runs' speed" in markdown and "at served speed" in markdown
+
+
+def test_rows_of_two_configurations_and_two_rates_plot_to_a_png(tmp_path):
+    profile = make_profile()
+    rows = [compare_row(profile, config, rate, [_run(profile, config, scale) for scale in (0.9, 1.0, 1.2)], SLO)
+            for config in (XpYd(1, 1), XpYd(1, 2)) for rate in (2, 4)]
+    path = plot_validation(rows, tmp_path / "validation.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
