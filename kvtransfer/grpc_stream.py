@@ -16,7 +16,8 @@ chunk's write token its own (PERMISSION_DENIED), both checked on every chunk, so
 mid-stream stops the writes -> layer and block ids inside the reservation (INVALID_ARGUMENT /
 PERMISSION_DENIED) -> byte sizes (INVALID_ARGUMENT) -> write, holding the reservation until the
 bytes are in (even if the push is cancelled meanwhile), so its blocks cannot be reused under the
-write. A stream that ends or breaks before `last` lands nothing. No refusal names block ids.
+write. A stream that ends or breaks before `last` lands nothing. No refusal names block ids; a
+refused stream is read to its end, unwritten, before the refusal is sent (kvtransfer/receiver.py).
 """
 from __future__ import annotations
 

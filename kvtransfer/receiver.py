@@ -70,6 +70,11 @@ class KVReceiver(kv_transfer_pb2_grpc.KVTransferServicer):
         try:
             return await receive_push(request_iterator, self, self._pool)
         except Refusal as refusal:
+            # The rest of the stream is read (and dropped) before the refusal is sent: grpcio's
+            # asyncio client reports a write that fails after the call ended as INTERNAL, in
+            # place of the status the server sent. The caller's deadline bounds the wait.
+            async for _ in request_iterator:
+                pass
             await context.abort(refusal.code, str(refusal))
 
     async def Commit(self, request: kv_transfer_pb2.KVCommit, context: grpc.aio.ServicerContext) -> kv_transfer_pb2.KVAck:

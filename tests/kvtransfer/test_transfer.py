@@ -205,6 +205,21 @@ def test_a_write_without_the_reservations_token_is_refused_and_writes_nothing(de
     assert torch.equal(decode.pool()[:, :, [23, 24]], kv[:, :, [0, 1]])
 
 
+def test_a_push_refused_while_its_sender_still_streams_reports_the_refusal(decode):
+    """Not INTERNAL: with many chunks still on their way when the decode end refuses the first,
+    an asyncio client would see its failed writes in place of the refusal (about one push in ten
+    here) if the decode end answered before reading the stream to its end."""
+    for _ in range(20):
+        request_id = fresh_id(decode, "refused-mid-stream")
+        decode.reserve(request_id, [30], GRPC)
+        first = chunk(decode, request_id, 0, [30], 1.0, decode.layout, token=b"")
+        rest = kv_transfer_pb2.KVChunk(request_id=request_id, layer=1, block_ids=[30], key=bytes(2**16),
+                                       value=bytes(2**16))
+        code, details = asyncio.run(push(decode.endpoint, stream(first, *[rest] * 64)))
+        decode.release(request_id)
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "write token" in details, (code, details)
+
+
 def test_an_unknown_request_is_refused(decode):
     code, details = asyncio.run(
         push(decode.endpoint, stream(chunk(decode, "nobody", 0, [1], 1.0, decode.layout, last=True)))
