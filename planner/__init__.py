@@ -2,6 +2,7 @@
 
     measure.py    engine step times on this device    ─┐
     serving.py    serving-path overheads (pdserve up) ─┴▶ profile.py  Profile (JSON)
+    pool.py       profiles made apart in time ─▶ one       │
     proc_cpu.py   CPU seconds from /proc, by part          │  jitter.py       measured spreads, seeded draws
     workload.py   rate, lengths, SLOs                      │  cpu_sharing.py  work beside the engines, per event
     simulate.py   gateways, P prefill + D decode servers ◀─┘ ─▶ TTFT/TPOT percentiles, goodput

@@ -2,6 +2,7 @@
 check the predictions against `pdserve bench`.
 
     pdserve plan profile   --model DIR --out profile.json [--cpus 1] [--no-serving]
+    pdserve plan pool      a.json b.json c.json --out pooled.json
     pdserve plan simulate  --profile profile.json --config 1P1D --config 2P6D --request-rate 4 ...
     pdserve plan recommend --profile profile.json --gpus 8,16,32 --rate-per-gpu 3 ... --result-dir DIR
     pdserve plan validate  --profile profile.json --model DIR --request-rates 2,6 ... --result-dir DIR
@@ -47,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="also measure the serving path's overheads through `pdserve up` (CPU only; default on)")
     profile.add_argument("--log-dir", type=Path, default=Path("bench/results/plan/logs"))
 
+    pool = commands.add_parser("pool", help="one profile from several of one model on one machine, made apart in time")
+    pool.add_argument("profiles", type=Path, nargs="+", metavar="JSON")
+    pool.add_argument("--out", type=Path, required=True)
+
     simulate = commands.add_parser("simulate", help="predict TTFT, TPOT and goodput of xPyD configurations")
     _add_profile_workload_slo(simulate)
     simulate.add_argument("--config", action="append", type=_xpyd, required=True, metavar="xPyD",
@@ -85,7 +90,7 @@ def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bo
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"profile": _profile, "simulate": _simulate, "recommend": _recommend,
+    return {"profile": _profile, "pool": _pool, "simulate": _simulate, "recommend": _recommend,
             "validate": _validate}[args.plan_command](args)
 
 
@@ -116,6 +121,18 @@ def _profile(args: argparse.Namespace) -> int:
         profile = dataclasses.replace(profile, hardware={
             **profile.hardware, "reference_s": statistics.median(references_s), "reference_readings_s": references_s})
     print(profile.save(args.out))
+    return 0
+
+
+def _pool(args: argparse.Namespace) -> int:
+    from planner.pool import pool
+    from planner.profile import Profile
+
+    try:
+        pooled = pool([Profile.load(path) for path in args.profiles], [str(path) for path in args.profiles])
+    except ValueError as error:
+        raise SystemExit(f"pdserve plan pool: {error}") from error
+    print(pooled.save(args.out))
     return 0
 
 

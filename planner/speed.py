@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, PrefillFit, Profile
+from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile
 
 PROMPT_LEN = 64
 NUM_BLOCKS = 16  # room for the one request of a step pair
@@ -119,7 +119,8 @@ def at_speed(profile: Profile, reference_s: float) -> Profile:
 
 
 def scaled(profile: Profile, scale: float) -> Profile:
-    """`profile` on a machine `scale` times as slow: every duration in it times `scale`."""
+    """`profile` on a machine `scale` times as slow: every duration in it times `scale` (the
+    serving runs' requests' TTFT and E2EL too, not their send times)."""
     serving = profile.serving
     return dataclasses.replace(
         profile, transfer_gb_per_s=profile.transfer_gb_per_s / scale,
@@ -133,7 +134,15 @@ def scaled(profile: Profile, scale: float) -> Profile:
             handoff_residuals_s=[scale * residual_s for residual_s in serving.handoff_residuals_s],
             cpu=CpuSharing(serving.cpu.shares_replica_cpus, *(
                 CpuDemand(*(scale * value for value in dataclasses.astuple(demand)))
-                for demand in (serving.cpu.front, serving.cpu.prefill, serving.cpu.decode)))))
+                for demand in (serving.cpu.front, serving.cpu.prefill, serving.cpu.decode))),
+            samples=[{**sample, "ttft_s": scale * sample["ttft_s"], "e2el_s": scale * sample["e2el_s"]}
+                     for sample in serving.samples]),
+        prefill_samples=[_scaled_sample(sample, scale) for sample in profile.prefill_samples],
+        decode_samples=[_scaled_sample(sample, scale) for sample in profile.decode_samples])
+
+
+def _scaled_sample(sample: PrefillSample | DecodeSample, scale: float) -> PrefillSample | DecodeSample:
+    return dataclasses.replace(sample, step_s=scale * sample.step_s, timings_s=[scale * t for t in sample.timings_s])
 
 
 if __name__ == "__main__":

@@ -62,3 +62,16 @@ def test_profile_measures_the_tiny_model_quickly(tiny_model, tmp_path):
     assert profile.kv_bytes_per_token > 0 and profile.transfer_gb_per_s > 0
     assert profile.hardware["device"] == "cpu" and profile.serving == ServingOverhead()
     assert profile.hardware["reference_s"] > 0  # the machine's speed around it
+
+
+def test_pool_writes_one_profile_from_several_and_refuses_unlike_ones(tmp_path):
+    paths = [str(make_profile(prefill=PrefillFit(intercept_s, 1e-4, 0.0)).save(tmp_path / f"{index}.json"))
+             for index, intercept_s in enumerate((0.004, 0.005, 0.009))]
+    out = tmp_path / "pooled.json"
+    assert main(["plan", "pool", *paths, "--out", str(out)]) == 0
+    pooled = Profile.load(out)
+    assert pooled.prefill.intercept_s == 0.005
+    assert [entry["source"] for entry in pooled.hardware["pooled_from"]] == paths
+    other = make_profile(kv_bytes_per_token=2000).save(tmp_path / "other.json")
+    with pytest.raises(SystemExit, match="another model, machine or engine"):
+        main(["plan", "pool", paths[0], str(other), "--out", str(out)])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from planner.profile import DecodeFit, PrefillFit, PrefillSample, ServingOverhead
 from planner.speed import SpeedProbe, at_speed
 
 from tests.plan.profiles import make_profile
@@ -46,6 +46,18 @@ def test_a_profile_at_twice_its_reference_time_takes_twice_as_long_for_everythin
     assert slower.serving.cpu.shares_replica_cpus
     assert slower.transfer_gb_per_s == pytest.approx(2.0)
     assert slower.hardware == profile.hardware  # still the profile's own machine and reference
+
+
+def test_a_profile_at_twice_its_reference_time_served_and_stepped_twice_as_slowly():
+    profile = make_profile(serving=ServingOverhead(samples=[
+        {"kind": "wave", "start_s": 0.5, "prompt_len": 64, "output_len": 8, "ttft_s": 0.02, "e2el_s": 0.1}]))
+    profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": 0.0015},
+                                  prefill_samples=[PrefillSample(1, 64, 0.01, [0.01, 0.012])])
+    slower = at_speed(profile, 0.003)
+    assert slower.serving.samples == [pytest.approx(
+        {"kind": "wave", "start_s": 0.5, "prompt_len": 64, "output_len": 8, "ttft_s": 0.04, "e2el_s": 0.2})]
+    assert slower.prefill_samples[0].timings_s == pytest.approx([0.02, 0.024])
+    assert slower.prefill_samples[0].step_s == pytest.approx(0.02)
 
 
 def test_a_profile_without_a_reference_time_is_left_as_it_is():
