@@ -6,6 +6,7 @@ check the predictions against `pdserve bench`.
     pdserve plan simulate  --profile profile.json --config 1P1D --config 2P6D --request-rate 4 ...
     pdserve plan recommend --profile profile.json --gpus 8,16,32 --rate-per-gpu 3 ... --result-dir DIR
     pdserve plan validate  --profile profile.json --model DIR --request-rates 2,6 ... --result-dir DIR
+    pdserve plan replay    --profile other.json --runs DIR/validation.json --result-dir DIR2
 
 JSON results go to `--result-dir` (with markdown and, for recommend, a PNG); tables to stdout.
 """
@@ -17,7 +18,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import statistics
 from pathlib import Path
 
@@ -73,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     validate.add_argument("--dtype", default="float32")
     validate.add_argument("--num-repeats", type=int, default=3, help="runs of each trace; medians reported (default 3)")
 
+    replay = commands.add_parser("replay", help="the runs of an earlier validation predicted with another profile")
+    replay.add_argument("--profile", type=Path, required=True, metavar="JSON")
+    replay.add_argument("--runs", type=Path, required=True, metavar="JSON", help="a validation.json of `plan validate`")
+    replay.add_argument("--result-dir", type=Path, help="write replay.json, .md and .png here")
+
 
 def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
     parser.add_argument("--profile", type=Path, required=True, metavar="JSON")
@@ -91,7 +96,7 @@ def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bo
 
 def run(args: argparse.Namespace) -> int:
     return {"profile": _profile, "pool": _pool, "simulate": _simulate, "recommend": _recommend,
-            "validate": _validate}[args.plan_command](args)
+            "validate": _validate, "replay": _replay}[args.plan_command](args)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -179,7 +184,6 @@ def _recommend(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from planner.profile import Profile
-    from planner.report import plot_validation, validation_markdown
     from planner.simulate import XpYd
     from planner.validate import ValidationConfig, validate
 
@@ -189,14 +193,32 @@ def _validate(args: argparse.Namespace) -> int:
         request_rates=tuple(args.request_rates), num_prompts=args.num_prompts, input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio, slo=_slo(args), log_dir=result_dir / "logs",
         seed=args.seed, dtype=args.dtype, num_repeats=args.num_repeats)
-    rows = validate(config)
+    workload = {"num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
+                "range_ratio": args.range_ratio, "request_rates": list(args.request_rates),
+                "num_repeats": args.num_repeats}
+    return _report_rows(result_dir, "validation", {"profile": str(args.profile), "workload": workload,
+                                                   "slo": dataclasses.asdict(config.slo)}, validate(config))
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from planner.profile import Profile
+    from planner.replay import replay
+
+    validation = json.loads(args.runs.read_text())
+    rows = replay(Profile.load(args.profile), validation)
+    return _report_rows(args.result_dir, "replay", {"profile": str(args.profile), "runs": str(args.runs),
+                                                    "workload": validation["workload"], "slo": validation["slo"]}, rows)
+
+
+def _report_rows(result_dir: Path | None, name: str, header: dict, rows: list[dict]) -> int:
+    """Predicted against measured: the table, and where `result_dir` is given its JSON and plot;
+    0 when every row is within tolerance."""
+    from planner.report import plot_validation, validation_markdown
+
     markdown = validation_markdown(rows)
     print(markdown)
-    _write(result_dir, "validation", {"profile": str(args.profile), "workload": {
-        "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-        "range_ratio": args.range_ratio, "request_rates": list(args.request_rates), "num_repeats": args.num_repeats},
-        "slo": dataclasses.asdict(config.slo), "rows": rows}, markdown)
-    print(plot_validation(rows, result_dir / "validation.png"))
+    if _write(result_dir, name, {**header, "rows": rows}, markdown):
+        print(plot_validation(rows, result_dir / f"{name}.png"))
     return 0 if all(row["within_tolerance"] for row in rows) else 1
 
 
@@ -230,11 +252,8 @@ def _json_default(value):
 
 def _xpyd(text: str):
     from planner.simulate import XpYd
-    match = re.fullmatch(r"(\d+)P(\d+)D", text.strip(), flags=re.IGNORECASE)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected xPyD such as 1P1D, got {text!r}")
     try:
-        return XpYd(int(match[1]), int(match[2]))
+        return XpYd.parse(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
 

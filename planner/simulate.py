@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,14 @@ class XpYd:
 
     def __str__(self) -> str:
         return f"{self.num_prefill}P{self.num_decode}D"
+
+    @staticmethod
+    def parse(text: str) -> XpYd:
+        """`XpYd.parse("2P6D")`, case and spaces aside."""
+        match = re.fullmatch(r"(\d+)P(\d+)D", text.strip(), flags=re.IGNORECASE)
+        if not match:
+            raise ValueError(f"expected xPyD such as 1P1D, got {text!r}")
+        return XpYd(int(match[1]), int(match[2]))
 
 
 @dataclass(frozen=True, slots=True)

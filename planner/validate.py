@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.records import RequestRecord
 from bench.runner import BenchResult
 from planner.bench_runs import bench, launched, random_requests
 from planner.proc_cpu import cpu_during
@@ -84,8 +85,9 @@ def validate(config: ValidationConfig) -> list[dict]:
     rows = []
     for (xpyd, _, rate), point_runs in runs.items():
         results, cpu_s_per_s, references_s, served_scales = map(list, zip(*point_runs))
-        rows.append(compare_row(config.profile, xpyd, rate, results, config.slo, cpu_s_per_s, references_s,
-                                served_scales if anchor else None))
+        rows.append({**compare_row(config.profile, xpyd, rate, [result.records for result in results], config.slo,
+                                   cpu_s_per_s, references_s, served_scales if anchor else None),
+                     "load_average_1m": os.getloadavg()[0]})
     return rows
 
 
@@ -113,19 +115,19 @@ def _run(config: ValidationConfig, probe: SpeedProbe, anchor: tuple[int, int] | 
     return result, {part: seconds / wall_s for part, seconds in cpu_s.items()}, reference_s, served_scale
 
 
-def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchResult], slo: Slo,
+def compare_row(profile: Profile, xpyd: XpYd, rate: float, runs: list[list[RequestRecord]], slo: Slo,
                 cpu_s_per_s: list[dict[str, float]] | None = None, references_s: list[float] | None = None,
                 served_scales: list[float] | None = None) -> dict:
-    """`cpu_s_per_s`: each run's measured CPU seconds per second by part (planner/proc_cpu.py's
+    """`runs`: each run's records; `cpu_s_per_s`: each run's measured CPU seconds per second by part (planner/proc_cpu.py's
     `system_cpu_s` keys), when read; `references_s`: each run's reference time (planner/speed.py)
     and `served_scales` its served speed (planner/served_speed.py), when read, each for a
     prediction at each run's speed beside the one at the profile's."""
     traces, measured_runs = [], []
-    for index, result in enumerate(results):
-        traces.append([SimRequest(r.start_s, r.prompt_len, r.output_len) for r in result.records])
+    for index, records in enumerate(runs):
+        traces.append([SimRequest(r.start_s, r.prompt_len, r.output_len) for r in records])
         measured_runs.append(SimSummary.of(
-            [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len)
-             for r in result.records], slo).to_dict())
+            [RequestTimes(r.start_s, r.start_s + r.ttft_s, r.start_s + r.e2el_s, r.output_len) for r in records],
+            slo).to_dict())
         if cpu_s_per_s is None:
             del measured_runs[-1]["front_cpu_s_per_s"]
         else:
@@ -133,12 +135,12 @@ def compare_row(profile: Profile, xpyd: XpYd, rate: float, results: list[BenchRe
             measured_runs[-1]["cpu_s_per_s"] = cpu_s_per_s[index]
     predicted_runs = [_predicted(profile, xpyd, trace, slo) for trace in traces]
     predicted, measured = _medians(predicted_runs), _medians(measured_runs)
-    row = {"config": str(xpyd), "request_rate": rate, "num_requests": len(results[0].records),
-           "num_repeats": len(results), "predicted": predicted, "measured": measured,
+    row = {"config": str(xpyd), "request_rate": rate, "num_requests": len(runs[0]),
+           "num_repeats": len(runs), "predicted": predicted, "measured": measured,
            **_compared(predicted, measured), "predicted_runs": predicted_runs, "measured_runs": measured_runs,
-           "records": [[[r.start_s, r.prompt_len, r.output_len, r.ttft_s, r.e2el_s] for r in result.records]
-                       for result in results],  # each run's trace and times, to replay another model on
-           "load_average_1m": os.getloadavg()[0]}
+           # each run's trace and times, for planner/replay.py
+           "records": [[[r.start_s, r.prompt_len, r.output_len, r.ttft_s, r.e2el_s] for r in records]
+                       for records in runs]}
     if references_s is not None:
         row["at_speed"] = {"references_s": references_s, "profile_reference_s": profile.hardware.get("reference_s"),
                            **_at([at_speed(profile, s) for s in references_s], xpyd, traces, slo, measured)}

@@ -3,44 +3,29 @@ import dataclasses
 
 import pytest
 
-from bench.metrics import compute_metrics
-from bench.records import RequestRecord
-from bench.runner import BenchConfig, BenchResult
 from planner.cpu_sharing import CpuDemand, CpuSharing
 from planner.profile import ServingOverhead
-from planner.simulate import Simulation, XpYd, simulate
+from planner.simulate import XpYd, simulate
 from planner.report import plot_validation, validation_markdown
 from planner.speed import at_speed
 from planner.validate import check_runnable, compare_row
-from planner.workload import SimRequest, Slo, Workload
+from planner.workload import SimRequest, Slo
 
-from tests.plan.profiles import make_profile
+from tests.plan.profiles import make_profile, simulated_run
 
 SLO = Slo(ttft_ms=500, tpot_ms=50)
 
 
-def _run(profile, config: XpYd, ttft_scale: float = 1.0) -> BenchResult:
-    requests = Workload(10, 200, 128, 16, range_ratio=0.5).requests()
-    records = []
-    for request, times in zip(requests, Simulation(profile, config).run(requests)):
-        ttft_s = times.ttft_s * ttft_scale
-        records.append(RequestRecord(prompt_len=request.prompt_len, output_len=request.output_len, ttft_s=ttft_s,
-                                     itl_s=[], e2el_s=ttft_s + times.finish_s - times.first_token_s,
-                                     success=True, error="", start_s=request.arrival_s))
-    return BenchResult(config=BenchConfig(backend="openai", target="http://x/v1"), model_id="m", date="",
-                       records=records, metrics=compute_metrics(records, 30.0), server=None)
-
-
 def test_a_system_that_behaves_as_modelled_is_predicted_exactly():
     profile = make_profile(serving=ServingOverhead(gateway_s=0.003, handoff_s=0.01))
-    row = compare_row(profile, XpYd(1, 1), 10, [_run(profile, XpYd(1, 1))] * 3, SLO)
+    row = compare_row(profile, XpYd(1, 1), 10, [simulated_run(profile, XpYd(1, 1))] * 3, SLO)
     assert row["ratios"] == pytest.approx({"p50_ttft_ms": 1, "p90_ttft_ms": 1, "p50_tpot_ms": 1, "p90_tpot_ms": 1})
     assert row["within_tolerance"] and row["num_repeats"] == 3
 
 
 def test_a_ttft_two_fifths_longer_than_predicted_is_outside_the_tolerance():
     profile = make_profile()
-    row = compare_row(profile, XpYd(1, 1), 10, [_run(profile, XpYd(1, 1), ttft_scale=1.4)], SLO)
+    row = compare_row(profile, XpYd(1, 1), 10, [simulated_run(profile, XpYd(1, 1), ttft_scale=1.4)], SLO)
     assert row["ratios"]["p50_ttft_ms"] == pytest.approx(1 / 1.4)
     assert row["ratios"]["p50_tpot_ms"] == pytest.approx(1)
     assert not row["within_tolerance"]
@@ -48,16 +33,16 @@ def test_a_ttft_two_fifths_longer_than_predicted_is_outside_the_tolerance():
 
 def test_the_row_takes_the_median_of_the_repeats():
     profile = make_profile()
-    runs = [_run(profile, XpYd(1, 1), scale) for scale in (1.0, 2.0, 10.0)]
+    runs = [simulated_run(profile, XpYd(1, 1), scale) for scale in (1.0, 2.0, 10.0)]
     row = compare_row(profile, XpYd(1, 1), 10, runs, SLO)
     assert row["measured"]["p50_ttft_ms"] == pytest.approx(row["measured_runs"][1]["p50_ttft_ms"])
     assert row["ratios"]["p50_ttft_ms"] == pytest.approx(0.5)
     # each run's own prediction is kept beside its measurement (here the same trace each time)
     assert [run["p50_ttft_ms"] for run in row["predicted_runs"]] == [row["predicted"]["p50_ttft_ms"]] * 3
     # and each run's trace with its times, to replay another model on
-    first = runs[0].records[0]
+    first = runs[0][0]
     assert row["records"][0][0] == [first.start_s, first.prompt_len, first.output_len, first.ttft_s, first.e2el_s]
-    assert [len(records) for records in row["records"]] == [len(run.records) for run in runs]
+    assert [len(records) for records in row["records"]] == [len(run) for run in runs]
 
 
 def test_configurations_whose_replicas_would_share_cores_are_refused(monkeypatch):
@@ -71,10 +56,10 @@ def test_configurations_whose_replicas_would_share_cores_are_refused(monkeypatch
 
 def test_the_fronts_measured_cpu_is_set_beside_the_models():
     profile = make_profile(serving=ServingOverhead(cpu=CpuSharing(True, front=CpuDemand(0.02, 0.01))))
-    run = _run(profile, XpYd(1, 1))
+    run = simulated_run(profile, XpYd(1, 1))
     measured = [{"front": front_s, "prefill": 0.01, "decode": 0.02} for front_s in (0.1, 0.3, 0.2)]
     row = compare_row(profile, XpYd(1, 1), 10, [run] * 3, SLO, cpu_s_per_s=measured)
-    trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in run.records]
+    trace = [SimRequest(r.start_s, r.prompt_len, r.output_len) for r in run]
     assert row["predicted"]["front_cpu_s_per_s"] == pytest.approx(simulate(profile, XpYd(1, 1), trace, SLO).front_cpu_s_per_s)
     assert row["measured"]["front_cpu_s_per_s"] == pytest.approx(0.2)
     assert row["measured"]["cpu_s_per_s"] == {"front": 0.2, "prefill": 0.01, "decode": 0.02}
@@ -89,7 +74,7 @@ def test_a_run_on_a_machine_half_as_fast_is_predicted_exactly_at_its_speed():
     profile = make_profile(serving=ServingOverhead(gateway_s=0.003, handoff_s=0.01, samples=[single]))
     profile = dataclasses.replace(profile, hardware={**profile.hardware, "reference_s": 0.001})
     slower = at_speed(profile, 0.002)
-    row = compare_row(profile, XpYd(1, 1), 10, [_run(slower, XpYd(1, 1))] * 3, SLO, references_s=[0.002] * 3,
+    row = compare_row(profile, XpYd(1, 1), 10, [simulated_run(slower, XpYd(1, 1))] * 3, SLO, references_s=[0.002] * 3,
                       served_scales=[2.0] * 3)
     assert len(row["ratios"]) == 4 and all(ratio < 0.51 for ratio in row["ratios"].values())
     assert not row["within_tolerance"]
@@ -104,7 +89,7 @@ def test_a_run_on_a_machine_half_as_fast_is_predicted_exactly_at_its_speed():
 
 def test_rows_of_two_configurations_and_two_rates_plot_to_a_png(tmp_path):
     profile = make_profile()
-    rows = [compare_row(profile, config, rate, [_run(profile, config, scale) for scale in (0.9, 1.0, 1.2)], SLO)
+    rows = [compare_row(profile, config, rate, [simulated_run(profile, config, scale) for scale in (0.9, 1.0, 1.2)], SLO)
             for config in (XpYd(1, 1), XpYd(1, 2)) for rate in (2, 4)]
     path = plot_validation(rows, tmp_path / "validation.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
