@@ -14,7 +14,7 @@ $(BIN)/pdserve: pyproject.toml
 
 install: $(BIN)/pdserve
 
-# The wire code pdserve/v1/ is committed, so that every kind of install has it. After editing
+# The wire code protos/pdserve/v1/ (package pdserve.v1) is committed, so that every kind of install has it. After editing
 # protos/, regenerate it and commit the result; tests/packaging fails while it is stale.
 protos: install
 	$(BIN)/python scripts/generate_protos.py
@@ -65,7 +65,7 @@ bench: install
 	$(BIN)/pdserve bench-compare --systems disaggregated,disaggregated-load --decode-replicas 2 \
 		--server-cpus 0,1 --client-cpus 0,1 --dataset multi-turn --prefix-len 256 --input-len 64 --output-len 64 \
 		--num-prompts 96 --request-rate 4 --result-dir bench/results/prefix_routing
-	$(BIN)/python -m bench.offline_compare $(PEER_ARG) --num-prompts 64 --output-len 64 \
+	$(BIN)/python -m pdserve.bench.offline_compare $(PEER_ARG) --num-prompts 64 --output-len 64 \
 		--result-dir bench/results/offline
-	$(BIN)/python -m bench.kv_transfer --repeats 10 --json bench/results/kv_transfer.json
-	$(BIN)/python -m bench.goals bench/results
+	$(BIN)/python -m pdserve.bench.kv_transfer --repeats 10 --json bench/results/kv_transfer.json
+	$(BIN)/python -m pdserve.bench.goals bench/results

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from bench.errors import BenchConfigError
+from pdserve.bench.errors import BenchConfigError
 
 
 def arrival_offsets_s(num_requests: int, request_rate: float, burstiness: float, seed: int) -> list[float]:

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from bench.backends import BackendError, SendOptions
-from bench.datasets import BenchRequest
-from bench.records import StreamPiece
+from pdserve.bench.backends import BackendError, SendOptions
+from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.records import StreamPiece
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 DESCRIBE_TIMEOUT_S = 10.0

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-from bench.backends import BackendError, SendOptions
-from bench.datasets import BenchRequest
-from bench.records import StreamPiece
+from pdserve.bench.backends import BackendError, SendOptions
+from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.records import StreamPiece
 
 MODELS_TIMEOUT_S = 30.0
 

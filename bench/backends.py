@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench.datasets import BenchRequest
-from bench.errors import BenchConfigError
-from bench.records import StreamPiece
+from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.errors import BenchConfigError
+from pdserve.bench.records import StreamPiece
 
 BACKENDS = ("pdserve-grpc", "openai")
 
@@ -48,9 +48,9 @@ class Backend(Protocol):
 
 def create_backend(kind: str, target: str, model: str | None, options: SendOptions) -> Backend:
     if kind == "pdserve-grpc":
-        from bench.backend_grpc import GrpcGatewayBackend
+        from pdserve.bench.backend_grpc import GrpcGatewayBackend
         return GrpcGatewayBackend(target, options)
     if kind == "openai":
-        from bench.backend_openai import OpenAICompletionsBackend
+        from pdserve.bench.backend_openai import OpenAICompletionsBackend
         return OpenAICompletionsBackend(target, model, options)
     raise BenchConfigError(f"backend {kind!r} is not one of {BACKENDS}")

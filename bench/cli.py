@@ -13,14 +13,14 @@ import json
 import math
 from pathlib import Path
 
-from bench.backends import BACKENDS, BackendError
-from bench.datasets import DATASET_KINDS, make_dataset
-from bench.errors import BenchConfigError
-from bench.metrics import SLO_KEYS, parse_slos
-from bench.plots import plot_latency_cdf, plot_sweep
-from bench.report import render_markdown
-from bench.runner import BenchConfig, BenchResult, run_benchmark
-from bench.sweep import parse_rates, run_sweep, sweep_json
+from pdserve.bench.backends import BACKENDS, BackendError
+from pdserve.bench.datasets import DATASET_KINDS, make_dataset
+from pdserve.bench.errors import BenchConfigError
+from pdserve.bench.metrics import SLO_KEYS, parse_slos
+from pdserve.bench.plots import plot_latency_cdf, plot_sweep
+from pdserve.bench.report import render_markdown
+from pdserve.bench.runner import BenchConfig, BenchResult, run_benchmark
+from pdserve.bench.sweep import parse_rates, run_sweep, sweep_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +115,7 @@ def _emit(result: BenchResult, result_dir: Path | None) -> None:
 def _load_tokenizer(model_dir: Path | None):
     if model_dir is None:
         return None
-    from engine.tokenizer import load_tokenizer
+    from pdserve.engine.tokenizer import load_tokenizer
     return load_tokenizer(model_dir)
 
 

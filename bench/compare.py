@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.datasets import RANDOM_KINDS
-from bench.metrics import SLO_KEYS, parse_slos
-from bench.systems import (
+from pdserve.bench.datasets import RANDOM_KINDS
+from pdserve.bench.metrics import SLO_KEYS, parse_slos
+from pdserve.bench.systems import (
     DTYPES,
     SYSTEMS,
     Pinning,
@@ -93,8 +93,8 @@ def run_compare(config: CompareConfig, argv: list[str]) -> dict:
     """Runs every system in turn; writes and returns the combined result."""
     from transformers import AutoTokenizer
 
-    from bench.compare_report import write_report
-    from bench.datasets import make_dataset
+    from pdserve.bench.compare_report import write_report
+    from pdserve.bench.datasets import make_dataset
 
     machine = machine_summary()  # before pinning, so it lists every usable CPU
     config.result_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def _run_one(name: str, options: SystemOptions, config: CompareConfig, requests:
 
 async def _benchmark(name: str, spec, model_id: str, requests: list, config: CompareConfig, *, metrics: bool,
                      progress: bool):
-    from bench.runner import BenchConfig, run_benchmark
+    from pdserve.bench.runner import BenchConfig, run_benchmark
 
     bench_config = BenchConfig(
         backend="openai", target=spec.base_url, model=model_id, request_rate=config.request_rate,
@@ -292,8 +292,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> CompareConfig:
-    from bench.errors import BenchConfigError
-    from engine.tiny_model_cache import cache_root, ensure_tiny_model
+    from pdserve.bench.errors import BenchConfigError
+    from pdserve.checkpoints.tiny_model_cache import cache_root, ensure_tiny_model
 
     systems = tuple(name.strip() for name in args.systems.split(",") if name.strip())
     unknown = [name for name in systems if name not in SYSTEMS]
@@ -313,7 +313,7 @@ def config_from(args: argparse.Namespace) -> CompareConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.errors import BenchConfigError
+    from pdserve.bench.errors import BenchConfigError
 
     try:
         config = config_from(args)
@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
                 cpu_list_text(config.pinning.server_cpus), cpu_list_text(config.pinning.client_cpus),
                 config.pinning.num_server_threads)
     combined = run_compare(config, ["pdserve", *sys.argv[1:]])
-    from bench.compare_report import COMBINED_JSON_NAME
+    from pdserve.bench.compare_report import COMBINED_JSON_NAME
 
     print(config.result_dir / COMBINED_JSON_NAME)
     return 0 if all(entry["status"] != "failed" for entry in combined["systems"].values()) else 1

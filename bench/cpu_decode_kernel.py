@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from kernels import cpu_decode_attention
-from kernels.reference import decode_attention_reference
+from pdserve.kernels import cpu_decode_attention
+from pdserve.kernels.reference import decode_attention_reference
 
 
 def random_batch(num_seqs, min_context, max_context, num_blocks, block_size, num_kv_heads, num_heads, head_dim,

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.errors import BenchConfigError
+from pdserve.bench.errors import BenchConfigError
 
 DATASET_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn", "jsonl")
 RANDOM_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn")

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.choice import transport_name
-from kvtransfer.in_place import copy_blocks
-from kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
-from kvtransfer.transports import create_sender
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.choice import transport_name
+from pdserve.kvtransfer.in_place import copy_blocks
+from pdserve.kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
+from pdserve.kvtransfer.transports import create_sender
 from pdserve.v1 import common_pb2
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.errors import BenchConfigError
-from bench.records import RequestRecord
+from pdserve.bench.errors import BenchConfigError
+from pdserve.bench.records import RequestRecord
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

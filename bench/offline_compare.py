@@ -31,9 +31,9 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.compare import length_summary, machine_summary, model_summary, versions
-from bench.offline_report import RESULT_JSON_NAME, write_report
-from bench.systems import DTYPES, Pinning, cpu_list_text, default_pinning, parse_cpu_list, pinned_child_setup
+from pdserve.bench.compare import length_summary, machine_summary, model_summary, versions
+from pdserve.bench.offline_report import RESULT_JSON_NAME, write_report
+from pdserve.bench.systems import DTYPES, Pinning, cpu_list_text, default_pinning, parse_cpu_list, pinned_child_setup
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ ENGINES = ("pdserve", "vllm")
 
 def engine_argv(engine: str, spec_path: Path, result_path: Path, vllm_script: Path | None) -> list[str]:
     if engine == "pdserve":
-        return [sys.executable, "-m", "bench.offline_pdserve", str(spec_path), str(result_path)]
+        return [sys.executable, "-m", "pdserve.bench.offline_pdserve", str(spec_path), str(result_path)]
     runner = Path(__file__).with_name("offline_vllm.py")
     return [str(vllm_script), "python", str(runner), str(spec_path), str(result_path)]
 
@@ -112,8 +112,8 @@ def num_same_outputs(results: dict[str, dict]) -> int | None:
 def run_offline_compare(args: argparse.Namespace, cpus: tuple[int, ...]) -> dict:
     from transformers import AutoTokenizer
 
-    from bench.datasets import make_dataset
-    from engine.tiny_model_cache import cache_root, ensure_tiny_model
+    from pdserve.bench.datasets import make_dataset
+    from pdserve.checkpoints.tiny_model_cache import cache_root, ensure_tiny_model
 
     machine = machine_summary()
     model_dir = (args.model or ensure_tiny_model(cache_root(os.environ))).resolve()
@@ -125,7 +125,7 @@ def run_offline_compare(args: argparse.Namespace, cpus: tuple[int, ...]) -> dict
     (args.result_dir / "logs").mkdir(parents=True, exist_ok=True)
     combined = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": ["python", "-m", "bench.offline_compare", *sys.argv[1:]],
+        "command": ["python", "-m", "pdserve.bench.offline_compare", *sys.argv[1:]],
         "model": model_summary(model_dir),
         "workload": {"dataset": "prompt-heavy", "num_prompts": args.num_prompts, "output_len": args.output_len,
                      "seed": args.seed, "ignore_eos": True, "temperature": 0.0, "num_warmup_runs": 1,

@@ -19,7 +19,7 @@ from pathlib import Path
 def main(spec_path: str, result_path: str) -> int:
     import torch
 
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
 
     spec = json.loads(Path(spec_path).read_text())
     llm = LLM(spec["model"], dtype=spec["dtype"])

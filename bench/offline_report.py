@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.compare_report import format_cell, shown_command
+from pdserve.bench.compare_report import format_cell, shown_command
 
 RESULT_JSON_NAME = "offline.json"
 MARKDOWN_NAME = "offline.md"
@@ -67,7 +67,7 @@ def _vllm_version(combined: dict) -> str:
 
 
 def write_plot(combined: dict, path: Path) -> Path | None:
-    from bench.plots import plot_grouped_bars
+    from pdserve.bench.plots import plot_grouped_bars
 
     panels = {heading: {dtype: {engine: result[field] for engine, result in entry["engines"].items()
                                 if result["status"] == "ok"}

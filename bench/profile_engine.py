@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from engine import LLM, SamplingParams
-from engine.tiny_model import write_tiny_model
+from pdserve.engine import LLM, SamplingParams
+from pdserve.checkpoints.tiny_model import write_tiny_model
 
 
 @dataclass(frozen=True, slots=True)

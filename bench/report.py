@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bench.metrics import LATENCY_METRICS, PERCENTILES
+from pdserve.bench.metrics import LATENCY_METRICS, PERCENTILES
 
 MAX_ERRORS_SHOWN = 5
 RUN_ROWS = (

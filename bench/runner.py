@@ -20,15 +20,15 @@ from datetime import datetime, timezone
 
 from tqdm import tqdm
 
-from bench.arrivals import arrival_offsets_s
-from bench.backends import BACKENDS, SendOptions, create_backend
-from bench.datasets import BenchRequest
-from bench.errors import BenchConfigError
-from bench.metrics import BenchMetrics, compute_metrics, validate_slos
-from bench.records import RequestRecord
-from bench.request_details import summarise_request_details
-from bench.server_metrics import MetricsScraper
-from bench.timing import time_stream
+from pdserve.bench.arrivals import arrival_offsets_s
+from pdserve.bench.backends import BACKENDS, SendOptions, create_backend
+from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.errors import BenchConfigError
+from pdserve.bench.metrics import BenchMetrics, compute_metrics, validate_slos
+from pdserve.bench.records import RequestRecord
+from pdserve.bench.request_details import summarise_request_details
+from pdserve.bench.server_metrics import MetricsScraper
+from pdserve.bench.timing import time_stream
 
 SCRAPE_INTERVAL_S = 0.5
 

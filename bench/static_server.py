@@ -40,14 +40,14 @@ import torch
 from aiohttp import web
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cluster.service_args import add_served_model_name_argument, served_model_name
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import InvalidRequestError
-from gateway.frontend_types import GenerateInput, StreamChunk
-from gateway.http_api import create_app
-from gateway.http_server import serving_http, wait_for_stop_signal
-from gateway.metrics import GatewayMetrics
-from gateway.tokenization import PromptBuilder
+from pdserve.cluster.service_args import add_served_model_name_argument, served_model_name
+from pdserve.engine.detokenizer import IncrementalDetokenizer
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.gateway.frontend_types import GenerateInput, StreamChunk
+from pdserve.gateway.http_api import create_app
+from pdserve.gateway.http_server import serving_http, wait_for_stop_signal
+from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.gateway.tokenization import PromptBuilder
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bench.datasets import BenchRequest
-from bench.runner import BenchConfig, BenchResult, run_benchmark
+from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.runner import BenchConfig, BenchResult, run_benchmark
 
 POINT_FIELDS = (
     "completed", "failed", "duration", "request_throughput", "request_goodput", "output_throughput",

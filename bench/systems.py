@@ -36,9 +36,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.health_probe import probe_http
-from cluster.ports import free_port
-from engine.errors import PdserveError
+from pdserve.cluster.health_probe import probe_http
+from pdserve.cluster.ports import free_port
+from pdserve.engine.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
 SYSTEMS = ("static", "colocated", "colocated-nocache", "disaggregated", "disaggregated-load", "vllm")
@@ -146,7 +146,7 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
     python = sys.executable
     dtype = ("--dtype", options.dtype)
     if name == "static":
-        return SystemSpec(name, (python, "-m", "bench.static_server", "--model", model, "--port", str(port),
+        return SystemSpec(name, (python, "-m", "pdserve.bench.static_server", "--model", model, "--port", str(port),
                                  "--max-batch-size", str(options.static_max_batch_size), *dtype),
                           port, options.startup_timeout_s,
                           f"static batching: padded transformers generate, batches of up to "

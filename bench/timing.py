@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from bench.records import RequestRecord, StreamPiece
+from pdserve.bench.records import RequestRecord, StreamPiece
 
 
 async def time_stream(pieces: AsyncIterator[StreamPiece], *, known_prompt_len: int | None, timeout_s: float,

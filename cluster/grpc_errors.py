@@ -14,7 +14,7 @@ import logging
 
 import grpc
 
-from engine.errors import (
+from pdserve.engine.errors import (
     AbortedError,
     InvalidRequestError,
     NotFoundError,

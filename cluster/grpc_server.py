@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cluster.internal_auth import InternalAuth
+from pdserve.cluster.internal_auth import InternalAuth
 
 logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 256 * 2**20

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import redis.asyncio as redis
 
-from cluster.redis_client import StateStoreUnavailableError, state_store_errors
+from pdserve.cluster.redis_client import StateStoreUnavailableError, state_store_errors
 
 MAX_DIGEST_HASHES = 1024
 DEFAULT_REFRESH_S = 1.0

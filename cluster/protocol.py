@@ -5,8 +5,8 @@ Unset optional proto fields take the engine's (vLLM's) defaults, so a client tha
 """
 from __future__ import annotations
 
-from engine.outputs import TokenLogprobs
-from engine.sampling_params import SamplingParams
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.v1 import common_pb2
 
 _DEFAULTS = SamplingParams()

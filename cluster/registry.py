@@ -42,10 +42,10 @@ from typing import Literal
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from cluster.prefix_digest import digest_key, encode_digest
-from cluster.redis_client import StateStoreUnavailableError, connect_redis, state_store_errors
-from cluster.registry_signing import sign_entry, verified_fields
-from engine.errors import InvalidConfigError
+from pdserve.cluster.prefix_digest import digest_key, encode_digest
+from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis, state_store_errors
+from pdserve.cluster.registry_signing import sign_entry, verified_fields
+from pdserve.engine.errors import InvalidConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from typing import Protocol
 import grpc
 from redis.exceptions import RedisError
 
-from cluster.grpc_server import GrpcServer
-from cluster.prefix_digest import MAX_DIGEST_HASHES
-from cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
-from cluster.internal_auth import InternalAuth
-from cluster.service_args import internal_auth_from, replica_id_from
+from pdserve.cluster.grpc_server import GrpcServer
+from pdserve.cluster.prefix_digest import MAX_DIGEST_HASHES
+from pdserve.cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
+from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.cluster.service_args import internal_auth_from, replica_id_from
 
 logger = logging.getLogger(__name__)
 LOAD_REPORT_INTERVAL_S = 0.5

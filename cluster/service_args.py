@@ -11,12 +11,12 @@ import os
 import uuid
 from typing import TYPE_CHECKING
 
-from cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
-from engine.engine_config import DTYPES
-from engine.errors import InvalidConfigError
+from pdserve.cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
+from pdserve.engine.engine_config import DTYPES
+from pdserve.engine.errors import InvalidConfigError
 
 if TYPE_CHECKING:
-    from engine.engine_config import EngineConfig
+    from pdserve.engine.engine_config import EngineConfig
 
 SECRET_ENV = "PDSERVE_INTERNAL_SECRET"
 REDIS_URL_ENV = "PDSERVE_REDIS_URL"
@@ -116,7 +116,7 @@ def served_model_name(args: argparse.Namespace) -> str:
 
 
 def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConfig:
-    from engine.engine_config import EngineConfig
+    from pdserve.engine.engine_config import EngineConfig
 
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,

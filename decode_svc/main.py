@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from cluster.internal_auth import InternalAuth
-from cluster.replica_server import serve_replica
-from cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
-from decode_svc.replica import DecodeReplica, DecodeReplicaConfig
-from decode_svc.service import DecodeService
-from kvtransfer.receiver import KVReceiver
+from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.cluster.replica_server import serve_replica
+from pdserve.cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
+from pdserve.decode_svc.replica import DecodeReplica, DecodeReplicaConfig
+from pdserve.decode_svc.service import DecodeService
+from pdserve.kvtransfer.receiver import KVReceiver
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
 SERVICE_NAMES = [

@@ -24,18 +24,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from decode_svc.reservations import Reservation, ReservationTable
-from decode_svc.session import DecodeSession, ReplicaStoppingError
-from engine.async_engine import AsyncEngine
-from engine.config import model_id
-from engine.block_allocator import num_blocks_for
-from engine.engine_config import EngineConfig
-from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine
-from kvtransfer.layout import make_layout
-from kvtransfer.pool import KVPool
-from kvtransfer.target import KVTarget
-from kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.decode_svc.reservations import Reservation, ReservationTable
+from pdserve.decode_svc.session import DecodeSession, ReplicaStoppingError
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.config import model_id
+from pdserve.engine.block_allocator import num_blocks_for
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.kvtransfer.pool import KVPool
+from pdserve.kvtransfer.target import KVTarget
+from pdserve.kvtransfer.transports import create_kv_pool, target_fields
 from pdserve.v1 import common_pb2
 
 logger = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ import enum
 import hmac
 from dataclasses import dataclass
 
-from engine.errors import NotFoundError, PreconditionError, ResourceExhaustedError
-from kvtransfer.errors import WriteTokenError
+from pdserve.engine.errors import NotFoundError, PreconditionError, ResourceExhaustedError
+from pdserve.kvtransfer.errors import WriteTokenError
 
 
 class ReservationState(enum.Enum):

@@ -13,14 +13,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from cluster.grpc_errors import grpc_errors, status_for
-from cluster.internal_auth import caller_of
-from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
-from decode_svc.replica import DecodeReplica
-from decode_svc.session import DecodeSession, SessionClosedError
-from engine.errors import InvalidRequestError
-from engine.output_group import GroupEntry, RequestFailure
-from kvtransfer.wire import target_to_proto
+from pdserve.cluster.grpc_errors import grpc_errors, status_for
+from pdserve.cluster.internal_auth import caller_of
+from pdserve.cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
+from pdserve.decode_svc.replica import DecodeReplica
+from pdserve.decode_svc.session import DecodeSession, SessionClosedError
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.output_group import GroupEntry, RequestFailure
+from pdserve.kvtransfer.wire import target_to_proto
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)

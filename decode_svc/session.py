@@ -13,11 +13,11 @@ before the next step.
 """
 from __future__ import annotations
 
-from decode_svc.reservations import ReservationError, ReservationTable
-from engine.async_engine import AsyncEngine
-from engine.errors import PdserveError, UnavailableError
-from engine.output_group import GroupEntry, OutputGroup, RequestFailure
-from engine.sampling_params import SamplingParams
+from pdserve.decode_svc.reservations import ReservationError, ReservationTable
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.errors import PdserveError, UnavailableError
+from pdserve.engine.output_group import GroupEntry, OutputGroup, RequestFailure
+from pdserve.engine.sampling_params import SamplingParams
 
 
 class SessionClosedError(PdserveError):

@@ -9,9 +9,9 @@ __all__ = ["LLM", "SamplingParams"]
 
 def __getattr__(name: str):
     if name == "LLM":
-        from engine.llm import LLM
+        from pdserve.engine.llm import LLM
         return LLM
     if name == "SamplingParams":
-        from engine.sampling_params import SamplingParams
+        from pdserve.engine.sampling_params import SamplingParams
         return SamplingParams
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    raise AttributeError(f"module 'pdserve.engine' has no attribute {name!r}")

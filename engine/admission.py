@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from engine.errors import InvalidRequestError
-from engine.sampling_params import SamplingParams
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.sampling_params import SamplingParams
 
 SEED_BITS = 63  # seeds fit in an int64 as well as the proto's uint64
 

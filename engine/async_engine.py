@@ -21,14 +21,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.device_guard import bind_thread
-from engine.errors import AbortedError, UnavailableError
-from engine.output_group import GroupEntry, OutputGroup
-from engine.outputs import RequestOutput
-from engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
+from pdserve.engine.device_guard import bind_thread
+from pdserve.engine.errors import AbortedError, UnavailableError
+from pdserve.engine.output_group import GroupEntry, OutputGroup
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
 
 if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gateway's gRPC edge)
-    from engine.llm_engine import LLMEngine
+    from pdserve.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

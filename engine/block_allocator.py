@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.block_hash import BlockHash
-from engine.errors import ResourceExhaustedError
+from pdserve.engine.block_hash import BlockHash
+from pdserve.engine.errors import ResourceExhaustedError
 
 
 class OutOfBlocksError(ResourceExhaustedError):

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
-from engine.scheduler import ScheduledChunk
+from pdserve.engine.scheduler import ScheduledChunk
 
 
 class BlockTable:

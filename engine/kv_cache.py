@@ -13,8 +13,8 @@ from typing import Protocol
 
 import torch
 
-from engine.config import ModelConfig
-from engine.errors import PdserveError
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.errors import PdserveError
 
 
 class KVCacheMismatchError(PdserveError, ValueError):

@@ -5,10 +5,10 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 

@@ -24,25 +24,25 @@ from pathlib import Path
 
 import torch
 
-from engine.admission import draw_seed, validate_prompt
-from engine.block_allocator import BlockAllocator, OutOfBlocksError, num_blocks_for
-from engine.block_hash import block_hashes
-from engine.config import ModelConfig
-from engine.device_guard import bind_thread, resolve_device
-from engine.engine_config import EngineConfig
-from engine.errors import InvalidConfigError, InvalidRequestError
-from engine.kv_cache import KVCacheSpec
-from engine.memory_profile import profiled_kv_pool_bytes
-from engine.model import CausalLM
-from engine.model_runner import ModelRunner, ModelRunnerOutput
-from engine.output_processor import OutputProcessor
-from engine.outputs import RequestOutput
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.tokenizer import load_tokenizer
-from engine.warm_up import warm_up
-from engine.weights import load_model
+from pdserve.engine.admission import draw_seed, validate_prompt
+from pdserve.engine.block_allocator import BlockAllocator, OutOfBlocksError, num_blocks_for
+from pdserve.engine.block_hash import block_hashes
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.device_guard import bind_thread, resolve_device
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.errors import InvalidConfigError, InvalidRequestError
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.engine.memory_profile import profiled_kv_pool_bytes
+from pdserve.engine.model import CausalLM
+from pdserve.engine.model_runner import ModelRunner, ModelRunnerOutput
+from pdserve.engine.output_processor import OutputProcessor
+from pdserve.engine.outputs import RequestOutput
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import Scheduler, SchedulerOutput
+from pdserve.engine.tokenizer import load_tokenizer
+from pdserve.engine.warm_up import warm_up
+from pdserve.engine.weights import load_model
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
 
@@ -74,7 +74,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, config.max_num_seqs,
                                   max_blocks_per_seq, self.eos_token_id)
         if self.device.type == "cuda":
-            from kernels.launch_variants import warm_up_widths  # imports Triton: CUDA only
+            from pdserve.kernels.launch_variants import warm_up_widths  # imports Triton: CUDA only
 
             warm_up(model, self.kv_cache, config.block_size, warm_up_widths(max_blocks_per_seq, config.block_size),
                     self.device)

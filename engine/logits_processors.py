@@ -22,7 +22,7 @@ nothing.
 """
 import torch
 
-from engine.sampling_inputs import SamplingInputs
+from pdserve.engine.sampling_inputs import SamplingInputs
 
 
 def apply_logits_processors(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention_metadata import AttentionMetadata
-from engine.kv_cache import KVCacheSpec
-from engine.model import CausalLM
+from pdserve.engine.attention_metadata import AttentionMetadata
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.engine.model import CausalLM
 
 
 def kv_pool_bytes(total_bytes: int, gpu_memory_utilization: float, peak_bytes: int, free_bytes: int) -> int:

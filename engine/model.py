@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-import kernels
-from engine.attention_metadata import AttentionMetadata
-from engine.config import ModelConfig
-from engine.rope import RotaryEmbedding, apply_rotary
+from pdserve import kernels
+from pdserve.engine.attention_metadata import AttentionMetadata
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.rope import RotaryEmbedding, apply_rotary
 
 
 class RMSNorm(nn.Module):

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
-from engine.attention_metadata import AttentionMetadata
-from engine.block_table import BlockTable
-from engine.model import CausalLM
-from engine.outputs import TokenLogprobs
-from engine.sampler import sample
-from engine.sampling_inputs import SamplingInputs, pack_sampling
-from engine.scheduler import ScheduledChunk, SchedulerOutput
-from engine.staging import stage
+from pdserve import kernels
+from pdserve.engine.attention_metadata import AttentionMetadata
+from pdserve.engine.block_table import BlockTable
+from pdserve.engine.model import CausalLM
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.engine.sampler import sample
+from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling
+from pdserve.engine.scheduler import ScheduledChunk, SchedulerOutput
+from pdserve.engine.staging import stage
 
 
 @dataclass(frozen=True, slots=True)

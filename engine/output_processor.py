@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from engine.request import Request
-from engine.stop import StopDecision, check_stop
+from pdserve.engine.detokenizer import IncrementalDetokenizer
+from pdserve.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from pdserve.engine.request import Request
+from pdserve.engine.stop import StopDecision, check_stop
 
 
 @dataclass(slots=True)

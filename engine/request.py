@@ -15,9 +15,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.block_hash import BlockHash, extend_block_hashes
-from engine.errors import IllegalTransitionError
-from engine.sampling_params import SamplingParams
+from pdserve.engine.block_hash import BlockHash, extend_block_hashes
+from pdserve.engine.errors import IllegalTransitionError
+from pdserve.engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.logits_processors import apply_logits_processors
-from engine.noise import exponential_noise
-from engine.outputs import TokenLogprobs
-from engine.sampling_inputs import SamplingInputs
+from pdserve.engine.logits_processors import apply_logits_processors
+from pdserve.engine.noise import exponential_noise
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.engine.sampling_inputs import SamplingInputs
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import NoReturn
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequestError
+from pdserve.engine.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
 """Largest number of top logprobs a request may ask for per generated token."""

@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.block_allocator import BlockAllocator
-from engine.request import Request, RequestStatus
+from pdserve.engine.block_allocator import BlockAllocator
+from pdserve.engine.request import Request, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)

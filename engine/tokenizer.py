@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from engine.errors import InvalidModelError
+from pdserve.engine.errors import InvalidModelError
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerFast:

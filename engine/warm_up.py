@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention_metadata import AttentionMetadata
-from engine.model import CausalLM
+from pdserve.engine.attention_metadata import AttentionMetadata
+from pdserve.engine.model import CausalLM
 
 
 @torch.inference_mode()

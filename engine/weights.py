@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.config import ModelConfig
-from engine.errors import InvalidModelError
-from engine.model import CausalLM
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.errors import InvalidModelError
+from pdserve.engine.model import CausalLM
 
 _PACKED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),

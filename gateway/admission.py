@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from engine.errors import InvalidConfigError, InvalidRequestError, ResourceExhaustedError
+from pdserve.engine.errors import InvalidConfigError, InvalidRequestError, ResourceExhaustedError
 
 DEFAULT_MAX_PENDING_REQUESTS = 4096
 RETRY_AFTER_S = 1

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import grpc
 
-from engine.errors import InvalidConfigError, PdserveError
+from pdserve.engine.errors import InvalidConfigError, PdserveError
 
 ENV_VAR = "PDSERVE_API_KEY"
 """Keys from the environment, comma-separated, beside those given as --api-key."""

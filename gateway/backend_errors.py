@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import grpc
 
-from engine.errors import InvalidRequestError
-from gateway.frontend_types import UnavailableError
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.gateway.frontend_types import UnavailableError
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 

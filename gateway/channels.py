@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from cluster.grpc_server import MAX_MESSAGE_BYTES
-from cluster.internal_auth import InternalAuth
+from pdserve.cluster.grpc_server import MAX_MESSAGE_BYTES
+from pdserve.cluster.internal_auth import InternalAuth
 
 
 class ChannelPool:

@@ -10,11 +10,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from engine.async_engine import AsyncEngine
-from engine.outputs import RequestOutput
-from gateway.frontend_types import GenerateInput, StreamChunk
-from gateway.metrics import GatewayMetrics, RequestTimeline
-from gateway.tokenization import PromptBuilder
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.outputs import RequestOutput
+from pdserve.gateway.frontend_types import GenerateInput, StreamChunk
+from pdserve.gateway.metrics import GatewayMetrics, RequestTimeline
+from pdserve.gateway.tokenization import PromptBuilder
 
 
 class ColocatedFrontend:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import TokenLogprobs
-from engine.sampling_params import SamplingParams
-from engine.stop import find_stop_string, text_without_new
-from gateway.frontend_types import StreamChunk
+from pdserve.engine.detokenizer import IncrementalDetokenizer
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.stop import find_stop_string, text_without_new
+from pdserve.gateway.frontend_types import StreamChunk
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from cluster.protocol import FINISH_REASON_NAMES, logprobs_from_proto
-from gateway.backend_errors import BackendError, SessionBrokenError, backend_error
-from gateway.completion_text import SampledToken
+from pdserve.cluster.protocol import FINISH_REASON_NAMES, logprobs_from_proto
+from pdserve.gateway.backend_errors import BackendError, SessionBrokenError, backend_error
+from pdserve.gateway.completion_text import SampledToken
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
 
 logger = logging.getLogger(__name__)

@@ -37,27 +37,27 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from cluster.internal_auth import InternalAuth
-from cluster.redis_client import StateStoreUnavailableError
-from cluster.registry import LiveReplicas
-from engine.admission import draw_seed
-from engine.errors import IllegalTransitionError, PdserveError
-from engine.sampling_params import SamplingParams
-from gateway.backend_errors import BackendError
-from gateway.channels import ChannelPool
-from gateway.completion_text import CompletionText, SampledToken
-from gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
-from gateway.metrics import GatewayMetrics, RequestTimeline
-from gateway.migration import Migrations
-from gateway.prefix_affinity import PrefixAffinity
-from gateway.replica_clients import DecodeClient, PrefillClient, Timeouts
-from gateway.request_state import RequestState
-from gateway.request_store import RequestNotFoundError, RequestStore
-from gateway.router import NoReplicaError, Router
-from gateway.run_to_end import run_to_end
-from gateway.tokenization import PromptBuilder
-from kvtransfer.choice import choose_transport, transport_name
-from kvtransfer.errors import TransportUnavailableError
+from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.cluster.redis_client import StateStoreUnavailableError
+from pdserve.cluster.registry import LiveReplicas
+from pdserve.engine.admission import draw_seed
+from pdserve.engine.errors import IllegalTransitionError, PdserveError
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.gateway.backend_errors import BackendError
+from pdserve.gateway.channels import ChannelPool
+from pdserve.gateway.completion_text import CompletionText, SampledToken
+from pdserve.gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
+from pdserve.gateway.metrics import GatewayMetrics, RequestTimeline
+from pdserve.gateway.migration import Migrations
+from pdserve.gateway.prefix_affinity import PrefixAffinity
+from pdserve.gateway.replica_clients import DecodeClient, PrefillClient, Timeouts
+from pdserve.gateway.request_state import RequestState
+from pdserve.gateway.request_store import RequestNotFoundError, RequestStore
+from pdserve.gateway.router import NoReplicaError, Router
+from pdserve.gateway.run_to_end import run_to_end
+from pdserve.gateway.tokenization import PromptBuilder
+from pdserve.kvtransfer.choice import choose_transport, transport_name
+from pdserve.kvtransfer.errors import TransportUnavailableError
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
-from gateway.frontend_types import GenerateInput, StreamChunk
-from gateway.run_to_end import run_to_end
+from pdserve.gateway.frontend_types import GenerateInput, StreamChunk
+from pdserve.gateway.run_to_end import run_to_end
 
 CLOSE_DEADLINE_S = 60.0
 """Longest the choices' streams may take to close (each ends its request on the replicas)."""

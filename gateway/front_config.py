@@ -16,9 +16,9 @@ from pathlib import Path
 
 import grpc
 
-from engine.errors import InvalidConfigError
-from gateway.admission import DEFAULT_MAX_PENDING_REQUESTS
-from gateway.api_keys import ENV_VAR, ApiKeys, api_keys_from
+from pdserve.engine.errors import InvalidConfigError
+from pdserve.gateway.admission import DEFAULT_MAX_PENDING_REQUESTS
+from pdserve.gateway.api_keys import ENV_VAR, ApiKeys, api_keys_from
 
 
 @dataclass(frozen=True, slots=True)

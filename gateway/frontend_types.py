@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from engine import errors
-from engine.outputs import TokenLogprobs
-from engine.sampling_params import SamplingParams
+from pdserve.engine import errors
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from gateway.tokenization import PromptBuilder
+    from pdserve.gateway.tokenization import PromptBuilder
 
 
 class UnavailableError(errors.UnavailableError):

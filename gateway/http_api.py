@@ -36,14 +36,14 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 
 from aiohttp import web
 
-from engine.errors import InvalidRequestError, PdserveError, UnavailableError
-from gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission, OverloadedError
-from gateway.api_keys import ApiKeys, UnauthenticatedError
-from gateway.fan_out import choice_inputs, merge
-from gateway.frontend_types import Frontend, StreamChunk
-from gateway.json_body import decode_json_body
-from gateway.metrics import GatewayMetrics
-from gateway.openai_protocol import (
+from pdserve.engine.errors import InvalidRequestError, PdserveError, UnavailableError
+from pdserve.gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission, OverloadedError
+from pdserve.gateway.api_keys import ApiKeys, UnauthenticatedError
+from pdserve.gateway.fan_out import choice_inputs, merge
+from pdserve.gateway.frontend_types import Frontend, StreamChunk
+from pdserve.gateway.json_body import decode_json_body
+from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.gateway.openai_protocol import (
     ApiError,
     ParsedRequest,
     parse_chat_request,
@@ -51,7 +51,7 @@ from gateway.openai_protocol import (
     parse_detokenize_request,
     parse_tokenize_request,
 )
-from gateway.openai_shaping import Shaper, create_shaper
+from pdserve.gateway.openai_shaping import Shaper, create_shaper
 
 logger = logging.getLogger(__name__)
 

@@ -10,27 +10,27 @@ import asyncio
 import contextlib
 import logging
 
-from cluster.grpc_server import GrpcServer
-from cluster.prefix_digest import PrefixDigests
-from cluster.redis_client import connect_redis
-from cluster.registry import LiveReplicas
-from cluster.routing_policies import ROUTING_POLICIES
-from cluster.service_args import (add_internal_auth_arguments, add_redis_url_argument, add_served_model_name_argument,
+from pdserve.cluster.grpc_server import GrpcServer
+from pdserve.cluster.prefix_digest import PrefixDigests
+from pdserve.cluster.redis_client import connect_redis
+from pdserve.cluster.registry import LiveReplicas
+from pdserve.cluster.routing_policies import ROUTING_POLICIES
+from pdserve.cluster.service_args import (add_internal_auth_arguments, add_redis_url_argument, add_served_model_name_argument,
                                   configure_logging, internal_auth_from, served_model_name)
-from engine.config import ModelConfig
-from engine.tokenizer import load_tokenizer
-from gateway.admission import Admission
-from gateway.disaggregated import DisaggregatedConfig, DisaggregatedFrontend
-from gateway.front_config import add_front_arguments, front_config_from
-from gateway.http_api import create_app
-from gateway.http_server import serving_http
-from gateway.metrics import GatewayMetrics
-from gateway.prefix_affinity import PrefixAffinity
-from gateway.request_store import RequestStore
-from gateway.service import GatewayService
-from gateway.tokenization import PromptBuilder
-from kvtransfer.choice import transport_from_name
-from kvtransfer.names import TRANSPORT_NAMES
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.tokenizer import load_tokenizer
+from pdserve.gateway.admission import Admission
+from pdserve.gateway.disaggregated import DisaggregatedConfig, DisaggregatedFrontend
+from pdserve.gateway.front_config import add_front_arguments, front_config_from
+from pdserve.gateway.http_api import create_app
+from pdserve.gateway.http_server import serving_http
+from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.gateway.prefix_affinity import PrefixAffinity
+from pdserve.gateway.request_store import RequestStore
+from pdserve.gateway.service import GatewayService
+from pdserve.gateway.tokenization import PromptBuilder
+from pdserve.kvtransfer.choice import transport_from_name
+from pdserve.kvtransfer.names import TRANSPORT_NAMES
 from pdserve.v1 import gateway_pb2
 
 logger = logging.getLogger(__name__)

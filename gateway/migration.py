@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.backend_errors import BackendError
+from pdserve.gateway.backend_errors import BackendError
 
 
 class MigrationLimitError(BackendError):

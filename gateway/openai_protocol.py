@@ -16,9 +16,9 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequestError, PdserveError
-from engine.sampling_params import SamplingParams
-from gateway.frontend_types import GenerateInput
+from pdserve.engine.errors import InvalidRequestError, PdserveError
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.gateway.frontend_types import GenerateInput
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 

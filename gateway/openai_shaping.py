@@ -13,9 +13,9 @@ the sampled token.
 """
 from collections.abc import Callable
 
-from engine.outputs import TokenLogprobs
-from gateway.frontend_types import StreamChunk
-from gateway.openai_protocol import Endpoint, ParsedRequest
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.gateway.frontend_types import StreamChunk
+from pdserve.gateway.openai_protocol import Endpoint, ParsedRequest
 
 MIN_LOGPROB = -9999.0
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cluster.prefix_digest import PrefixDigests, num_cached_blocks
-from engine.block_hash import block_hashes
+from pdserve.cluster.prefix_digest import PrefixDigests, num_cached_blocks
+from pdserve.engine.block_hash import block_hashes
 
 if TYPE_CHECKING:
-    from cluster.registry import ReplicaInfo
+    from pdserve.cluster.registry import ReplicaInfo
 
 class PrefixAffinity:
     def __init__(self, digests: PrefixDigests | None):

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from cluster.protocol import FINISH_REASON_NAMES, logprobs_from_proto, params_to_proto
-from engine.sampling_params import SamplingParams
-from gateway.backend_errors import BackendError, backend_error
-from gateway.completion_text import SampledToken
-from gateway.decode_session import DecodeSession, DecodeStep
-from kvtransfer.choice import transport_name
+from pdserve.cluster.protocol import FINISH_REASON_NAMES, logprobs_from_proto, params_to_proto
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.gateway.backend_errors import BackendError, backend_error
+from pdserve.gateway.completion_text import SampledToken
+from pdserve.gateway.decode_session import DecodeSession, DecodeStep
+from pdserve.kvtransfer.choice import transport_name
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, prefill_pb2_grpc
 
 

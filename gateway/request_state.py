@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 
-from engine.errors import IllegalTransitionError
+from pdserve.engine.errors import IllegalTransitionError
 
 
 class RequestState(enum.IntEnum):

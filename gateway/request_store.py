@@ -27,10 +27,10 @@ import redis.asyncio as redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from cluster.redis_client import state_store_errors
-from engine.errors import (IllegalTransitionError, InvalidConfigError, InvalidRequestError, NotFoundError,
+from pdserve.cluster.redis_client import state_store_errors
+from pdserve.engine.errors import (IllegalTransitionError, InvalidConfigError, InvalidRequestError, NotFoundError,
                            PdserveError)
-from gateway.request_state import RequestState, transition
+from pdserve.gateway.request_state import RequestState, transition
 
 # Retries of one WATCH transaction when another writer changed the request in between; each
 # retry follows a winning writer, so this bounds how many writers can race on one request.

@@ -27,11 +27,11 @@ from types import MappingProxyType
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.block_allocator import num_blocks_for
-from engine.errors import PdserveError
+from pdserve.engine.block_allocator import num_blocks_for
+from pdserve.engine.errors import PdserveError
 
 if TYPE_CHECKING:
-    from cluster.registry import ReplicaInfo
+    from pdserve.cluster.registry import ReplicaInfo
 
 
 _NONE_CACHED: Mapping[str, int] = MappingProxyType({})

@@ -5,7 +5,7 @@ import argparse
 import asyncio
 import logging
 
-from cluster.service_args import (
+from pdserve.cluster.service_args import (
     add_engine_arguments,
     add_served_model_name_argument,
     bind_cpus,
@@ -13,15 +13,15 @@ from cluster.service_args import (
     engine_config_from,
     served_model_name,
 )
-from engine.async_engine import AsyncEngine
-from engine.llm_engine import LLMEngine
-from gateway.admission import Admission
-from gateway.colocated import ColocatedFrontend
-from gateway.front_config import add_front_arguments, front_config_from
-from gateway.http_api import create_app
-from gateway.http_server import serving_http, wait_for_stop_signal
-from gateway.metrics import GatewayMetrics
-from gateway.tokenization import PromptBuilder
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.gateway.admission import Admission
+from pdserve.gateway.colocated import ColocatedFrontend
+from pdserve.gateway.front_config import add_front_arguments, front_config_from
+from pdserve.gateway.http_api import create_app
+from pdserve.gateway.http_server import serving_http, wait_for_stop_signal
+from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.gateway.tokenization import PromptBuilder
 
 logger = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.grpc_errors import grpc_errors
-from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
-from engine.errors import InvalidRequestError
-from gateway.admission import Admission, OverloadedError
-from gateway.api_keys import ApiKeys
-from gateway.disaggregated import DisaggregatedFrontend
-from gateway.frontend_types import GenerateInput, StreamChunk
-from gateway.request_store import RequestNotFoundError, RequestRecord
+from pdserve.cluster.grpc_errors import grpc_errors
+from pdserve.cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.gateway.admission import Admission, OverloadedError
+from pdserve.gateway.api_keys import ApiKeys
+from pdserve.gateway.disaggregated import DisaggregatedFrontend
+from pdserve.gateway.frontend_types import GenerateInput, StreamChunk
+from pdserve.gateway.request_store import RequestNotFoundError, RequestRecord
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 

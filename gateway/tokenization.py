@@ -17,10 +17,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine.admission import validate_prompt
-from engine.errors import InvalidRequestError
-from engine.sampling_params import SamplingParams
-from gateway.frontend_types import GenerateInput
+from pdserve.engine.admission import validate_prompt
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.gateway.frontend_types import GenerateInput
 
 
 class PromptBuilder:

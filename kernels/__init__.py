@@ -12,8 +12,8 @@ Triton modules are imported on first CUDA call, so importing this package loads 
 """
 import torch
 
-from kernels import cpu_decode_attention
-from kernels.reference import (
+from pdserve.kernels import cpu_decode_attention
+from pdserve.kernels.reference import (
     decode_attention_reference,
     prefill_attention_reference,
     store_kv_reference,
@@ -36,7 +36,7 @@ def store_kv(
 ) -> None:
     """Write each token's K/V into its slot, in place."""
     if key.is_cuda:
-        from kernels import triton_store_kv
+        from pdserve.kernels import triton_store_kv
 
         triton_store_kv.store_kv(key, value, k_cache, v_cache, slot_mapping)
     else:
@@ -53,7 +53,7 @@ def decode_attention(
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim], query's dtype
     """Attention of each sequence's one new token (K/V already stored) over its whole context."""
     if query.is_cuda:
-        from kernels import triton_decode_attention
+        from pdserve.kernels import triton_decode_attention
 
         return triton_decode_attention.decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale
@@ -80,7 +80,7 @@ def prefill_attention(
     plain prefill, a non-zero prefix is a later chunk of a chunked prefill.
     """
     if query.is_cuda:
-        from kernels import triton_prefill_attention
+        from pdserve.kernels import triton_prefill_attention
 
         return triton_prefill_attention.prefill_attention(
             query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale

@@ -11,7 +11,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 
-from kernels import triton_decode_attention, triton_prefill_attention, triton_store_kv
+from pdserve.kernels import triton_decode_attention, triton_prefill_attention, triton_store_kv
 
 TARGET = GPUTarget("cuda", 90, 32)
 COMPILE_CASES = (

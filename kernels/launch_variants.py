@@ -13,7 +13,7 @@ is checked only on a GPU.
 """
 from __future__ import annotations
 
-from kernels.triton_decode_attention import default_split_tokens, reduce_kernel_constants, split_kernel_constants
+from pdserve.kernels.triton_decode_attention import default_split_tokens, reduce_kernel_constants, split_kernel_constants
 
 _PROBE_HEAD_DIM = 128  # the keys below do not depend on the model's shape
 _PROBE_QUERIES_PER_KV = 1

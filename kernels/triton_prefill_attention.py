@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_tile import load_kv_tile
-from kernels.tile_dot import needs_exact_dot, tile_dot
+from pdserve.kernels.paged_tile import load_kv_tile
+from pdserve.kernels.tile_dot import needs_exact_dot, tile_dot
 
 MIN_TILE = 16  # tl.dot needs every tile side >= 16
 

@@ -15,10 +15,10 @@ from typing import Protocol
 
 import torch
 
-from engine.kv_cache import KVCacheMismatchError, KVCacheSpec
-from kvtransfer.errors import TransferError
-from kvtransfer.layout import KVLayout, check_layout
-from kvtransfer.target import KVTarget
+from pdserve.engine.kv_cache import KVCacheMismatchError, KVCacheSpec
+from pdserve.kvtransfer.errors import TransferError
+from pdserve.kvtransfer.layout import KVLayout, check_layout
+from pdserve.kvtransfer.target import KVTarget
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ A forced transport wins, but only if it can work: SHM and CUDA_IPC need the same
 on CPU and CUDA respectively; asking for one where it cannot work is an error, not a fallback.
 Devices are torch device strings ("cpu", "cuda", "cuda:1"); an empty host id is never "same".
 """
-from kvtransfer.errors import TransportUnavailableError
-from kvtransfer.names import TRANSPORT_NAMES
+from pdserve.kvtransfer.errors import TransportUnavailableError
+from pdserve.kvtransfer.names import TRANSPORT_NAMES
 from pdserve.v1 import common_pb2
 
 

@@ -33,14 +33,14 @@ from typing import Generic, TypeVar
 import grpc
 import torch
 
-from engine.device_guard import resolve_device
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.errors import TransferError, TransportUnavailableError
-from kvtransfer.in_place import InPlaceSender, copy_blocks
-from kvtransfer.layout import KVLayout
-from kvtransfer.pool import KVPool
-from kvtransfer.rpc import ChannelFactory
-from kvtransfer.target import KVTarget
+from pdserve.engine.device_guard import resolve_device
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
+from pdserve.kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.pool import KVPool
+from pdserve.kvtransfer.rpc import ChannelFactory
+from pdserve.kvtransfer.target import KVTarget
 from pdserve.v1 import common_pb2
 
 GENERATION_BYTES = 16

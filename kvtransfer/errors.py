@@ -2,7 +2,7 @@
 
 Torch-free and grpc-free, so that pure policy (transport choice) can raise them too.
 """
-from engine.errors import PdserveError, PreconditionError, UnavailableError
+from pdserve.engine.errors import PdserveError, PreconditionError, UnavailableError
 
 
 class LayoutMismatchError(PreconditionError, ValueError):

@@ -24,14 +24,14 @@ import grpc
 import numpy as np
 import torch
 
-from engine.device_guard import on_device
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.base import TransferResult, validate_send
-from kvtransfer.choice import transport_name
-from kvtransfer.errors import TransferError
-from kvtransfer.layout import KVLayout
-from kvtransfer.rpc import ChannelFactory, KVTransferClient
-from kvtransfer.target import KVTarget
+from pdserve.engine.device_guard import on_device
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.base import TransferResult, validate_send
+from pdserve.kvtransfer.choice import transport_name
+from pdserve.kvtransfer.errors import TransferError
+from pdserve.kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient
+from pdserve.kvtransfer.target import KVTarget
 
 logger = logging.getLogger(__name__)
 

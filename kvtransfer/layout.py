@@ -10,10 +10,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtransfer.errors import LayoutMismatchError
+from pdserve.kvtransfer.errors import LayoutMismatchError
 
 if TYPE_CHECKING:
-    from engine.kv_cache import KVCacheSpec
+    from pdserve.engine.kv_cache import KVCacheSpec
 
 __all__ = ["LAYOUT_VERSION", "KVLayout", "LayoutMismatchError", "check_layout", "dtype_name", "make_layout"]
 

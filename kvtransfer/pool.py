@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv_cache import KVCacheSpec
+from pdserve.engine.kv_cache import KVCacheSpec
 
 
 class KVPool:

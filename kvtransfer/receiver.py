@@ -17,15 +17,15 @@ from typing import Protocol
 
 import grpc
 
-from engine.errors import NotFoundError, PreconditionError
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.chunk_wire import decode_chunk_or_malformed
-from kvtransfer.errors import LayoutMismatchError, WriteTokenError
-from kvtransfer.grpc_stream import receive_push
-from kvtransfer.layout import KVLayout, check_layout
-from kvtransfer.pool import KVPool
-from kvtransfer.rpc import Refusal
-from kvtransfer.wire import layout_from_proto
+from pdserve.engine.errors import NotFoundError, PreconditionError
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.chunk_wire import decode_chunk_or_malformed
+from pdserve.kvtransfer.errors import LayoutMismatchError, WriteTokenError
+from pdserve.kvtransfer.grpc_stream import receive_push
+from pdserve.kvtransfer.layout import KVLayout, check_layout
+from pdserve.kvtransfer.pool import KVPool
+from pdserve.kvtransfer.rpc import Refusal
+from pdserve.kvtransfer.wire import layout_from_proto
 from pdserve.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc
 
 

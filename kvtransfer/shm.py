@@ -20,11 +20,11 @@ from multiprocessing import shared_memory
 
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.errors import TransferError, TransportUnavailableError
-from kvtransfer.in_place import InPlaceSender, copy_blocks
-from kvtransfer.pool import KVPool
-from kvtransfer.target import KVTarget
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
+from pdserve.kvtransfer.pool import KVPool
+from pdserve.kvtransfer.target import KVTarget
 from pdserve.v1 import common_pb2
 
 # Linux exposes POSIX shared-memory segments as files in this directory.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.layout import KVLayout
 
 
 @dataclass(frozen=True, slots=True)

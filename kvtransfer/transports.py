@@ -8,14 +8,14 @@ from __future__ import annotations
 import grpc
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer import cuda_ipc, grpc_stream, shm
-from kvtransfer.base import KVSender
-from kvtransfer.choice import transport_name
-from kvtransfer.errors import TransportUnavailableError
-from kvtransfer.layout import KVLayout
-from kvtransfer.pool import KVPool
-from kvtransfer.rpc import ChannelFactory
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer import cuda_ipc, grpc_stream, shm
+from pdserve.kvtransfer.base import KVSender
+from pdserve.kvtransfer.choice import transport_name
+from pdserve.kvtransfer.errors import TransportUnavailableError
+from pdserve.kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.pool import KVPool
+from pdserve.kvtransfer.rpc import ChannelFactory
 from pdserve.v1 import common_pb2
 
 DEFAULT_RPC_TIMEOUT_S = 30.0

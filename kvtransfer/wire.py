@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from kvtransfer.layout import KVLayout
-from kvtransfer.target import KVTarget
+from pdserve.kvtransfer.layout import KVLayout
+from pdserve.kvtransfer.target import KVTarget
 from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 _LAYOUT_FIELDS = tuple(field.name for field in fields(KVLayout))

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from cluster.health_probe import probe_grpc, probe_http
+from pdserve.cluster.health_probe import probe_grpc, probe_http
 from pdserve.parent_death import die_with_parent
 
 _PROBE_TIMEOUT_S = 1.0

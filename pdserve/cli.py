@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cluster.routing_policies import ROUTING_POLICIES
-from kvtransfer.names import TRANSPORT_NAMES
+from pdserve.cluster.routing_policies import ROUTING_POLICIES
+from pdserve.kvtransfer.names import TRANSPORT_NAMES
 
 DEFAULT_GATEWAY_GRPC_PORT = 50051
 DEFAULT_GATEWAY_HTTP_PORT = 8000
@@ -42,7 +42,7 @@ class _LazyArgumentParser(argparse.ArgumentParser):
 
 
 def run_make_tiny_model(args: argparse.Namespace) -> int:
-    from engine.tiny_model import TinyModelSpec, write_tiny_model_spec
+    from pdserve.checkpoints.tiny_model import TinyModelSpec, write_tiny_model_spec
 
     given = {field.name: getattr(args, field.name)
              for field in dataclasses.fields(TinyModelSpec) if hasattr(args, field.name)}
@@ -60,7 +60,7 @@ def add_make_tiny_model(subparsers: argparse._SubParsersAction) -> None:
         help="write a small random Hugging Face model folder (config, weights, tokenizer)",
         description="Writes a randomly initialised causal LM with a byte-level BPE tokenizer "
                     "trained offline. The same flags give byte-identical weights. Flags left "
-                    "out take the defaults of engine.tiny_model.TinyModelSpec.",
+                    "out take the defaults of pdserve.checkpoints.tiny_model.TinyModelSpec.",
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("out_dir", type=Path, metavar="DIR",
@@ -238,7 +238,7 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_healthcheck(args: argparse.Namespace) -> int:
-    from cluster.health_probe import probe
+    from pdserve.cluster.health_probe import probe
 
     result = probe(args.target, args.timeout_s)
     print(f"{args.target}: {result.detail}")
@@ -269,37 +269,37 @@ def _add_service(subparsers: argparse._SubParsersAction, name: str, module: str,
 
 
 def add_prefill(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "prefill", "prefill_svc.main",
+    _add_service(subparsers, "prefill", "pdserve.prefill_svc.main",
                  "serve a prefill replica (prompt batches, KV push to decode)")
 
 
 def add_decode(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "decode", "decode_svc.main", "serve a decode replica (paged KV pool, continuous batching)")
+    _add_service(subparsers, "decode", "pdserve.decode_svc.main", "serve a decode replica (paged KV pool, continuous batching)")
 
 
 def add_gateway(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "gateway", "gateway.main",
+    _add_service(subparsers, "gateway", "pdserve.gateway.main",
                  "serve the gateway (gRPC API and OpenAI-compatible HTTP API)")
 
 
 def add_serve(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "serve", "gateway.serve_colocated",
+    _add_service(subparsers, "serve", "pdserve.gateway.serve_colocated",
                  "serve one colocated engine (prefill and decode in one batch) behind the OpenAI HTTP API")
 
 
 def add_bench(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "bench", "bench.cli",
+    _add_service(subparsers, "bench", "pdserve.bench.cli",
                  "benchmark a running server like `vllm bench serve` (TTFT, TPOT, ITL, throughput, goodput)")
 
 
 def add_bench_compare(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "bench-compare", "bench.compare",
+    _add_service(subparsers, "bench-compare", "pdserve.bench.compare",
                  "launch static batching, pdserve (colocated, disaggregated) and vLLM in turn and "
                  "benchmark them side by side on one trace")
 
 
 def add_plan(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "plan", "planner.cli",
+    _add_service(subparsers, "plan", "pdserve.planner.cli",
                  "capacity planning: profile the model here, simulate xPyD configurations, recommend the P:D ratio")
 
 

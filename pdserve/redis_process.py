@@ -24,7 +24,7 @@ from pathlib import Path
 
 import redis
 
-from cluster.ports import free_port
+from pdserve.cluster.ports import free_port
 from pdserve.parent_death import die_with_parent
 
 _LOOPBACK = "127.0.0.1"

@@ -41,10 +41,10 @@ from typing import TextIO
 
 import grpc
 
-from cluster.ports import free_port
-from cluster.service_args import REDIS_URL_ENV, SECRET_ENV
-from engine.tiny_model_cache import cache_root, ensure_tiny_model
-from gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
+from pdserve.cluster.ports import free_port
+from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
+from pdserve.checkpoints.tiny_model_cache import cache_root, ensure_tiny_model
+from pdserve.gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.child_process import ChildSpec, UpLog
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
 from pdserve.gpu_placement import PlacementError, place_replicas

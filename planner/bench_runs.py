@@ -17,9 +17,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.datasets import BenchRequest, make_dataset
-from bench.runner import BenchConfig, BenchResult, run_benchmark
-from bench.systems import Pinning, RunningSystem, SystemOptions, system_spec
+from pdserve.bench.datasets import BenchRequest, make_dataset
+from pdserve.bench.runner import BenchConfig, BenchResult, run_benchmark
+from pdserve.bench.systems import Pinning, RunningSystem, SystemOptions, system_spec
 
 logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 180.0
@@ -51,7 +51,7 @@ def launched(model_dir: Path, num_decode: int, log_path: Path, pinning: Pinning 
 
 def random_requests(model_dir: Path, num_prompts: int, input_len: int, output_len: int, seed: int,
                     range_ratio: float = 0.0, dataset: str = "random") -> list[BenchRequest]:
-    from engine.tokenizer import load_tokenizer
+    from pdserve.engine.tokenizer import load_tokenizer
 
     return make_dataset(dataset, num_prompts=num_prompts, seed=seed, input_len=input_len, output_len=output_len,
                         range_ratio=range_ratio, tokenizer=load_tokenizer(model_dir))

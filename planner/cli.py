@@ -21,7 +21,7 @@ import os
 import statistics
 from pathlib import Path
 
-from bench.datasets import RANDOM_KINDS
+from pdserve.bench.datasets import RANDOM_KINDS
 
 DEFAULT_RESULT_DIR = Path("bench/results/plan")
 
@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from planner.measure import MeasureConfig, measure_profile
-    from planner.serving import ServingRunConfig, measure_serving
-    from planner.speed import SpeedProbe
+    from pdserve.planner.measure import MeasureConfig, measure_profile
+    from pdserve.planner.serving import ServingRunConfig, measure_serving
+    from pdserve.planner.speed import SpeedProbe
 
     sizes = {name: tuple(getattr(args, name)) for name in
              ("prefill_prompt_lens", "prefill_num_seqs", "decode_num_seqs", "decode_context_lens")
@@ -130,8 +130,8 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _pool(args: argparse.Namespace) -> int:
-    from planner.pool import pool
-    from planner.profile import Profile
+    from pdserve.planner.pool import pool
+    from pdserve.planner.profile import Profile
 
     try:
         pooled = pool([Profile.load(path) for path in args.profiles], [str(path) for path in args.profiles])
@@ -142,9 +142,9 @@ def _pool(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from planner.profile import Profile
-    from planner.report import simulation_markdown
-    from planner.simulate import simulate
+    from pdserve.planner.profile import Profile
+    from pdserve.planner.report import simulation_markdown
+    from pdserve.planner.simulate import simulate
 
     profile, workload, slo = Profile.load(args.profile), _workload(args, args.request_rate), _slo(args)
     requests = workload.requests()
@@ -158,9 +158,9 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _recommend(args: argparse.Namespace) -> int:
-    from planner.profile import Profile
-    from planner.recommend import pick, sweep_splits
-    from planner.report import fleet_markdown, plot_fleet
+    from pdserve.planner.profile import Profile
+    from pdserve.planner.recommend import pick, sweep_splits
+    from pdserve.planner.report import fleet_markdown, plot_fleet
 
     if (args.request_rate is None) == (args.rate_per_gpu is None):
         raise SystemExit("pdserve plan recommend: give --request-rate or --rate-per-gpu")
@@ -183,9 +183,9 @@ def _recommend(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from planner.profile import Profile
-    from planner.simulate import XpYd
-    from planner.validate import ValidationConfig, validate
+    from pdserve.planner.profile import Profile
+    from pdserve.planner.simulate import XpYd
+    from pdserve.planner.validate import ValidationConfig, validate
 
     result_dir = args.result_dir or DEFAULT_RESULT_DIR
     config = ValidationConfig(
@@ -201,8 +201,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from planner.profile import Profile
-    from planner.replay import replay
+    from pdserve.planner.profile import Profile
+    from pdserve.planner.replay import replay
 
     validation = json.loads(args.runs.read_text())
     rows = replay(Profile.load(args.profile), validation)
@@ -213,7 +213,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _report_rows(result_dir: Path | None, name: str, header: dict, rows: list[dict]) -> int:
     """Predicted against measured: the table, and where `result_dir` is given its JSON and plot;
     0 when every row is within tolerance."""
-    from planner.report import plot_validation, validation_markdown
+    from pdserve.planner.report import plot_validation, validation_markdown
 
     markdown = validation_markdown(rows)
     print(markdown)
@@ -223,14 +223,14 @@ def _report_rows(result_dir: Path | None, name: str, header: dict, rows: list[di
 
 
 def _workload(args: argparse.Namespace, rate: float):
-    from planner.workload import Workload
+    from pdserve.planner.workload import Workload
     return Workload(request_rate=rate, num_requests=args.num_prompts, input_len=args.input_len,
                     output_len=args.output_len, range_ratio=args.range_ratio, dataset=args.dataset,
                     burstiness=args.burstiness, seed=args.seed)
 
 
 def _slo(args: argparse.Namespace):
-    from planner.workload import Slo
+    from pdserve.planner.workload import Slo
     return Slo(args.ttft_slo_ms, args.tpot_slo_ms)
 
 
@@ -251,7 +251,7 @@ def _json_default(value):
 
 
 def _xpyd(text: str):
-    from planner.simulate import XpYd
+    from pdserve.planner.simulate import XpYd
     try:
         return XpYd.parse(text)
     except ValueError as error:

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from kvtransfer.in_place import copy_blocks
-from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kvtransfer.in_place import copy_blocks
+from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile
 
 BLOCK_SIZE = 16  # EngineConfig's default, which the replicas run with
 _REQUEST_NUMBERS = itertools.count()

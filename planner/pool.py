@@ -25,9 +25,9 @@ import dataclasses
 import statistics
 from typing import TypeVar
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead
-from planner.speed import at_speed
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead
+from pdserve.planner.speed import at_speed
 
 ALIKE_HARDWARE = ("device", "name", "threads", "num_cpus")
 OVERHEADS = ("gateway_s", "ttft_s", "handoff_s", "step_s", "per_seq_step_s")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from engine.thread_name import ENGINE_THREAD_NAME
+from pdserve.engine.thread_name import ENGINE_THREAD_NAME
 
 REPLICA_COMMANDS = ("prefill", "decode")
 _PROC = Path("/proc")

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.jitter import ratios_to_median
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.jitter import ratios_to_median
 
 SCHEMA_VERSION = 3
 

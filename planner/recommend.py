@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from planner.profile import Profile
-from planner.simulate import SimSummary, XpYd, simulate
-from planner.workload import Slo, Workload
+from pdserve.planner.profile import Profile
+from pdserve.planner.simulate import SimSummary, XpYd, simulate
+from pdserve.planner.workload import Slo, Workload
 
 ATTAINMENT_TIE = 0.005  # absolute
 

@@ -12,12 +12,12 @@ Invariant: a validation replayed with the profile it ran with gives its rows bac
 """
 from __future__ import annotations
 
-from bench.records import RequestRecord
-from planner.profile import Profile
-from planner.served_speed import anchor_shape, profile_anchor_ttft_s
-from planner.simulate import XpYd
-from planner.validate import compare_row
-from planner.workload import Slo
+from pdserve.bench.records import RequestRecord
+from pdserve.planner.profile import Profile
+from pdserve.planner.served_speed import anchor_shape, profile_anchor_ttft_s
+from pdserve.planner.simulate import XpYd
+from pdserve.planner.validate import compare_row
+from pdserve.planner.workload import Slo
 
 
 def replay(profile: Profile, validation: dict) -> list[dict]:

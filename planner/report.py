@@ -8,7 +8,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from planner.validate import COMPARED, TOLERANCE
+from pdserve.planner.validate import COMPARED, TOLERANCE
 
 
 def validation_markdown(rows: list[dict]) -> str:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from planner.bench_runs import bench, random_requests
-from planner.profile import Profile
-from planner.serving import REGULAR_ARRIVALS, SINGLE_GAP_S
+from pdserve.planner.bench_runs import bench, random_requests
+from pdserve.planner.profile import Profile
+from pdserve.planner.serving import REGULAR_ARRIVALS, SINGLE_GAP_S
 
 NUM_ANCHORS = 5
 

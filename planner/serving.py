@@ -57,14 +57,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.metrics import tpot_s
-from bench.records import RequestRecord
-from planner.bench_runs import bench, launched, random_requests
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.proc_cpu import cpu_during
-from planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead, fit_linear
-from planner.simulate import RequestTimes, Simulation, XpYd
-from planner.workload import SimRequest
+from pdserve.bench.metrics import tpot_s
+from pdserve.bench.records import RequestRecord
+from pdserve.planner.bench_runs import bench, launched, random_requests
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.proc_cpu import cpu_during
+from pdserve.planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead, fit_linear
+from pdserve.planner.simulate import RequestTimes, Simulation, XpYd
+from pdserve.planner.workload import SimRequest
 
 REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of their mean
 SINGLE_GAP_S = 0.6  # between single requests: longer than one takes

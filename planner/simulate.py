@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.shared_cpus import SharedCpus
-from planner.jitter import Draws
-from planner.profile import Profile
-from planner.workload import SimRequest, Slo
+from pdserve.planner.shared_cpus import SharedCpus
+from pdserve.planner.jitter import Draws
+from pdserve.planner.profile import Profile
+from pdserve.planner.workload import SimRequest, Slo
 
 PERCENTILES = (50, 90, 99)
 

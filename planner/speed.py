@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile
 
 PROMPT_LEN = 64
 NUM_BLOCKS = 16  # room for the one request of a step pair
@@ -47,7 +47,7 @@ class SpeedProbe:
         self.window_s = window_s
 
     def __enter__(self) -> SpeedProbe:
-        self._process = subprocess.Popen([sys.executable, "-m", "planner.speed", str(self.model_dir)],
+        self._process = subprocess.Popen([sys.executable, "-m", "pdserve.planner.speed", str(self.model_dir)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if self._line(LOAD_TIMEOUT_S) != READY:
             self.__exit__()
@@ -79,9 +79,9 @@ def _serve(model_dir: str) -> None:
     """The probe process: an engine, then one window of timed step pairs per line read."""
     import torch
 
-    from engine.engine_config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from pdserve.engine.engine_config import EngineConfig
+    from pdserve.engine.llm_engine import LLMEngine
+    from pdserve.engine.sampling_params import SamplingParams
 
     torch.set_num_threads(1)
     engine = LLMEngine(EngineConfig(model=model_dir, num_gpu_blocks=NUM_BLOCKS,

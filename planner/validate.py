@@ -28,15 +28,15 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.records import RequestRecord
-from bench.runner import BenchResult
-from planner.bench_runs import bench, launched, random_requests
-from planner.proc_cpu import cpu_during
-from planner.profile import Profile
-from planner.simulate import RequestTimes, SimSummary, XpYd, simulate
-from planner.served_speed import anchor_shape, anchor_ttft_s, profile_anchor_ttft_s
-from planner.speed import SpeedProbe, at_speed, scaled
-from planner.workload import SimRequest, Slo
+from pdserve.bench.records import RequestRecord
+from pdserve.bench.runner import BenchResult
+from pdserve.planner.bench_runs import bench, launched, random_requests
+from pdserve.planner.proc_cpu import cpu_during
+from pdserve.planner.profile import Profile
+from pdserve.planner.simulate import RequestTimes, SimSummary, XpYd, simulate
+from pdserve.planner.served_speed import anchor_shape, anchor_ttft_s, profile_anchor_ttft_s
+from pdserve.planner.speed import SpeedProbe, at_speed, scaled
+from pdserve.planner.workload import SimRequest, Slo
 
 TOLERANCE = 0.25
 NUM_DRAWS = 5

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bench.arrivals import arrival_offsets_s
-from bench.datasets import RANDOM_KINDS, make_dataset
+from pdserve.bench.arrivals import arrival_offsets_s
+from pdserve.bench.datasets import RANDOM_KINDS, make_dataset
 
 
 @dataclass(frozen=True, slots=True)

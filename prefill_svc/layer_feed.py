@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine
 
-from kvtransfer.base import TransferResult
+from pdserve.kvtransfer.base import TransferResult
 
 
 class LayerFeed:

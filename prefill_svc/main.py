@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from cluster.internal_auth import InternalAuth
-from cluster.replica_server import serve_replica
-from cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
+from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.cluster.replica_server import serve_replica
+from pdserve.cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
-from prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
-from prefill_svc.service import PrefillService
+from pdserve.prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
+from pdserve.prefill_svc.service import PrefillService
 
 SERVICE_NAMES = [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name]
 

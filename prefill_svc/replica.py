@@ -22,18 +22,18 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from cluster.internal_auth import InternalAuth
-from engine.async_engine import AsyncEngine
-from engine.config import model_id
-from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.outputs import TokenLogprobs
-from engine.sampling_params import SamplingParams
-from kvtransfer.base import KVSender, TransferResult
-from kvtransfer.layout import make_layout
-from kvtransfer.target import KVTarget
-from kvtransfer.transports import create_sender
-from prefill_svc.layer_feed import LayerFeed
+from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.config import model_id
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kvtransfer.base import KVSender, TransferResult
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.kvtransfer.target import KVTarget
+from pdserve.kvtransfer.transports import create_sender
+from pdserve.prefill_svc.layer_feed import LayerFeed
 
 
 @dataclass(frozen=True, slots=True)

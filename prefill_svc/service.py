@@ -1,12 +1,12 @@
 """gRPC edge of a prefill replica: protobuf in, domain calls, protobuf out."""
 from __future__ import annotations
 
-from cluster.grpc_errors import grpc_errors
-from cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
-from kvtransfer.base import TransferResult
-from kvtransfer.wire import target_from_proto
+from pdserve.cluster.grpc_errors import grpc_errors
+from pdserve.cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
+from pdserve.kvtransfer.base import TransferResult
+from pdserve.kvtransfer.wire import target_from_proto
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
-from prefill_svc.replica import FirstToken, PrefillReplica
+from pdserve.prefill_svc.replica import FirstToken, PrefillReplica
 
 
 class PrefillService(prefill_pb2_grpc.PrefillServicer):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from kernels.triton_decode_attention import decode_attention
+from pdserve.kernels.triton_decode_attention import decode_attention
 
 NUM_HEADS = 32
 NUM_KV_HEADS = 8

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from decode_bandwidth import decode_inputs, seconds_per_call
-from kernels.triton_decode_attention import DecodeLaunch, decode_attention
+from pdserve.kernels.triton_decode_attention import DecodeLaunch, decode_attention
 
 Shape = tuple[int, int]  # (batch size, context tokens)
 

@@ -12,10 +12,10 @@ import argparse
 import torch
 from decode_bandwidth import copy_gbps, seconds_per_call
 
-from engine.attention_metadata import AttentionMetadata
-from engine.config import ModelConfig, RopeConfig
-from engine.kv_cache import KVCacheSpec
-from engine.model import CausalLM
+from pdserve.engine.attention_metadata import AttentionMetadata
+from pdserve.engine.config import ModelConfig, RopeConfig
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.engine.model import CausalLM
 
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                 num_kv_heads=8, head_dim=128)

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
-from kvtransfer.transports import create_sender
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
+from pdserve.kvtransfer.transports import create_sender
 from pdserve.v1 import common_pb2
 
 CUDA_IPC = common_pb2.TRANSPORT_CUDA_IPC

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Writes a tiny random-weight model folder once per distinct spec and returns its path."""
-    from engine.tiny_model import write_tiny_model
+    from pdserve.checkpoints.tiny_model import write_tiny_model
 
     written = {}
 

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.base import TransferResult, validate_send
-from engine.errors import PdserveError
-from kvtransfer.errors import TransferError
-from kvtransfer.layout import KVLayout, check_layout
-from kvtransfer.receiver import ReservationView
-from kvtransfer.target import KVTarget
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.base import TransferResult, validate_send
+from pdserve.engine.errors import PdserveError
+from pdserve.kvtransfer.errors import TransferError
+from pdserve.kvtransfer.layout import KVLayout, check_layout
+from pdserve.kvtransfer.receiver import ReservationView
+from pdserve.kvtransfer.target import KVTarget
 from pdserve.v1 import common_pb2
 
 

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from engine.errors import NotFoundError
-from kvtransfer.errors import TransportUnavailableError, WriteTokenError
-from kvtransfer.grpc_stream import DEFAULT_MAX_CHUNK_BYTES
-from kvtransfer.layout import make_layout
-from kvtransfer.receiver import KVReceiver
-from kvtransfer.target import KVTarget
-from kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.engine.errors import NotFoundError
+from pdserve.kvtransfer.errors import TransportUnavailableError, WriteTokenError
+from pdserve.kvtransfer.grpc_stream import DEFAULT_MAX_CHUNK_BYTES
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.kvtransfer.receiver import KVReceiver
+from pdserve.kvtransfer.target import KVTarget
+from pdserve.kvtransfer.transports import create_kv_pool, target_fields
 
 _CLONE_NEWNET = 0x40000000  # from <sched.h>
 

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.arrivals import arrival_offsets_s
-from bench.errors import BenchConfigError
+from pdserve.bench.arrivals import arrival_offsets_s
+from pdserve.bench.errors import BenchConfigError
 
 
 @pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from bench.datasets import make_dataset
-from cluster.health_probe import probe_http
+from pdserve.bench.datasets import make_dataset
+from pdserve.cluster.health_probe import probe_http
 from pdserve.cli import main as pdserve_main
 
 START_TIMEOUT_S = 120.0

@@ -1,10 +1,10 @@
 """The bench-compare report from a hand-made run: goodput under the stated SLOs, and its ratio."""
 import pytest
 
-from bench.compare_report import markdown, ratios
-from bench.metrics import compute_metrics
-from bench.records import RequestRecord
-from bench.runner import BenchConfig, BenchResult
+from pdserve.bench.compare_report import markdown, ratios
+from pdserve.bench.metrics import compute_metrics
+from pdserve.bench.records import RequestRecord
+from pdserve.bench.runner import BenchConfig, BenchResult
 
 SLOS_MS = {"ttft": 1000.0, "tpot": 50.0}
 

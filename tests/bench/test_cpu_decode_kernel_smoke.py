@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from kernels import cpu_decode_attention
+from pdserve.kernels import cpu_decode_attention
 
 
 def test_cpu_decode_kernel_benchmark_runs():
     if cpu_decode_attention.load() is None:
         pytest.skip("no C compiler: the compiled CPU kernel is unavailable")
     result = subprocess.run(
-        [sys.executable, "-m", "bench.cpu_decode_kernel", "--num-seqs", "3", "--min-context", "1",
+        [sys.executable, "-m", "pdserve.bench.cpu_decode_kernel", "--num-seqs", "3", "--min-context", "1",
          "--max-context", "40", "--num-blocks", "32", "--repeats", "2"],
         capture_output=True, text=True, timeout=120, check=True)
     assert "compiled" in result.stdout and "reference" in result.stdout

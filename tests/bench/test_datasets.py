@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bench.datasets import (
+from pdserve.bench.datasets import (
     HEAVY_TAIL_MAX_OVER_MEDIAN,
     LONG_PROMPT_FRACTION,
     LONG_PROMPT_SCALE,
@@ -15,7 +15,7 @@ from bench.datasets import (
     BenchRequest,
     make_dataset,
 )
-from bench.errors import BenchConfigError
+from pdserve.bench.errors import BenchConfigError
 
 
 def test_random_lengths_stay_within_the_range_ratio():
@@ -56,7 +56,7 @@ def test_mixed_has_a_long_prompt_minority():
 
 
 def test_with_a_tokenizer_each_request_also_carries_its_text_and_no_special_ids(tiny_model):
-    from engine.tokenizer import load_tokenizer
+    from pdserve.engine.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model())
     requests = make_dataset("random", num_prompts=3, seed=0, input_len=40, output_len=4, tokenizer=tokenizer)

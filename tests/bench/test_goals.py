@@ -2,7 +2,7 @@
 target, and "not run" (never a pass) where a run or a system is missing."""
 import json
 
-from bench.goals import CHECKS, markdown, read_results
+from pdserve.bench.goals import CHECKS, markdown, read_results
 
 
 def system(output_throughput, p99_ttft_ms, p99_itl_ms=10.0, request_goodput=1.0, status="ok"):

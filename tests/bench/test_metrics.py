@@ -1,9 +1,9 @@
 """Metric math on synthetic records with known timings: vLLM's definitions, exactly."""
 import pytest
 
-from bench.errors import BenchConfigError
-from bench.metrics import compute_metrics
-from bench.records import RequestRecord
+from pdserve.bench.errors import BenchConfigError
+from pdserve.bench.metrics import compute_metrics
+from pdserve.bench.records import RequestRecord
 
 
 def record(ttft_s, itl_s, output_len, *, prompt_len=10, start_s=0.0, success=True):

@@ -1,12 +1,12 @@
 """The markdown summary and the plots, from results built out of synthetic records."""
 import math
 
-from bench.metrics import compute_metrics
-from bench.plots import plot_latency_cdf, plot_sweep
-from bench.records import RequestRecord
-from bench.report import render_markdown
-from bench.runner import BenchConfig, BenchResult
-from bench.sweep import parse_rates, rate_label, sweep_json
+from pdserve.bench.metrics import compute_metrics
+from pdserve.bench.plots import plot_latency_cdf, plot_sweep
+from pdserve.bench.records import RequestRecord
+from pdserve.bench.report import render_markdown
+from pdserve.bench.runner import BenchConfig, BenchResult
+from pdserve.bench.sweep import parse_rates, rate_label, sweep_json
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -2,7 +2,7 @@
 KV transfer rates, every `pdserve:`/`vllm:` series collected without knowing its name."""
 import pytest
 
-from bench.server_metrics import parse_exposition, summarise
+from pdserve.bench.server_metrics import parse_exposition, summarise
 
 
 def exposition(*, requests, kv_bytes, kv_count, kv_sum, usage, preemptions):

@@ -7,7 +7,7 @@ import torch
 from aiohttp.test_utils import TestServer
 from transformers import AutoTokenizer
 
-from bench.static_server import BATCHER_KEY, BatchItem, StaticBatcher, create_static_app, generate_batch, load_model
+from pdserve.bench.static_server import BATCHER_KEY, BatchItem, StaticBatcher, create_static_app, generate_batch, load_model
 
 MAX_TOKENS = 8
 

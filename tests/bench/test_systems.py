@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.systems import SystemOptions, SystemUnavailable, system_spec
+from pdserve.bench.systems import SystemOptions, SystemUnavailable, system_spec
 
 
 def options(dtype: str, vllm_script: Path | None = None) -> SystemOptions:
@@ -15,9 +15,9 @@ def options(dtype: str, vllm_script: Path | None = None) -> SystemOptions:
 
 
 def parse_static(argv: tuple[str, ...]) -> argparse.Namespace:
-    from bench.static_server import add_arguments
+    from pdserve.bench.static_server import add_arguments
 
-    assert argv[1:3] == ("-m", "bench.static_server")
+    assert argv[1:3] == ("-m", "pdserve.bench.static_server")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args(argv[3:])
@@ -59,7 +59,7 @@ def test_vllm_without_its_peer_script_is_unavailable(tmp_path):
 
 
 def test_bench_compare_records_the_dtype_and_the_slos(tmp_path):
-    from bench.compare import add_arguments, config_from
+    from pdserve.bench.compare import add_arguments, config_from
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

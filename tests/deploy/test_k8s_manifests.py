@@ -37,8 +37,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cluster.grpc_server import GrpcServer
-from cluster.replica_server import STOP_GRACE_S
+from pdserve.cluster.grpc_server import GrpcServer
+from pdserve.cluster.replica_server import STOP_GRACE_S
 from tests.deploy.kustomize import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,9 +157,9 @@ def grpc_health_names(component: str) -> set[str]:
         from pdserve.v1 import gateway_pb2
         services = [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]
     elif component == "prefill":
-        from prefill_svc.main import SERVICE_NAMES as services
+        from pdserve.prefill_svc.main import SERVICE_NAMES as services
     else:
-        from decode_svc.main import SERVICE_NAMES as services
+        from pdserve.decode_svc.main import SERVICE_NAMES as services
     return {"", *services}
 
 
@@ -258,7 +258,7 @@ def test_model_flag_is_the_model_mount(objects):
 
 
 def test_probes_hit_served_ports_and_health_names(objects):
-    from gateway.http_api import OPEN_PATHS
+    from pdserve.gateway.http_api import OPEN_PATHS
 
     for component in PDSERVE_COMPONENTS:
         container = main_container(deployments(objects)[component])

@@ -19,8 +19,8 @@ import grpc
 import pytest
 import redis
 
-from cluster.health_probe import probe
-from cluster.internal_auth import InternalAuth
+from pdserve.cluster.health_probe import probe
+from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.redis_process import start_redis
 
 START_TIMEOUT_S = 180.0

@@ -6,7 +6,7 @@ import asyncio
 import grpc
 import pytest
 
-from engine.config import ModelConfig
+from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 
 READ_TIMEOUT_S = 30.0

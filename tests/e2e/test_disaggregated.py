@@ -8,7 +8,7 @@ import grpc
 import pytest
 import torch
 
-from engine.config import ModelConfig
+from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 NUM_REQUESTS = 16

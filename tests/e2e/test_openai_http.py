@@ -7,7 +7,7 @@ import grpc
 import openai
 import pytest
 
-from engine import LLM, SamplingParams
+from pdserve.engine import LLM, SamplingParams
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 

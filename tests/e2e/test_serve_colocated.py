@@ -7,8 +7,8 @@ import time
 import openai
 import pytest
 
-from cluster.health_probe import probe_http
-from engine import LLM, SamplingParams
+from pdserve.cluster.health_probe import probe_http
+from pdserve.engine import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")

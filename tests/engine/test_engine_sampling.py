@@ -4,8 +4,8 @@ logprobs and bad input behave as specified."""
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.errors import InvalidRequestError
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.errors import InvalidRequestError
 
 
 @pytest.fixture(scope="module")

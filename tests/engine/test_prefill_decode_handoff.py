@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from engine import SamplingParams
-from engine.engine_config import EngineConfig
-from engine.errors import InvalidRequestError
-from engine.llm_engine import LLMEngine
+from pdserve.engine import SamplingParams
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ and a pool small enough to preempt; the hits are counted, and every block comes 
 """
 import torch
 
-from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.engine.sampling_params import SamplingParams
 
 SYSTEM_PROMPT_TOKENS = 200
 BLOCK_SIZE = 16

@@ -35,7 +35,7 @@ class Greedy:
 
 def offline_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list[Greedy]:
     """The offline engine's greedy output for each prompt (EOS ignored): what every front must give."""
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
 
     outputs = LLM(model_dir).generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
                                       use_tqdm=False)

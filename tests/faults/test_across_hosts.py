@@ -18,9 +18,9 @@ import grpc
 import pytest
 import redis
 
-from bench.kv_transfer import NETNS_GRPC_PATH
-from cluster.registry import default_host_id
-from kvtransfer.choice import transport_name
+from pdserve.bench.kv_transfer import NETNS_GRPC_PATH
+from pdserve.cluster.registry import default_host_id
+from pdserve.kvtransfer.choice import transport_name
 from pdserve.redis_process import start_redis
 from pdserve.v1 import common_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import Cluster
@@ -140,7 +140,7 @@ def test_grpc_kv_bandwidth_between_namespaces(hosts, tmp_path):
     """Prints the bench's table: KV pushed from the prefill host to a decode on the d1 host, and
     over loopback within the prefill host, in the same run."""
     rows_path = tmp_path / "kv_transfer.json"
-    command = [sys.executable, "-m", "bench.kv_transfer", "--mib", "64", "--repeats", "10",
+    command = [sys.executable, "-m", "pdserve.bench.kv_transfer", "--mib", "64", "--repeats", "10",
                "--decode-netns", hosts.namespace("d1"), "--decode-host", hosts.address("d1"), "--json", str(rows_path)]
     done = subprocess.run([*hosts.launcher("p0"), *command], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -15,13 +15,13 @@ import redis
 import torch
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from cluster.health_probe import probe
-from cluster.internal_auth import InternalAuth
-from cluster.registry import ReplicaInfo
-from cluster.registry_signing import sign_entry, signature
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.shm import map_shared_pool
-from kvtransfer.wire import layout_from_proto
+from pdserve.cluster.health_probe import probe
+from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.cluster.registry import ReplicaInfo
+from pdserve.cluster.registry_signing import sign_entry, signature
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.shm import map_shared_pool
+from pdserve.kvtransfer.wire import layout_from_proto
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc, kv_transfer_pb2, kv_transfer_pb2_grpc, prefill_pb2
 from pdserve.v1 import prefill_pb2_grpc
 from tests.faults.conftest import StreamRun, greedy_request

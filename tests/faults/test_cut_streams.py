@@ -12,7 +12,7 @@ import aiohttp
 import grpc
 import pytest
 
-from engine.config import ModelConfig
+from pdserve.engine.config import ModelConfig
 from pdserve.v1 import gateway_pb2_grpc
 from tests.faults.conftest import assert_prefill_kv_free
 from tests.faults.stream_clients import LIVE_STATES, grpc_stream, in_flight_gauges, request_records, sse_stream

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import torch
 
-from engine.config import ModelConfig
+from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2
 from tests.faults.conftest import (
     StreamRun, assert_prefill_kv_free, greedy_request, migrations, num_prefills, recovery_s, request_info,

@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from cluster.health_probe import probe_grpc
+from pdserve.cluster.health_probe import probe_grpc
 from pdserve.v1 import gateway_pb2_grpc
 from tests.faults.up_deployment import SteadyLoad, generate, is_alive, wait_until, wrong_outputs
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cluster.health_probe import probe_grpc
+from pdserve.cluster.health_probe import probe_grpc
 from tests.faults.up_deployment import (
     STOP_DEADLINE_S, children_of, cmdline, generate, is_alive, start_up, stop_up, wait_until, wrong_outputs)
 from pdserve.v1 import gateway_pb2_grpc

@@ -22,7 +22,7 @@ import pytest
 import redis
 import torch
 
-from engine.config import ModelConfig
+from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 STARTUP_DEADLINE_S = 300.0

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
-from gateway.api_keys import ApiKeys
-from gateway.service import GatewayService
+from pdserve.gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
+from pdserve.gateway.api_keys import ApiKeys
+from pdserve.gateway.service import GatewayService
 from pdserve.v1 import common_pb2, gateway_pb2
 
 from .conftest import MODEL, FakeFrontend

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels.reference import store_kv_reference
+from pdserve.kernels.reference import store_kv_reference
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 QUERIES_PER_KV = (1, 4, 8)

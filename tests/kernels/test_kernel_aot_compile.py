@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from kernels import aot
+from pdserve.kernels import aot
 
 KERNEL_NAMES = (
     "_store_kv_kernel",
@@ -21,7 +21,7 @@ COMPILED_LINE = re.compile(r"^(\w+) (\w+) d(\d+): \.target sm_90a?, cubin (\d+) 
 
 def test_every_kernel_compiles_to_a_cubin_for_sm_90():
     result = subprocess.run(
-        [sys.executable, "-m", "kernels.aot"],
+        [sys.executable, "-m", "pdserve.kernels.aot"],
         env={**os.environ, "TRITON_INTERPRET": "0"},
         capture_output=True,
         text=True,

@@ -11,8 +11,8 @@ import itertools
 import pytest
 import torch
 
-from kernels import cpu_decode_attention
-from kernels.reference import decode_attention_reference
+from pdserve.kernels import cpu_decode_attention
+from pdserve.kernels.reference import decode_attention_reference
 from tests.kernels.conftest import BLOCK_SIZES, HEAD_DIMS, QUERIES_PER_KV, KernelCase
 
 

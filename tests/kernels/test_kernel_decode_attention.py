@@ -9,8 +9,8 @@ tries (tiles smaller and larger than their split, other warps and stages).
 """
 import pytest
 
-from kernels.reference import decode_attention_reference
-from kernels.triton_decode_attention import DecodeLaunch, decode_attention
+from pdserve.kernels.reference import decode_attention_reference
+from pdserve.kernels.triton_decode_attention import DecodeLaunch, decode_attention
 
 
 def decode_both(batch, **kernel_options):

@@ -5,9 +5,9 @@ import sys
 
 import torch
 
-import kernels
-from kernels import cpu_decode_attention
-from kernels.reference import (
+from pdserve import kernels
+from pdserve.kernels import cpu_decode_attention
+from pdserve.kernels.reference import (
     decode_attention_reference,
     prefill_attention_reference,
     store_kv_reference,
@@ -15,7 +15,7 @@ from kernels.reference import (
 
 
 def test_import_loads_no_triton_kernel_module():
-    probe = "import sys, kernels; print([m for m in sys.modules if m.startswith('kernels.triton')])"
+    probe = "import sys, pdserve.kernels; print([m for m in sys.modules if m.startswith('pdserve.kernels.triton')])"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

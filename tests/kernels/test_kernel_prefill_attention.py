@@ -6,8 +6,8 @@ follow a cached prefix (ending mid-block and on a block edge); unwritten cache s
 16-row query tiles split the longer sequences into several tiles whose causal frontier moves
 through the prefix; the default 64-row tiles are checked as well.
 """
-from kernels.reference import prefill_attention_reference
-from kernels.triton_prefill_attention import prefill_attention
+from pdserve.kernels.reference import prefill_attention_reference
+from pdserve.kernels.triton_prefill_attention import prefill_attention
 
 
 def prefill_both(batch, **kernel_options):

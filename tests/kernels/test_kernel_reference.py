@@ -7,7 +7,7 @@ over the whole pairwise matrix (see conftest).
 """
 import torch
 
-from kernels.reference import (
+from pdserve.kernels.reference import (
     decode_attention_reference,
     prefill_attention_reference,
     store_kv_reference,

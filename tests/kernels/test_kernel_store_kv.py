@@ -5,8 +5,8 @@ Copies are exact, so every dtype x head dim x block size combination is checked 
 import pytest
 import torch
 
-from kernels.reference import store_kv_reference
-from kernels.triton_store_kv import store_kv
+from pdserve.kernels.reference import store_kv_reference
+from pdserve.kernels.triton_store_kv import store_kv
 
 NUM_BLOCKS = 5
 NUM_KV_HEADS = 3  # not a power of two: the head axis is padded and masked too

@@ -3,9 +3,9 @@ exactly what protobuf would have written, and decoding must read whatever protob
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.chunk_wire import decode_chunk, field_prefix
-from kvtransfer.grpc_stream import _encode_chunk
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.chunk_wire import decode_chunk, field_prefix
+from pdserve.kvtransfer.grpc_stream import _encode_chunk
 from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.bfloat16)

@@ -7,13 +7,13 @@ import time
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.cuda_ipc import CudaIpcKVPool, OpenedPools, PoolExport, target_fields
-from kvtransfer.errors import TransferError, TransportUnavailableError
-from kvtransfer.in_place import InPlaceSender, copy_blocks
-from kvtransfer.layout import make_layout
-from kvtransfer.target import KVTarget
-from kvtransfer.wire import target_from_proto, target_to_proto
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.cuda_ipc import CudaIpcKVPool, OpenedPools, PoolExport, target_fields
+from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.kvtransfer.target import KVTarget
+from pdserve.kvtransfer.wire import target_from_proto, target_to_proto
 from pdserve.v1 import common_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32)

@@ -5,12 +5,12 @@ import asyncio
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from engine.errors import NotFoundError
-from kvtransfer.errors import LayoutMismatchError, TransferError, WriteTokenError
-from kvtransfer.layout import make_layout
-from kvtransfer.target import KVTarget
-from kvtransfer.testing.fake import FakeKVReceiver, FakeKVSender
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.engine.errors import NotFoundError
+from pdserve.kvtransfer.errors import LayoutMismatchError, TransferError, WriteTokenError
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.kvtransfer.target import KVTarget
+from pdserve.kvtransfer.testing.fake import FakeKVReceiver, FakeKVSender
 from pdserve.v1 import common_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=4, block_size=2, dtype=torch.float32)

@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.errors import TransferError, TransportUnavailableError
-from kvtransfer.in_place import copy_blocks
-from kvtransfer.shm import SHM_DIR, map_shared_pool
-from kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.kvtransfer.in_place import copy_blocks
+from pdserve.kvtransfer.shm import SHM_DIR, map_shared_pool
+from pdserve.kvtransfer.transports import create_kv_pool, target_fields
 from pdserve.v1 import common_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype=torch.bfloat16)

@@ -6,12 +6,12 @@ import contextlib
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.chunk_wire import decode_chunk
-from kvtransfer.grpc_stream import _encode_chunk, receive_push
-from kvtransfer.layout import make_layout
-from kvtransfer.pool import KVPool
-from kvtransfer.wire import layout_to_proto
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.chunk_wire import decode_chunk
+from pdserve.kvtransfer.grpc_stream import _encode_chunk, receive_push
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.kvtransfer.pool import KVPool
+from pdserve.kvtransfer.wire import layout_to_proto
 from pdserve.v1 import kv_transfer_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.float16)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtransfer import cuda_ipc, grpc_stream, shm
+from pdserve.kvtransfer import cuda_ipc, grpc_stream, shm
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvtransfer"
 

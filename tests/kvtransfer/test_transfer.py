@@ -12,14 +12,14 @@ import grpc
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheSpec
-from kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
-from kvtransfer.grpc_stream import GrpcSender
-from kvtransfer.layout import make_layout
-from kvtransfer.shm import SHM_DIR, map_shared_pool
-from kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
-from kvtransfer.transports import create_sender
-from kvtransfer.wire import layout_to_proto
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
+from pdserve.kvtransfer.grpc_stream import GrpcSender
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.kvtransfer.shm import SHM_DIR, map_shared_pool
+from pdserve.kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
+from pdserve.kvtransfer.transports import create_sender
+from pdserve.kvtransfer.wire import layout_to_proto
 from pdserve.v1 import common_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 
 MODEL = "tiny-llama"

@@ -1,4 +1,4 @@
-"""The committed wire code pdserve/v1/ is exactly what the protos generate today.
+"""The committed wire code protos/pdserve/v1/ (package `pdserve.v1`) is exactly what the protos generate today.
 
 It regenerates into a temporary folder with the pinned grpc_tools and compares file by file, so a
 .proto edit without `make protos` fails here rather than on the wire.
@@ -10,13 +10,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = REPO_ROOT / "scripts" / "generate_protos.py"
 
 
-def _files(package_dir: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in package_dir.iterdir() if path.is_file()}
+def _files(package_dir: Path, generator: dict) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in generator["generated_files"](package_dir)}
 
 
 def test_committed_wire_code_matches_the_protos(tmp_path):
-    generate = runpy.run_path(str(GENERATOR))["generate"]
-    expected = _files(generate(tmp_path))
-    committed = _files(REPO_ROOT / "pdserve" / "v1")
+    generator = runpy.run_path(str(GENERATOR))
+    expected = _files(generator["generate"](tmp_path), generator)
+    committed = _files(REPO_ROOT / "protos" / "pdserve" / "v1", generator)
     stale = sorted(name for name in expected.keys() | committed.keys() if expected.get(name) != committed.get(name))
-    assert not stale, f"pdserve/v1 does not match protos/ ({', '.join(stale)}): run `make protos` and commit"
+    assert not stale, f"protos/pdserve/v1 does not match protos/ ({', '.join(stale)}): run `make protos` and commit"

@@ -1,10 +1,10 @@
 """A small synthetic profile: round step times so that expected answers can be written by hand;
 and runs of a system that behaves as a profile models it, as a validation would have measured them."""
 
-from bench.records import RequestRecord
-from planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead
-from planner.simulate import Simulation, XpYd
-from planner.workload import Workload
+from pdserve.bench.records import RequestRecord
+from pdserve.planner.profile import DecodeFit, PrefillFit, Profile, ServingOverhead
+from pdserve.planner.simulate import Simulation, XpYd
+from pdserve.planner.workload import Workload
 
 
 def make_profile(prefill=PrefillFit(0.010, 0.0001, 0.0), decode=DecodeFit(0.005, 0.001, 0.0),

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from pdserve.cli import main
-from planner.profile import PrefillFit, Profile, ServingOverhead
+from pdserve.planner.profile import PrefillFit, Profile, ServingOverhead
 
 from tests.plan.profiles import make_profile
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from planner.proc_cpu import (cpu_during, descendants, engine_thread_cpu_s, front_cpu_s, is_replica, process_cpu_s,
+from pdserve.planner.proc_cpu import (cpu_during, descendants, engine_thread_cpu_s, front_cpu_s, is_replica, process_cpu_s,
                               replica_kind)
-from planner.serving import demand_from_readings, sharing_from_readings
+from pdserve.planner.serving import demand_from_readings, sharing_from_readings
 
 def test_the_costs_are_regressed_from_runs_beyond_the_idle_rate():
     idle, per_request, per_token, per_step = 0.05, 0.01, 2e-4, 5e-4
@@ -78,7 +78,7 @@ def test_a_replicas_engine_thread_is_told_from_the_rest_of_it():
     # the engine thread spends 0.4 s of CPU, the main thread 0.1 s, then both sleep
     replica = textwrap.dedent("""
         import threading, time
-        from engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
+        from pdserve.engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
         def spin(cpu_s):
             end_s = time.thread_time() + cpu_s
             while time.thread_time() < end_s:

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.datasets import BenchRequest
-from bench.metrics import compute_metrics
-from bench.records import RequestRecord
-from bench.runner import BenchConfig, BenchResult
-from planner import served_speed, serving, validate
-from planner.profile import DecodeFit, PrefillFit, ServingOverhead
-from planner.simulate import Simulation, XpYd
-from planner.workload import SimRequest, Slo
+from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.metrics import compute_metrics
+from pdserve.bench.records import RequestRecord
+from pdserve.bench.runner import BenchConfig, BenchResult
+from pdserve.planner import served_speed, serving, validate
+from pdserve.planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from pdserve.planner.simulate import Simulation, XpYd
+from pdserve.planner.workload import SimRequest, Slo
 
 from tests.plan.profiles import make_profile
 

@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.pool import pool
-from planner.profile import DecodeFit, DecodeSample, PrefillFit, Profile, ServingOverhead
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.pool import pool
+from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, Profile, ServingOverhead
 
 from tests.plan.profiles import make_profile
 

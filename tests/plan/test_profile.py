@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead, fit_linear
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead, fit_linear
 
 from tests.plan.profiles import make_profile
 

@@ -1,9 +1,9 @@
 """The split recommendation on a CPU host whose front's work shares the replicas' cores."""
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import ServingOverhead
-from planner.recommend import pick, sweep_splits
-from planner.report import fleet_markdown
-from planner.workload import Slo, Workload
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import ServingOverhead
+from pdserve.planner.recommend import pick, sweep_splits
+from pdserve.planner.report import fleet_markdown
+from pdserve.planner.workload import Slo, Workload
 
 from tests.plan.profiles import make_profile
 

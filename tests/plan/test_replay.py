@@ -6,12 +6,12 @@ import json
 import pytest
 
 from pdserve.cli import main
-from planner.profile import ServingOverhead
-from planner.replay import replay
-from planner.simulate import XpYd
-from planner.speed import at_speed
-from planner.validate import compare_row
-from planner.workload import Slo
+from pdserve.planner.profile import ServingOverhead
+from pdserve.planner.replay import replay
+from pdserve.planner.simulate import XpYd
+from pdserve.planner.speed import at_speed
+from pdserve.planner.validate import compare_row
+from pdserve.planner.workload import Slo
 
 from tests.plan.profiles import make_profile, simulated_run
 

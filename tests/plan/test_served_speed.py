@@ -1,6 +1,6 @@
 """The served speed's anchor: which of the profile's single requests it is read against."""
-from planner.profile import ServingOverhead
-from planner.served_speed import anchor_shape, profile_anchor_ttft_s
+from pdserve.planner.profile import ServingOverhead
+from pdserve.planner.served_speed import anchor_shape, profile_anchor_ttft_s
 
 from tests.plan.profiles import make_profile
 

@@ -4,12 +4,12 @@ import statistics
 
 import pytest
 
-from bench.records import RequestRecord
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, PrefillFit, ServingOverhead
-from planner.serving import overhead_from_records, served_decode_fit, served_prefill_fit
-from planner.simulate import Simulation, XpYd
-from planner.workload import SimRequest
+from pdserve.bench.records import RequestRecord
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from pdserve.planner.serving import overhead_from_records, served_decode_fit, served_prefill_fit
+from pdserve.planner.simulate import Simulation, XpYd
+from pdserve.planner.workload import SimRequest
 
 from tests.plan.profiles import make_profile
 

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from planner.shared_cpus import SharedCpus, fair_rates
+from pdserve.planner.shared_cpus import SharedCpus, fair_rates
 
 
 def test_jobs_alone_on_their_cores_run_at_full_speed():

@@ -3,10 +3,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead
-from planner.simulate import Simulation, XpYd, simulate
-from planner.workload import SimRequest, Slo, Workload
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead
+from pdserve.planner.simulate import Simulation, XpYd, simulate
+from pdserve.planner.workload import SimRequest, Slo, Workload
 
 from tests.plan.profiles import make_profile
 

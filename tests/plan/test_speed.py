@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import DecodeFit, PrefillFit, PrefillSample, ServingOverhead
-from planner.speed import SpeedProbe, at_speed
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import DecodeFit, PrefillFit, PrefillSample, ServingOverhead
+from pdserve.planner.speed import SpeedProbe, at_speed
 
 from tests.plan.profiles import make_profile
 

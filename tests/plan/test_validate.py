@@ -3,13 +3,13 @@ import dataclasses
 
 import pytest
 
-from planner.cpu_sharing import CpuDemand, CpuSharing
-from planner.profile import ServingOverhead
-from planner.simulate import XpYd, simulate
-from planner.report import plot_validation, validation_markdown
-from planner.speed import at_speed
-from planner.validate import check_runnable, compare_row
-from planner.workload import SimRequest, Slo
+from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
+from pdserve.planner.profile import ServingOverhead
+from pdserve.planner.simulate import XpYd, simulate
+from pdserve.planner.report import plot_validation, validation_markdown
+from pdserve.planner.speed import at_speed
+from pdserve.planner.validate import check_runnable, compare_row
+from pdserve.planner.workload import SimRequest, Slo
 
 from tests.plan.profiles import make_profile, simulated_run
 

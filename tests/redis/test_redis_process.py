@@ -38,7 +38,7 @@ def test_a_taken_port_is_a_start_error_that_says_why(tmp_path, redis_executable)
 def test_a_server_with_a_password_refuses_clients_without_it(tmp_path, redis_executable):
     import asyncio
 
-    from cluster.redis_client import connect_redis
+    from pdserve.cluster.redis_client import connect_redis
 
     with start_redis(data_dir=tmp_path, timeout_s=10.0, executable=redis_executable, password="pw-1234") as server:
         assert server.url == f"redis://:pw-1234@127.0.0.1:{server.port}/0"

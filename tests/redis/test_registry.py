@@ -12,9 +12,9 @@ import time
 import pytest
 import redis
 
-from cluster.redis_client import connect_redis
-from cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat
-from engine.errors import InvalidConfigError
+from pdserve.cluster.redis_client import connect_redis
+from pdserve.cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat
+from pdserve.engine.errors import InvalidConfigError
 
 TTL_S = 1.0
 INTERVAL_S = 0.2
@@ -121,7 +121,7 @@ def test_a_beating_replica_outlives_its_ttl_and_a_cancelled_one_leaves_within_it
 
 REPLICA_PROCESS = """
 import asyncio, sys
-from cluster.registry import ReplicaHeartbeat
+from pdserve.cluster.registry import ReplicaHeartbeat
 
 async def main():
     ttl_s, interval_s = float(sys.argv[2]), float(sys.argv[3])

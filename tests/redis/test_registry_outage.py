@@ -9,8 +9,8 @@ import time
 import pytest
 from redis.exceptions import RedisError
 
-from cluster.redis_client import StateStoreUnavailableError, connect_redis
-from cluster.registry import LiveReplicas, ReplicaHeartbeat
+from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis
+from pdserve.cluster.registry import LiveReplicas, ReplicaHeartbeat
 from pdserve.redis_process import start_redis
 
 

@@ -4,9 +4,9 @@ import asyncio
 import dataclasses
 import json
 
-from cluster.redis_client import connect_redis
-from cluster.registry import LiveReplicas, ReplicaHeartbeat, ReplicaInfo
-from cluster.registry_signing import sign_entry
+from pdserve.cluster.redis_client import connect_redis
+from pdserve.cluster.registry import LiveReplicas, ReplicaHeartbeat, ReplicaInfo
+from pdserve.cluster.registry_signing import sign_entry
 
 SECRET = b"deployment-secret"
 

@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from cluster.redis_client import connect_redis
-from engine.errors import IllegalTransitionError
-from gateway.request_state import RequestState
-from gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
+from pdserve.cluster.redis_client import connect_redis
+from pdserve.engine.errors import IllegalTransitionError
+from pdserve.gateway.request_state import RequestState
+from pdserve.gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
 
 TTL_S = 60.0
 LIVE_TTL_S = 30.0

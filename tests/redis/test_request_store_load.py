@@ -2,9 +2,9 @@
 queues for a connection and succeeds: load makes calls wait, never fail."""
 import asyncio
 
-from cluster.redis_client import connect_redis
-from gateway.request_state import RequestState
-from gateway.request_store import RequestStore
+from pdserve.cluster.redis_client import connect_redis
+from pdserve.gateway.request_state import RequestState
+from pdserve.gateway.request_store import RequestStore
 
 NUM_CONNECTIONS = 2
 NUM_REQUESTS = 512  # each lifecycle is six transactions: the queue for a connection is thousands long

@@ -9,9 +9,9 @@ import time
 import pytest
 from redis.asyncio.client import Pipeline
 
-from cluster.redis_client import StateStoreUnavailableError, connect_redis
-from gateway.request_state import RequestState
-from gateway.request_store import RequestStore
+from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis
+from pdserve.gateway.request_state import RequestState
+from pdserve.gateway.request_store import RequestStore
 from pdserve.redis_process import start_redis
 
 

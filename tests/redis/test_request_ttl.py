@@ -5,9 +5,9 @@ import socket
 
 import pytest
 
-from cluster.redis_client import StateStoreUnavailableError, connect_redis
-from gateway.request_state import RequestState
-from gateway.request_store import RequestStore
+from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis
+from pdserve.gateway.request_state import RequestState
+from pdserve.gateway.request_store import RequestStore
 
 TTL_S = 60.0
 LIVE_TTL_S = 0.5

@@ -4,10 +4,10 @@ from collections.abc import Sequence
 
 import torch
 
-from engine import sampler
-from engine.sampling_inputs import SamplingInputs, pack_sampling
-from engine.sampling_params import SamplingParams
-from engine.staging import stage
+from pdserve.engine import sampler
+from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.staging import stage
 
 CPU = torch.device("cpu")
 

@@ -5,9 +5,9 @@ import asyncio
 import pytest
 import torch
 
-from engine.async_engine import AsyncEngine, EngineDeadError, RequestAbortedError
-from engine.output_group import OutputGroup, RequestFailure
-from engine.outputs import CompletionOutput, RequestOutput
+from pdserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestAbortedError
+from pdserve.engine.output_group import OutputGroup, RequestFailure
+from pdserve.engine.outputs import CompletionOutput, RequestOutput
 
 DEADLINE_S = 5.0
 

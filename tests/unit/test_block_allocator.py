@@ -3,7 +3,7 @@ table at a time, and no sequence of allocations and frees leaks a block."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.block_allocator import BlockAllocator, OutOfBlocksError
+from pdserve.engine.block_allocator import BlockAllocator, OutOfBlocksError
 
 
 def test_allocate_takes_whole_blocks_and_free_returns_them():

@@ -8,11 +8,11 @@ import random
 
 import torch
 
-from engine.block_allocator import BlockAllocator
-from engine.block_table import BlockTable
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from pdserve.engine.block_allocator import BlockAllocator
+from pdserve.engine.block_table import BlockTable
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import Scheduler, SchedulerOutput
 
 BLOCK_SIZE = 4
 MAX_BLOCKS_PER_SEQ = 8

@@ -24,11 +24,11 @@ def test_service_subcommands_accept_their_services_flags():
     args = cli.build_parser().parse_args(
         ["decode", "--model", "/m", "--redis-url", "redis://r:6379/0", "--port", "7",
          "--reservation-timeout-s", "3"])
-    assert args.service == "decode_svc.main"
+    assert args.service == "pdserve.decode_svc.main"
     assert (args.port, args.reservation_timeout_s) == (7, 3.0)
     args = cli.build_parser().parse_args(
         ["gateway", "--model", "/m", "--redis-url", "redis://r:6379/0", "--transport", "shm"])
-    assert (args.service, args.transport) == ("gateway.main", "shm")
+    assert (args.service, args.transport) == ("pdserve.gateway.main", "shm")
 
 
 def test_up_defaults_are_one_prefill_one_decode_on_cpu_with_the_standard_gateway_ports():
@@ -77,7 +77,7 @@ def test_up_hands_children_the_secret_and_redis_url_in_their_environment_not_arg
 
 
 def test_cli_dtype_names_are_the_engines():
-    from engine.engine_config import DTYPES
+    from pdserve.engine.engine_config import DTYPES
 
     assert ("auto", *cli.DTYPE_NAMES) == DTYPES
 
@@ -104,7 +104,7 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
 
 
 def test_up_gives_each_api_key_to_the_gateway_only_and_never_on_a_command_line(tmp_path, monkeypatch):
-    from gateway.api_keys import ENV_VAR
+    from pdserve.gateway.api_keys import ENV_VAR
     from pdserve.up import UpConfig, child_slots
 
     monkeypatch.delenv(ENV_VAR, raising=False)

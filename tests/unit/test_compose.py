@@ -97,7 +97,7 @@ def test_the_system_is_redis_gateway_prefill_and_decode(services):
 @pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
 def test_each_service_runs_its_cli_subcommand_with_flags_the_parser_accepts(services, name):
     args = parse_service(services[name])
-    assert args.service == {"gateway": "gateway.main", "prefill": "prefill_svc.main", "decode": "decode_svc.main"}[name]
+    assert args.service == {"gateway": "pdserve.gateway.main", "prefill": "pdserve.prefill_svc.main", "decode": "pdserve.decode_svc.main"}[name]
     assert args.redis_url == "redis://:redis-pw@redis:6379/0"
     assert str(args.model) == "/models/model"
     assert {"redis": {"condition": "service_healthy"}} == services[name]["depends_on"]
@@ -225,6 +225,6 @@ def test_compose_gpus_runs_one_replica_per_gpu_and_every_replica_sees_them_all(
         assert sorted(str(gpu) for gpu in reservation["device_ids"]) == all_gpus
         args = parse_service(services[name])
         assert args.device == device
-        assert args.service == ("prefill_svc.main" if name.startswith("prefill") else "decode_svc.main")
+        assert args.service == ("pdserve.prefill_svc.main" if name.startswith("prefill") else "pdserve.decode_svc.main")
         assert services[name]["ipc"] == services[name]["pid"] == "host"
         assert services[name]["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

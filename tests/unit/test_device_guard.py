@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from engine.async_engine import AsyncEngine
-from engine.device_guard import bind_thread, on_device, resolve_device
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.device_guard import bind_thread, on_device, resolve_device
 
 DEADLINE_S = 5.0
 

@@ -8,18 +8,18 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from cluster.redis_client import StateStoreUnavailableError
-from engine.sampling_params import SamplingParams
-from gateway.backend_errors import BackendError
-from gateway.completion_text import CompletionText, SampledToken
-from gateway.frontend_types import UnavailableError
-from gateway.decode_session import DecodeStep
-from gateway.backend_errors import SessionBrokenError
-from gateway.disaggregated import DisaggregatedRequest, Route
-from gateway.metrics import GatewayMetrics
-from gateway.migration import MigrationLimitError, Migrations
-from gateway.replica_clients import KVTransferDone
-from gateway.request_state import RequestState
+from pdserve.cluster.redis_client import StateStoreUnavailableError
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.gateway.backend_errors import BackendError
+from pdserve.gateway.completion_text import CompletionText, SampledToken
+from pdserve.gateway.frontend_types import UnavailableError
+from pdserve.gateway.decode_session import DecodeStep
+from pdserve.gateway.backend_errors import SessionBrokenError
+from pdserve.gateway.disaggregated import DisaggregatedRequest, Route
+from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.gateway.migration import MigrationLimitError, Migrations
+from pdserve.gateway.replica_clients import KVTransferDone
+from pdserve.gateway.request_state import RequestState
 from pdserve.v1 import common_pb2
 
 S = RequestState

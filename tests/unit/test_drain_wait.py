@@ -2,8 +2,8 @@
 import asyncio
 import time
 
-from cluster import replica_server
-from cluster.replica_server import drain
+from pdserve.cluster import replica_server
+from pdserve.cluster.replica_server import drain
 
 
 def test_drain_returns_once_idle_has_held_for_the_settle_time():

@@ -2,8 +2,8 @@
 checkpoint on a GPU."""
 import pytest
 
-from engine.engine_config import EngineConfig, resolve_dtype
-from engine.errors import InvalidConfigError
+from pdserve.engine.engine_config import EngineConfig, resolve_dtype
+from pdserve.engine.errors import InvalidConfigError
 
 
 @pytest.mark.parametrize("checkpoint, device, expected", [

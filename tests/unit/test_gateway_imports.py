@@ -3,7 +3,7 @@ loading its model folder's tokenizer and config. The colocated server needs the 
 import subprocess
 import sys
 
-GATEWAY_MODULES = ("gateway.main", "gateway.service", "gateway.http_api", "gateway.disaggregated")
+GATEWAY_MODULES = ("pdserve.gateway.main", "pdserve.gateway.service", "pdserve.gateway.http_api", "pdserve.gateway.disaggregated")
 
 
 def torch_loaded_after(code: str) -> bool:
@@ -19,9 +19,9 @@ def test_importing_the_gateway_loads_no_torch():
 def test_loading_the_gateways_model_folder_loads_no_torch(tiny_model):
     model_dir = tiny_model()
     code = (
-        "from engine.config import ModelConfig\n"
-        "from engine.tokenizer import load_tokenizer\n"
-        "from gateway.tokenization import PromptBuilder\n"
+        "from pdserve.engine.config import ModelConfig\n"
+        "from pdserve.engine.tokenizer import load_tokenizer\n"
+        "from pdserve.gateway.tokenization import PromptBuilder\n"
         f"config = ModelConfig.from_dir({model_dir!r})\n"
         f"prompts = PromptBuilder(load_tokenizer({model_dir!r}), {model_dir!r}, config.vocab_size, 64)\n"
         "prompts.tokenizer.decode(prompts.tokenizer.encode('hello'))\n"

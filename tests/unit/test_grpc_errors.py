@@ -3,15 +3,15 @@ replica's status passes through; anything else is INTERNAL (no status of its own
 import grpc
 import pytest
 
-from cluster.grpc_errors import status_for
-from decode_svc.reservations import ReservationError
-from engine.async_engine import EngineDeadError, RequestAbortedError
-from engine.block_allocator import OutOfBlocksError
-from engine.errors import InvalidConfigError, InvalidRequestError, PdserveError, PreconditionError
-from gateway.backend_errors import BackendError
-from gateway.frontend_types import UnavailableError
-from gateway.request_store import RequestExistsError, RequestNotFoundError
-from kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
+from pdserve.cluster.grpc_errors import status_for
+from pdserve.decode_svc.reservations import ReservationError
+from pdserve.engine.async_engine import EngineDeadError, RequestAbortedError
+from pdserve.engine.block_allocator import OutOfBlocksError
+from pdserve.engine.errors import InvalidConfigError, InvalidRequestError, PdserveError, PreconditionError
+from pdserve.gateway.backend_errors import BackendError
+from pdserve.gateway.frontend_types import UnavailableError
+from pdserve.gateway.request_store import RequestExistsError, RequestNotFoundError
+from pdserve.kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
 
 Code = grpc.StatusCode
 

@@ -7,8 +7,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cluster.health_probe import probe
-from cluster.ports import free_port
+from pdserve.cluster.health_probe import probe
+from pdserve.cluster.ports import free_port
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.registry import default_host_id
+from pdserve.cluster.registry import default_host_id
 
 BOOT_ID = "0f6c1a52-5b8e-4d43-9a55-0d6a1f1f2b10"
 
@@ -22,7 +22,7 @@ def boot_id_path(tmp_path) -> Path:
 def test_every_process_on_this_machine_gets_the_same_id():
     """Even under another hostname, as containers on one machine have: the kernel is what they share."""
     script = "import socket; socket.gethostname = lambda: 'other-container'; " \
-             "from cluster.registry import default_host_id; print(default_host_id())"
+             "from pdserve.cluster.registry import default_host_id; print(default_host_id())"
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert child.stdout.strip() == default_host_id()
     assert "other-container" not in default_host_id()

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from cluster.service_args import add_internal_auth_arguments, internal_auth_from
-from engine.errors import InvalidConfigError
+from pdserve.cluster.service_args import add_internal_auth_arguments, internal_auth_from
+from pdserve.engine.errors import InvalidConfigError
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from engine.kv_cache import KVCacheMismatchError, KVCacheSpec
-from kvtransfer.layout import LAYOUT_VERSION, LayoutMismatchError, check_layout, make_layout
+from pdserve.engine.kv_cache import KVCacheMismatchError, KVCacheSpec
+from pdserve.kvtransfer.layout import LAYOUT_VERSION, LayoutMismatchError, check_layout, make_layout
 
 SPEC = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
 

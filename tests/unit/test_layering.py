@@ -1,18 +1,21 @@
 """The package graph is a DAG from the command line down to the kernels.
 
     pdserve                            the command line and the local supervisor
-    planner                            capacity planning: profiles, simulation, xPyD recommendation
-    bench                              benchmarks and their baseline servers
-    gateway   prefill_svc   decode_svc the services; none imports another
-    cluster                            what every process of a deployment shares
-    kvtransfer
-    engine
-    kernels
+    pdserve.planner                    capacity planning: profiles, simulation, xPyD recommendation
+    pdserve.bench                      benchmarks and their baseline servers
+    pdserve.gateway  .prefill_svc  .decode_svc   the services; none imports another
+    pdserve.cluster                    what every process of a deployment shares
+    pdserve.kvtransfer
+    pdserve.checkpoints                model checkpoints without a hub (the tiny test models)
+    pdserve.engine
+    pdserve.kernels
     pdserve.v1                         generated wire code, below them all; imports nothing of ours
 
-A module imports only from floors below its own (any import statement counts, lazy and
-type-checking ones too), so no two packages import each other, and the replicas never need
-the gateway. (That the gateway's process loads no torch is tests/unit/test_gateway_imports.py.)
+Everything installs under the one name `pdserve`; each subpackage keeps its folder at the top of
+the repository (pyproject.toml maps them). A module imports only from floors below its own (any
+import statement counts, lazy and type-checking ones too), so no two packages import each other,
+and the replicas never need the gateway. (That the gateway's process loads no torch is
+tests/unit/test_gateway_imports.py.)
 """
 import ast
 from collections.abc import Iterator
@@ -23,30 +26,37 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = (
     ("pdserve",),
-    ("planner",),
-    ("bench",),
-    ("gateway", "prefill_svc", "decode_svc"),
-    ("cluster",),
-    ("kvtransfer",),
-    ("engine",),
-    ("kernels",),
+    ("pdserve.planner",),
+    ("pdserve.bench",),
+    ("pdserve.gateway", "pdserve.prefill_svc", "pdserve.decode_svc"),
+    ("pdserve.cluster",),
+    ("pdserve.kvtransfer",),
+    ("pdserve.checkpoints",),
+    ("pdserve.engine",),
+    ("pdserve.kernels",),
+    ("pdserve.v1",),
 )
 WIRE = "pdserve.v1"
 FLOOR_OF = {package: level for level, packages in enumerate(FLOORS) for package in packages}
-FLOOR_OF[WIRE] = len(FLOORS)
-REPLICAS = ("prefill_svc", "decode_svc")
+REPLICAS = ("pdserve.prefill_svc", "pdserve.decode_svc")
+FOLDER_OF = {package: ROOT / package.removeprefix("pdserve.") for package in FLOOR_OF}
+FOLDER_OF.update({"pdserve": ROOT / "pdserve", WIRE: ROOT / "protos" / "pdserve" / "v1"})
 
 
 def node_of(module: str) -> str | None:
     """The node of the package graph `module` belongs to; None for modules not ours."""
-    if module == WIRE or module.startswith(WIRE + "."):
-        return WIRE
-    top = module.split(".")[0]
-    return top if top in FLOOR_OF else None
+    parts = module.split(".")
+    if parts[0] != "pdserve":
+        return None
+    return ".".join(parts[:2]) if ".".join(parts[:2]) in FLOOR_OF else "pdserve"
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    """The installed name of the module at `path` (outside the package, its path from the root)."""
+    package, folder = max(((package, folder) for package, folder in FOLDER_OF.items()
+                           if path.is_relative_to(folder)), key=lambda item: len(item[1].parts),
+                          default=(None, ROOT))
+    parts = (*([package] if package else []), *path.relative_to(folder).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -59,17 +69,19 @@ def imports_of(path: Path) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level else ""
             module = ".".join(part for part in (base, node.module) if part)
-            yield module
-            # `from pdserve import v1` imports another node than its module names
-            yield from (name for name in (f"{module}.{alias.name}" for alias in node.names)
-                        if node_of(name) != node_of(module))
+            # `from pdserve import kernels` imports another node than its module names
+            other_nodes = [name for name in (f"{module}.{alias.name}" for alias in node.names)
+                           if node_of(name) != node_of(module)]
+            if len(other_nodes) < len(node.names) or module != "pdserve":
+                yield module
+            yield from other_nodes
 
 
 def package_edges() -> dict[tuple[str, str], list[str]]:
     """(importing node, imported node) -> the imports that make the edge, as "module -> name"."""
     edges: dict[tuple[str, str], list[str]] = {}
-    paths = sorted(path for package in FLOOR_OF if package != WIRE
-                   for path in (ROOT / package).rglob("*.py"))
+    paths = sorted(path for package, folder in FOLDER_OF.items() if package != WIRE
+                   for path in folder.glob("*.py" if package == "pdserve" else "**/*.py"))
     for path in paths:
         source = node_of(module_name(path))
         for name in imports_of(path):
@@ -110,8 +122,9 @@ def edges() -> dict[tuple[str, str], list[str]]:
 
 
 def test_the_scan_sees_imports_between_packages(edges):
-    assert {("gateway", "cluster"), ("decode_svc", "kvtransfer"), ("engine", "kernels"),
-            ("cluster", WIRE)} <= edges.keys()
+    assert {("pdserve.gateway", "pdserve.cluster"), ("pdserve.decode_svc", "pdserve.kvtransfer"),
+            ("pdserve.engine", "pdserve.kernels"), ("pdserve.cluster", WIRE), ("pdserve", "pdserve.gateway")
+            } <= edges.keys()
     assert find_cycle(["a", "b", "c"], {("a", "b"), ("b", "c"), ("c", "a")}) == ["a", "b", "c", "a"]
 
 
@@ -122,7 +135,7 @@ def test_no_two_top_level_packages_import_each_other_even_through_others(edges):
 
 
 def test_the_replicas_import_nothing_from_the_gateway(edges):
-    offending = [line for replica in REPLICAS for line in edges.get((replica, "gateway"), [])]
+    offending = [line for replica in REPLICAS for line in edges.get((replica, "pdserve.gateway"), [])]
     assert not offending, "\n".join(offending)
 
 
@@ -133,8 +146,18 @@ def test_every_import_goes_to_a_lower_floor(edges):
 
 
 def test_the_generated_wire_code_imports_nothing_of_ours():
-    paths = sorted((ROOT / "pdserve" / "v1").glob("*.py"))
+    paths = sorted(FOLDER_OF[WIRE].glob("*.py"))
     assert paths, "generate the gRPC code first (make protos)"
     offending = [f"{module_name(path)} -> {name}" for path in paths for name in imports_of(path)
                  if node_of(name) not in (None, WIRE)]
+    assert not offending, "\n".join(offending)
+
+
+def test_every_import_of_ours_names_the_pdserve_namespace():
+    """A bare `import engine` works only from a checkout's root; installed, only `pdserve.*` exists."""
+    folders = {folder.name for package, folder in FOLDER_OF.items() if package not in ("pdserve", WIRE)}
+    paths = sorted(path for folder in FOLDER_OF.values() for path in folder.rglob("*.py"))
+    paths += sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
+    offending = [f"{path.relative_to(ROOT)} -> {name}" for path in paths for name in imports_of(path)
+                 if name.split(".")[0] in folders]
     assert not offending, "\n".join(offending)

@@ -3,12 +3,12 @@ more than is free; the profile step is that largest step (run here on the CPU mo
 import pytest
 import torch
 
-from engine.config import ModelConfig
-from engine.engine_config import EngineConfig
-from engine.errors import InvalidConfigError
-from engine.kv_cache import KVCacheSpec
-from engine.memory_profile import kv_pool_bytes, profile_step
-from engine.weights import load_model
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.errors import InvalidConfigError
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.engine.memory_profile import kv_pool_bytes, profile_step
+from pdserve.engine.weights import load_model
 
 GIB = 2**30
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.model_runner
-import kernels
-from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.outputs import TokenLogprobs
-from engine.sampling_params import SamplingParams
+from pdserve.engine import model_runner
+from pdserve import kernels
+from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.engine.sampling_params import SamplingParams
 from tests.unit.sampling_on_cpu import sample
 from tests.unit.test_logits_processors import plain, reference_row
 
@@ -74,7 +74,7 @@ def instrument(monkeypatch: pytest.MonkeyPatch) -> Traffic:
     """Records, until monkeypatch undoes it, the runner's `stage` calls, every tensor built on a
     device or moved to one outside them, and every readback."""
     traffic = Traffic()
-    real_stage = engine.model_runner.stage
+    real_stage = model_runner.stage
 
     def stage(*args, **kwargs):
         traffic.stage_calls += 1
@@ -107,7 +107,7 @@ def instrument(monkeypatch: pytest.MonkeyPatch) -> Traffic:
             return real(self, *args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(engine.model_runner, "stage", stage)
+    monkeypatch.setattr(model_runner, "stage", stage)
     for name in ("tensor", "as_tensor", "asarray"):
         monkeypatch.setattr(torch, name, factory(name, getattr(torch, name)))
     for name in ("to", "cuda"):

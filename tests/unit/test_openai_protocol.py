@@ -2,8 +2,8 @@
 GenerateInputs, and what is refused with which status and param."""
 import pytest
 
-from engine.sampling_params import SamplingParams
-from gateway.openai_protocol import (
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.gateway.openai_protocol import (
     MAX_N,
     ApiError,
     Endpoint,

@@ -2,10 +2,10 @@
 events, choice indexes, echo, and usage over several choices."""
 import math
 
-from engine.outputs import TokenLogprobs
-from gateway.frontend_types import StreamChunk
-from gateway.openai_protocol import parse_chat_request, parse_completion_request
-from gateway.openai_shaping import MIN_LOGPROB, create_shaper
+from pdserve.engine.outputs import TokenLogprobs
+from pdserve.gateway.frontend_types import StreamChunk
+from pdserve.gateway.openai_protocol import parse_chat_request, parse_completion_request
+from pdserve.gateway.openai_shaping import MIN_LOGPROB, create_shaper
 
 MODEL = "m"
 USER = [{"role": "user", "content": "hi"}]

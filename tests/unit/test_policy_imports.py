@@ -6,12 +6,12 @@ import sys
 import pytest
 
 POLICY_MODULES = [
-    "engine.block_allocator",
-    "engine.scheduler",
-    "engine.request",
-    "decode_svc.reservations",
-    "gateway.router",
-    "gateway.request_state",
+    "pdserve.engine.block_allocator",
+    "pdserve.engine.scheduler",
+    "pdserve.engine.request",
+    "pdserve.decode_svc.reservations",
+    "pdserve.gateway.router",
+    "pdserve.gateway.request_state",
 ]
 HEAVY = ("torch", "grpc", "google.protobuf", "redis")
 

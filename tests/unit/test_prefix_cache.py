@@ -3,8 +3,8 @@ a cached prefix, shares them, never writes them, and no sequence of operations l
 serves a prefix from a block that holds other tokens."""
 from hypothesis import given, settings, strategies as st
 
-from engine.block_allocator import BlockAllocator
-from engine.block_hash import block_hashes, hash_block
+from pdserve.engine.block_allocator import BlockAllocator
+from pdserve.engine.block_hash import block_hashes, hash_block
 
 BLOCK_SIZE = 4
 

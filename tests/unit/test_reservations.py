@@ -4,8 +4,8 @@ reservations are capped, and the blocks of an ended reservation are never handed
 write into them is in progress (fencing)."""
 import pytest
 
-from decode_svc.reservations import CallerQuotaError, ReservationError, ReservationTable
-from kvtransfer.errors import WriteTokenError
+from pdserve.decode_svc.reservations import CallerQuotaError, ReservationError, ReservationTable
+from pdserve.kvtransfer.errors import WriteTokenError
 
 TOKEN = b"t" * 16
 

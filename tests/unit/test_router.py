@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 
-from cluster.registry import ReplicaInfo
-from engine.errors import PdserveError
-from gateway.router import NoReplicaError, Router, pick_decode, pick_prefill
+from pdserve.cluster.registry import ReplicaInfo
+from pdserve.engine.errors import PdserveError
+from pdserve.gateway.router import NoReplicaError, Router, pick_decode, pick_prefill
 
 
 def decode(replica_id, free_blocks, running_seqs=0, block_size=16, updated_unix_s=0.0):

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from engine.noise import exponential_noise, row_key
-from engine.sampling_params import SamplingParams
+from pdserve.engine.noise import exponential_noise, row_key
+from pdserve.engine.sampling_params import SamplingParams
 from tests.unit.sampling_on_cpu import sample
 
 VOCAB_SIZE = 64

@@ -5,10 +5,10 @@ that preempts and recomputes must produce exactly the tokens of a run that never
 """
 from hypothesis import given, settings, strategies as st
 
-from engine.block_allocator import BlockAllocator
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from pdserve.engine.block_allocator import BlockAllocator
+from pdserve.engine.request import Request, RequestStatus
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import Scheduler
 
 
 def next_token(token_ids: list[int]) -> int:

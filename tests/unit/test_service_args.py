@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from cluster.service_args import add_served_model_name_argument, served_model_name
+from pdserve.cluster.service_args import add_served_model_name_argument, served_model_name
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.staging import stage
+from pdserve.engine.staging import stage
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.thread_name import name_this_thread
+from pdserve.engine.thread_name import name_this_thread
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/task/TID/comm is Linux's")

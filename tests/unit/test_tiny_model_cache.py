@@ -1,7 +1,7 @@
 """The cached tiny model: written once, complete or absent, never rewritten."""
 from pathlib import Path
 
-from engine.tiny_model_cache import TINY_MODEL_NAME, cache_root, ensure_tiny_model
+from pdserve.checkpoints.tiny_model_cache import TINY_MODEL_NAME, cache_root, ensure_tiny_model
 
 
 def test_cache_root_follows_xdg_cache_home_else_home():

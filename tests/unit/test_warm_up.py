@@ -4,11 +4,11 @@ against the pool touching block 0 alone. That Triton then compiles nothing more 
 import pytest
 import torch
 
-from engine.config import ModelConfig
-from engine.kv_cache import KVCacheSpec
-from engine.warm_up import warm_up
-from engine.weights import load_model
-from kernels.launch_variants import launch_key, warm_up_widths
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.kv_cache import KVCacheSpec
+from pdserve.engine.warm_up import warm_up
+from pdserve.engine.weights import load_model
+from pdserve.kernels.launch_variants import launch_key, warm_up_widths
 
 
 @pytest.mark.parametrize("max_blocks_per_seq, block_size", [(8192, 16), (128, 16), (64, 32), (3, 8)])

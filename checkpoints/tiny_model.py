@@ -33,7 +33,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from engine.tiny_tokenizer import IM_END_TOKEN, MIN_VOCAB_SIZE, write_tiny_tokenizer
+from pdserve.checkpoints.tiny_tokenizer import IM_END_TOKEN, MIN_VOCAB_SIZE, write_tiny_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ def cache_root(environ: Mapping[str, str]) -> Path:
 
 def ensure_tiny_model(root: Path) -> Path:
     """Returns `root/models/tiny-llama-v2`, writing the default tiny model there first if absent."""
-    from engine.tiny_model import write_tiny_model
+    from pdserve.checkpoints.tiny_model import write_tiny_model
 
     model_dir = root / "models" / TINY_MODEL_NAME
     if model_dir.is_dir():
