@@ -223,7 +223,7 @@ def test_pdserve_commands_parse(objects):
     for component in PDSERVE_COMPONENTS:
         deployment = deployments(objects)[component]
         assert parse_pdserve(main_container(deployment)).service.startswith(
-            {"gateway": "gateway.", "prefill": "prefill_svc.", "decode": "decode_svc."}[component])
+            {"gateway": "pdserve.gateway.", "prefill": "pdserve.prefill_svc.", "decode": "pdserve.decode_svc."}[component])
         for container in pod_spec(deployment).get("initContainers", []):
             parse_pdserve(container)
 
