@@ -3,9 +3,9 @@ launches it, and traces sent through `pdserve bench`'s runner.
 
 One system at a time: `launched` starts the disaggregated system (its own Redis, 1 prefill and
 `num_decode` decode replicas, each replica pinned to its own CPUs by `pdserve up`), yields it
-(its `spec.base_url` to send to, its `pid` to read the front's CPU by) and stops its whole
-process group on exit; `bench` sends requests over the OpenAI HTTP API and returns the
-runner's result, TTFT and TPOT defined as `pdserve bench` defines them.
+(its `spec.base_url` to send to) and stops its whole process group on exit; `bench` sends
+requests over the OpenAI HTTP API and returns the runner's result, TTFT and TPOT defined as
+`pdserve bench` defines them.
 """
 from __future__ import annotations
 

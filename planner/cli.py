@@ -2,23 +2,20 @@
 check the predictions against `pdserve bench`.
 
     pdserve plan profile   --model DIR --out profile.json [--cpus 1] [--no-serving]
-    pdserve plan pool      a.json b.json c.json --out pooled.json
     pdserve plan simulate  --profile profile.json --config 1P1D --config 2P6D --request-rate 4 ...
     pdserve plan recommend --profile profile.json --gpus 8,16,32 --rate-per-gpu 3 ... --result-dir DIR
     pdserve plan validate  --profile profile.json --model DIR --request-rates 2,6 ... --result-dir DIR
-    pdserve plan replay    --profile other.json --runs DIR/validation.json --result-dir DIR2
 
-JSON results go to `--result-dir` (with markdown and, for recommend, a PNG); tables to stdout.
+JSON results go to `--result-dir` (with markdown and a PNG for recommend and validate); tables
+to stdout.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
 import os
-import statistics
 from pathlib import Path
 
 from pdserve.bench.datasets import RANDOM_KINDS
@@ -46,11 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     profile.add_argument("--decode-context-lens", type=_ints, metavar="LIST")
     profile.add_argument("--serving", action=argparse.BooleanOptionalAction, default=True,
                          help="also measure the serving path's overheads through `pdserve up` (CPU only; default on)")
-    profile.add_argument("--log-dir", type=Path, default=Path("bench/results/plan/logs"))
-
-    pool = commands.add_parser("pool", help="one profile from several of one model on one machine, made apart in time")
-    pool.add_argument("profiles", type=Path, nargs="+", metavar="JSON")
-    pool.add_argument("--out", type=Path, required=True)
+    profile.add_argument("--log-dir", type=Path, default=DEFAULT_RESULT_DIR / "logs")
 
     simulate = commands.add_parser("simulate", help="predict TTFT, TPOT and goodput of xPyD configurations")
     _add_profile_workload_slo(simulate)
@@ -73,11 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     validate.add_argument("--dtype", default="float32")
     validate.add_argument("--num-repeats", type=int, default=3, help="runs of each trace; medians reported (default 3)")
 
-    replay = commands.add_parser("replay", help="the runs of an earlier validation predicted with another profile")
-    replay.add_argument("--profile", type=Path, required=True, metavar="JSON")
-    replay.add_argument("--runs", type=Path, required=True, metavar="JSON", help="a validation.json of `plan validate`")
-    replay.add_argument("--result-dir", type=Path, help="write replay.json, .md and .png here")
-
 
 def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
     parser.add_argument("--profile", type=Path, required=True, metavar="JSON")
@@ -95,14 +83,13 @@ def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bo
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"profile": _profile, "pool": _pool, "simulate": _simulate, "recommend": _recommend,
-            "validate": _validate, "replay": _replay}[args.plan_command](args)
+    return {"profile": _profile, "simulate": _simulate, "recommend": _recommend,
+            "validate": _validate}[args.plan_command](args)
 
 
 def _profile(args: argparse.Namespace) -> int:
     from pdserve.planner.measure import MeasureConfig, measure_profile
-    from pdserve.planner.serving import ServingRunConfig, measure_serving
-    from pdserve.planner.speed import SpeedProbe
+    from pdserve.planner.serving import ServingRunConfig, measure_serving_overhead
 
     sizes = {name: tuple(getattr(args, name)) for name in
              ("prefill_prompt_lens", "prefill_num_seqs", "decode_num_seqs", "decode_context_lens")
@@ -110,43 +97,22 @@ def _profile(args: argparse.Namespace) -> int:
     config = MeasureConfig(model_dir=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                            max_num_batched_tokens=args.max_num_batched_tokens, repeats=args.repeats, **sizes)
     all_cpus = os.sched_getaffinity(0)
-    references_s = []  # the machine's speed around each part; a GPU's does not drift so, and is not read
-    with SpeedProbe(args.model) if args.device == "cpu" else contextlib.nullcontext() as probe:
-        read_speed = (lambda: references_s.append(probe.read_s())) if probe else (lambda: None)  # noqa: E731
-        read_speed()  # the probe started first: it floats over all the CPUs
-        if args.cpus:
-            os.sched_setaffinity(0, args.cpus)
-        profile = measure_profile(config)
-        os.sched_setaffinity(0, all_cpus)
-        read_speed()
-        if args.serving and args.device == "cpu":
-            profile = measure_serving(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
-            read_speed()
-    if references_s:
-        profile = dataclasses.replace(profile, hardware={
-            **profile.hardware, "reference_s": statistics.median(references_s), "reference_readings_s": references_s})
+    if args.cpus:
+        os.sched_setaffinity(0, args.cpus)
+    profile = measure_profile(config)
+    os.sched_setaffinity(0, all_cpus)
+    if args.serving and args.device == "cpu":
+        overhead = measure_serving_overhead(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
+        profile = dataclasses.replace(profile, serving=overhead)
     print(profile.save(args.out))
     return 0
 
 
-def _pool(args: argparse.Namespace) -> int:
-    from pdserve.planner.pool import pool
-    from pdserve.planner.profile import Profile
-
-    try:
-        pooled = pool([Profile.load(path) for path in args.profiles], [str(path) for path in args.profiles])
-    except ValueError as error:
-        raise SystemExit(f"pdserve plan pool: {error}") from error
-    print(pooled.save(args.out))
-    return 0
-
-
 def _simulate(args: argparse.Namespace) -> int:
-    from pdserve.planner.profile import Profile
     from pdserve.planner.report import simulation_markdown
     from pdserve.planner.simulate import simulate
 
-    profile, workload, slo = Profile.load(args.profile), _workload(args, args.request_rate), _slo(args)
+    profile, workload, slo = _load_profile(args.profile), _workload(args, args.request_rate), _slo(args)
     requests = workload.requests()
     rows = [{"config": str(config), **simulate(profile, config, requests, slo, args.num_gateways).to_dict()}
             for config in args.config]
@@ -158,13 +124,12 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _recommend(args: argparse.Namespace) -> int:
-    from pdserve.planner.profile import Profile
     from pdserve.planner.recommend import pick, sweep_splits
     from pdserve.planner.report import fleet_markdown, plot_fleet
 
     if (args.request_rate is None) == (args.rate_per_gpu is None):
         raise SystemExit("pdserve plan recommend: give --request-rate or --rate-per-gpu")
-    profile, slo = Profile.load(args.profile), _slo(args)
+    profile, slo = _load_profile(args.profile), _slo(args)
     fleets = []
     for num_gpus in args.gpus:
         rate = args.request_rate if args.request_rate is not None else args.rate_per_gpu * num_gpus
@@ -183,43 +148,35 @@ def _recommend(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from pdserve.planner.profile import Profile
+    """0 when every row is within tolerance."""
+    from pdserve.planner.report import plot_validation, validation_markdown
     from pdserve.planner.simulate import XpYd
     from pdserve.planner.validate import ValidationConfig, validate
 
     result_dir = args.result_dir or DEFAULT_RESULT_DIR
     config = ValidationConfig(
-        profile=Profile.load(args.profile), model_dir=args.model, configs=tuple(args.config or [XpYd(1, 1)]),
+        profile=_load_profile(args.profile), model_dir=args.model, configs=tuple(args.config or [XpYd(1, 1)]),
         request_rates=tuple(args.request_rates), num_prompts=args.num_prompts, input_len=args.input_len,
         output_len=args.output_len, range_ratio=args.range_ratio, slo=_slo(args), log_dir=result_dir / "logs",
         seed=args.seed, dtype=args.dtype, num_repeats=args.num_repeats)
+    rows = validate(config)
     workload = {"num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
                 "range_ratio": args.range_ratio, "request_rates": list(args.request_rates),
                 "num_repeats": args.num_repeats}
-    return _report_rows(result_dir, "validation", {"profile": str(args.profile), "workload": workload,
-                                                   "slo": dataclasses.asdict(config.slo)}, validate(config))
-
-
-def _replay(args: argparse.Namespace) -> int:
-    from pdserve.planner.profile import Profile
-    from pdserve.planner.replay import replay
-
-    validation = json.loads(args.runs.read_text())
-    rows = replay(Profile.load(args.profile), validation)
-    return _report_rows(args.result_dir, "replay", {"profile": str(args.profile), "runs": str(args.runs),
-                                                    "workload": validation["workload"], "slo": validation["slo"]}, rows)
-
-
-def _report_rows(result_dir: Path | None, name: str, header: dict, rows: list[dict]) -> int:
-    """Predicted against measured: the table, and where `result_dir` is given its JSON and plot;
-    0 when every row is within tolerance."""
-    from pdserve.planner.report import plot_validation, validation_markdown
-
     markdown = validation_markdown(rows)
     print(markdown)
-    if _write(result_dir, name, {**header, "rows": rows}, markdown):
-        print(plot_validation(rows, result_dir / f"{name}.png"))
+    _write(result_dir, "validation", {"profile": str(args.profile), "workload": workload,
+                                      "slo": dataclasses.asdict(config.slo), "rows": rows}, markdown)
+    print(plot_validation(rows, result_dir / "validation.png"))
     return 0 if all(row["within_tolerance"] for row in rows) else 1
+
+
+def _load_profile(path: Path):
+    from pdserve.planner.profile import Profile
+    try:
+        return Profile.load(path)
+    except ValueError as error:
+        raise SystemExit(f"pdserve plan: {path}: {error}") from error
 
 
 def _workload(args: argparse.Namespace, rate: float):

@@ -7,8 +7,7 @@ untimed warm-up step. A prefill point is one step over `num_seqs` prompts of one
 inside the token budget); a decode point is a step of `num_seqs` running requests of one context
 length, timed once every prompt is in, with every request still running (the first prompts in
 decode while the last are prefilled, so each may take as many tokens as its context leaves), its
-context the tokens the batch holds then. Every timed repeat is kept beside the median: their
-spread is the engine's step-to-step jitter. KV transfer is a block copy between two pools in this
+context the tokens the batch holds then. KV transfer is a block copy between two pools in this
 process, the copy the shared-memory transport makes.
 """
 from __future__ import annotations
@@ -69,14 +68,14 @@ def measure_profile(config: MeasureConfig) -> Profile:
     with tqdm(total=len(prefill_points) + len(decode_points), desc="profile", unit="point") as bar:
         prefill_samples = []
         for num_seqs, prompt_len in prefill_points:
-            timings_s = _prefill_timings_s(engine, rng, num_seqs, prompt_len, config.repeats)
-            prefill_samples.append(PrefillSample(num_seqs, prompt_len, statistics.median(timings_s), timings_s))
+            step_s = _prefill_step_s(engine, rng, num_seqs, prompt_len, config.repeats)
+            prefill_samples.append(PrefillSample(num_seqs, prompt_len, step_s))
             bar.update(1)
         decode_samples = []
         for num_seqs, context_len in decode_points:
-            timings_s, num_context_tokens = _decode_timings_s(
+            step_s, num_context_tokens = _decode_step_s(
                 engine, rng, num_seqs, context_len, config.repeats, _decode_slack(config, num_seqs, context_len))
-            decode_samples.append(DecodeSample(num_seqs, num_context_tokens, statistics.median(timings_s), timings_s))
+            decode_samples.append(DecodeSample(num_seqs, num_context_tokens, step_s))
             bar.update(1)
     spec = engine.kv_spec
     return Profile(
@@ -111,9 +110,8 @@ def _new_request_id() -> str:
     return f"profile-{next(_REQUEST_NUMBERS)}"
 
 
-def _prefill_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, prompt_len: int,
-                       repeats: int) -> list[float]:
-    """`repeats` timed steps, after an untimed warm-up one."""
+def _prefill_step_s(engine: LLMEngine, rng: random.Random, num_seqs: int, prompt_len: int, repeats: int) -> float:
+    """The median of `repeats` timed steps, after an untimed warm-up one."""
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     timings_s = []
     for _ in range(repeats + 1):
@@ -124,13 +122,14 @@ def _prefill_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, pro
         timings_s.append(time.perf_counter() - start)
         while engine.has_unfinished_requests():
             engine.step()
-    return timings_s[1:]
+    return statistics.median(timings_s[1:])
 
 
-def _decode_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, context_len: int,
-                      repeats: int, max_tokens: int) -> tuple[list[float], int]:
-    """`repeats` timed steps after an untimed warm-up one, and the tokens the batch held when
-    they began; `max_tokens` leaves room for the prefill phase and those steps (`_decode_slack`)."""
+def _decode_step_s(engine: LLMEngine, rng: random.Random, num_seqs: int, context_len: int,
+                   repeats: int, max_tokens: int) -> tuple[float, int]:
+    """The median of `repeats` timed steps after an untimed warm-up one, and the tokens the
+    batch held when they began; `max_tokens` leaves room for the prefill phase and those steps
+    (`_decode_slack`)."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     request_ids = [_new_request_id() for _ in range(num_seqs)]
     for request_id in request_ids:
@@ -151,7 +150,7 @@ def _decode_timings_s(engine: LLMEngine, rng: random.Random, num_seqs: int, cont
         raise RuntimeError(f"decode point {num_seqs} x {context_len}: a request ended while timed")
     for request_id in request_ids:
         engine.abort_request(request_id)
-    return timings_s[1:], num_context_tokens
+    return statistics.median(timings_s[1:]), num_context_tokens
 
 
 def _transfer_gb_per_s(engine: LLMEngine, config: MeasureConfig) -> float:
@@ -178,7 +177,7 @@ def _hardware(config: MeasureConfig) -> dict:
         name = _cpu_model() or platform.processor()
     return {"device": config.device, "name": name, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "host": platform.node(),
-            "load_average_1m": os.getloadavg()[0], "num_cpus": os.cpu_count()}  # a shared machine's noise
+            "load_average_1m": os.getloadavg()[0], "num_cpus": os.cpu_count()}  # what else loaded it
 
 
 def _cpu_model() -> str | None:

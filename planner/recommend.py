@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from pdserve.planner.profile import Profile
-from pdserve.planner.simulate import SimSummary, XpYd, simulate
+from pdserve.planner.simulate import XpYd, simulate
+from pdserve.planner.summary import SimSummary
 from pdserve.planner.workload import Slo, Workload
 
 ATTAINMENT_TIE = 0.005  # absolute

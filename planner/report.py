@@ -12,14 +12,8 @@ from pdserve.planner.validate import COMPARED, TOLERANCE
 
 
 def validation_markdown(rows: list[dict]) -> str:
-    """One line per row; where the rows carry predictions at each run's speed (planner/speed.py)
-    or served speed (planner/served_speed.py), their ratios too, in the order of COMPARED."""
-    variants = [(key, name) for key, name in (("at_speed", "the runs' speed"), ("at_served_speed", "served speed"))
-                if all(key in row for row in rows)]
     header = ["config", "rate (req/s)"] + [f"{key[:-3]} pred / meas (ratio)" for key in COMPARED] + [
-        "goodput pred / meas (req/s)", "front CPU pred / meas (s/s)", f"within {TOLERANCE:.0%}"]
-    for _, name in variants:
-        header += [f"ratios at {name}", f"within {TOLERANCE:.0%} at {name}"]
+        "goodput pred / meas (req/s)", f"within {TOLERANCE:.0%}"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["config"], f"{row['request_rate']:g}"]
@@ -28,13 +22,7 @@ def validation_markdown(rows: list[dict]) -> str:
             cells.append(f"{row['predicted'][key]:.1f} / {row['measured'][key]:.1f} "
                          f"({ratio:.2f})" if ratio is not None else "n/a")
         cells.append(f"{row['predicted']['goodput_rps']:.2f} / {row['measured']['goodput_rps']:.2f}")
-        front = [row[side].get("front_cpu_s_per_s") for side in ("predicted", "measured")]
-        cells.append("n/a" if None in front else f"{front[0]:.2f} / {front[1]:.2f}")
         cells.append("yes" if row["within_tolerance"] else "no")
-        for variant, _ in variants:
-            ratios = row[variant]["ratios"]
-            cells.append(" ".join(f"{ratios[key]:.2f}" if key in ratios else "n/a" for key in COMPARED))
-            cells.append("yes" if row[variant]["within_tolerance"] else "no")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -92,8 +80,8 @@ def plot_fleet(fleet: dict, path: Path) -> Path:
 
 def plot_validation(rows: list[dict], path: Path) -> Path:
     """Each compared percentile against the request rate, one colour per configuration: the
-    prediction at the profile's speed as a line inside its tolerance band, the measured median as
-    a point with the range of its runs."""
+    prediction as a line inside its tolerance band, the measured median as a point with the
+    range of its runs."""
     figure = Figure(figsize=(12, 8), layout="constrained")
     for axes, key in zip(figure.subplots(2, 2).flat, COMPARED):
         for index, config in enumerate(dict.fromkeys(row["config"] for row in rows)):

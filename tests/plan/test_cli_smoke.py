@@ -47,6 +47,13 @@ def test_a_malformed_configuration_is_refused():
         main(["plan", "simulate", "--profile", "p.json", "--config", "1x1", "--request-rate", "1", *SLO_FLAGS])
 
 
+def test_a_profile_of_an_earlier_planner_is_refused_with_what_to_do(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({**make_profile().to_json_dict(), "schema_version": 3}))
+    with pytest.raises(SystemExit, match="plan profile"):
+        main(["plan", "simulate", "--profile", str(path), "--config", "1P1D", "--request-rate", "1", *SLO_FLAGS])
+
+
 def test_profile_measures_the_tiny_model_quickly(tiny_model, tmp_path):
     out = tmp_path / "profile.json"
     started = time.monotonic()
@@ -61,17 +68,3 @@ def test_profile_measures_the_tiny_model_quickly(tiny_model, tmp_path):
     assert profile.prefill.step_s([(0, 256)]) > profile.prefill.step_s([(0, 16)])
     assert profile.kv_bytes_per_token > 0 and profile.transfer_gb_per_s > 0
     assert profile.hardware["device"] == "cpu" and profile.serving == ServingOverhead()
-    assert profile.hardware["reference_s"] > 0  # the machine's speed around it
-
-
-def test_pool_writes_one_profile_from_several_and_refuses_unlike_ones(tmp_path):
-    paths = [str(make_profile(prefill=PrefillFit(intercept_s, 1e-4, 0.0)).save(tmp_path / f"{index}.json"))
-             for index, intercept_s in enumerate((0.004, 0.005, 0.009))]
-    out = tmp_path / "pooled.json"
-    assert main(["plan", "pool", *paths, "--out", str(out)]) == 0
-    pooled = Profile.load(out)
-    assert pooled.prefill.intercept_s == 0.005
-    assert [entry["source"] for entry in pooled.hardware["pooled_from"]] == paths
-    other = make_profile(kv_bytes_per_token=2000).save(tmp_path / "other.json")
-    with pytest.raises(SystemExit, match="another model, machine or engine"):
-        main(["plan", "pool", paths[0], str(other), "--out", str(out)])

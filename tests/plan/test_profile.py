@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
-from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead, fit_linear
+from pdserve.planner.profile import (DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead,
+                                     fit_linear)
 
 from tests.plan.profiles import make_profile
 
@@ -47,29 +47,22 @@ def test_fit_linear_refuses_non_positive_times():
 
 def test_a_profile_survives_its_json_round_trip(tmp_path):
     profile = make_profile(serving=ServingOverhead(
-        gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=1e-4, ttft_delays_s=[0.005, -0.001],
-        handoff_residuals_s=[-0.001, 0.002], cpu=CpuSharing(True, CpuDemand(0.01, 0.02, 1e-4, 2e-4), CpuDemand(0.0, 0.003), CpuDemand(0.001, 0.01, 0, 1e-4)),
-        samples=[{"kind": "single"}], cpu_samples=[{"label": "idle", "cpu_s_per_s": {"front": 0.01}}]))
+        gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=-1e-4,
+        samples=[{"kind": "single", "prompt_len": 64, "output_len": 8, "ttft_s": 0.05, "e2el_s": 0.1}]))
     profile = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},
-                         "prefill_samples": [PrefillSample(2, 64, 0.01, [0.01, 0.02, 0.009])],
+                         "prefill_samples": [PrefillSample(2, 64, 0.01)],
                          "decode_samples": [DecodeSample(4, 400, 0.005)]})
     path = profile.save(tmp_path / "profile.json")
     assert Profile.load(path) == profile
-    assert json.loads(path.read_text())["schema_version"] == 3
+    assert json.loads(path.read_text())["schema_version"] == 4
 
 
-def test_step_ratios_are_each_timed_repeat_over_its_points_median():
-    profile = Profile(**{**{f: getattr(make_profile(), f) for f in Profile.__dataclass_fields__},
-                         "prefill_samples": [PrefillSample(1, 16, 0.01, [0.01, 0.02, 0.005]),
-                                             PrefillSample(1, 64, 0.02)],
-                         "decode_samples": [DecodeSample(1, 64, 0.004, [0.004, 0.004, 0.006, 0.002])]})
-    assert profile.prefill_step_ratios == pytest.approx([1.0, 2.0, 0.5])
-    assert profile.decode_step_ratios == pytest.approx([1.0, 1.0, 1.5, 0.5])
-
-
-def test_an_absolute_fit_takes_non_positive_targets():
-    assert fit_linear([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]], [-0.1, 0.9, 1.9], relative=False) == pytest.approx(
-        [0.0, 0.94], abs=0.01)
+def test_a_profile_of_an_earlier_schema_is_refused_with_what_to_do(tmp_path):
+    data = make_profile().to_json_dict()
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({**data, "schema_version": 3}))
+    with pytest.raises(ValueError, match="schema 3, expected 4.*pdserve plan profile"):
+        Profile.load(path)
 
 
 def test_transfer_time_is_bytes_over_bandwidth():

@@ -1,17 +1,13 @@
-import dataclasses
-
 import numpy as np
 import pytest
 
-from pdserve.planner.cpu_sharing import CpuDemand, CpuSharing
-from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead
+from pdserve.planner.profile import DecodeFit, PrefillFit, ServingOverhead
 from pdserve.planner.simulate import Simulation, XpYd, simulate
 from pdserve.planner.workload import SimRequest, Slo, Workload
 
 from tests.plan.profiles import make_profile
 
 ONE_TO_ONE = XpYd(1, 1)
-SLO_LOOSE = Slo(10_000, 10_000)
 
 
 def test_a_request_alone_waits_for_nothing_but_its_own_steps_and_the_overheads():
@@ -134,84 +130,6 @@ def test_a_configuration_needs_both_kinds_of_server():
     assert str(XpYd(3, 5)) == "3P5D" and XpYd(3, 5).num_gpus == 8
 
 
-def _with_spreads(profile, prefill_timings_s, decode_timings_s, ttft_delays_s, handoff_residuals_s):
-    """`profile` with one measured point of each kind whose repeats are these timings."""
-    fields = {f: getattr(profile, f) for f in Profile.__dataclass_fields__}
-    serving = dataclasses.replace(profile.serving, ttft_delays_s=ttft_delays_s,
-                                  handoff_residuals_s=handoff_residuals_s)
-    return Profile(**{**fields, "serving": serving,
-                      "prefill_samples": [PrefillSample(1, 16, float(np.median(prefill_timings_s)), prefill_timings_s)],
-                      "decode_samples": [DecodeSample(1, 16, float(np.median(decode_timings_s)), decode_timings_s)]})
-
-
-SERVED = make_profile(serving=ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, step_s=0.0005))
-LIGHT_LOAD = Workload(5, 400, 100, 20, range_ratio=0.3, seed=1).requests()
-
-
-def test_spreads_of_neutral_values_give_the_median_models_answers_for_any_seed():
-    flat = _with_spreads(SERVED, [0.01] * 5, [0.004] * 5, [0.0] * 20, [0.0] * 20)
-    expected = Simulation(SERVED, ONE_TO_ONE).run(LIGHT_LOAD)
-    assert Simulation(flat, ONE_TO_ONE, seed=7).run(LIGHT_LOAD) == expected
-
-
-def test_measured_spreads_widen_the_tails_and_the_seed_fixes_the_draws():
-    spread = _with_spreads(SERVED, [0.008, 0.01, 0.02], [0.003, 0.004, 0.008], [-0.002, 0.0, 0.03],
-                           [-0.002, 0.0, 0.01])
-    requests = [SimRequest(float(i), 100, 20) for i in range(200)]  # alone, each the same
-    flat = simulate(SERVED, ONE_TO_ONE, requests, SLO_LOOSE)
-    assert flat.ttft_ms[90] == pytest.approx(flat.ttft_ms[50]) and flat.tpot_ms[90] == pytest.approx(flat.tpot_ms[50])
-    jittered = simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=3)
-    assert jittered.ttft_ms[90] > 1.2 * jittered.ttft_ms[50]
-    assert jittered.tpot_ms[90] > 1.05 * jittered.tpot_ms[50]
-    assert simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=3) == jittered
-    assert simulate(spread, ONE_TO_ONE, requests, SLO_LOOSE, seed=4) != jittered
-
-
-SHARED = CpuSharing(True, front=CpuDemand(idle_s_per_s=0.2, per_request_s=0.04),
-                    prefill=CpuDemand(per_request_s=0.005), decode=CpuDemand(per_output_token_s=2e-4))
-
-
-def test_a_request_alone_on_shared_cpus_loses_only_what_its_own_replica_runs_beside_its_steps():
-    # the front's work floats to an idle core; the decode replica's 0.5 ms of streaming per step
-    # runs on its engine's core, so each step takes that much longer
-    sharing = dataclasses.replace(SHARED, decode=CpuDemand(per_decode_step_s=0.0005))
-    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, cpu=sharing)
-    profile = make_profile(decode=DecodeFit(0.005, 0.001, 1e-6), serving=serving)
-    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
-
-    prefill_s = 0.010 + 0.0001 * 100
-    assert times.ttft_s == pytest.approx(0.002 + prefill_s + 0.003)
-    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) for generated in range(1, 5))
-    assert times.finish_s - times.first_token_s == pytest.approx(0.004 + 100 * 1000 / 1e9 + steps_s + 4 * 0.0005)
-
-    unshared = dataclasses.replace(serving, cpu=dataclasses.replace(sharing, shares_replica_cpus=False))
-    [times] = Simulation(make_profile(decode=profile.decode, serving=unshared), ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
-    assert times.finish_s - times.first_token_s == pytest.approx(0.004 + 100 * 1000 / 1e9 + steps_s)
-
-
-def test_front_work_that_lands_while_both_engines_step_slows_them_both():
-    # 2 ms of gateway work beside two busy engines: the three share the two cores at 2/3 each,
-    # so it takes 3 ms and each engine loses 1 ms; beside one busy engine it takes the idle core
-    serving = ServingOverhead(gateway_s=0.002, cpu=CpuSharing(True))
-    profile = make_profile(prefill=PrefillFit(0.050, 0.0, 0.0), decode=DecodeFit(0.1, 0.0, 0.0), serving=serving)
-    requests = [SimRequest(0.0, 10, 3), SimRequest(0.060, 10, 1), SimRequest(0.170, 10, 1)]
-    first, second, third = Simulation(profile, ONE_TO_ONE).run(requests)
-    landed_s = 0.052 + 10 * 1000 / 1e9  # the first: gateway alone, prefill, then two 100 ms decode steps
-    # the second's gateway work (60-62 ms) runs beside the decode step alone; it reserves at the
-    # step's end and prefills then, with the third's gateway work (170-173 ms) beside
-    assert second.ttft_s == pytest.approx(landed_s + 0.1 + 0.050 + 0.001 - 0.060)
-    assert first.finish_s == pytest.approx(landed_s + 2 * 0.1 + 0.001)
-    assert third.ttft_s == pytest.approx(first.finish_s + 0.050 - 0.170)
-
-
-def test_the_summary_carries_the_fronts_cpu_at_what_the_run_served():
-    requests = [SimRequest(0.1 * i, 100, 3) for i in range(50)]
-    profile = make_profile(serving=ServingOverhead(cpu=SHARED))
-    summary = simulate(profile, ONE_TO_ONE, requests, SLO_LOOSE)
-    requests_per_s = 50 / summary.duration_s
-    assert summary.front_cpu_s_per_s == pytest.approx(0.2 + 0.04 * requests_per_s)
-
-
 def test_a_busy_decode_reserves_for_a_new_request_when_its_step_ends():
     profile = make_profile(decode=DecodeFit(0.05, 0.0, 0.0))
     first, second = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 100, 10), SimRequest(0.05, 100, 2)])
@@ -220,10 +138,3 @@ def test_a_busy_decode_reserves_for_a_new_request_when_its_step_ends():
     assert first.ttft_s == pytest.approx(prefill_s)
     reserved_s = landed_s + 0.05  # the end of that step, which the second request (sent at 0.05) waits for
     assert second.ttft_s == pytest.approx(reserved_s + prefill_s - 0.05)
-
-
-def test_a_request_joining_decode_adds_its_join_to_that_step():
-    profile = make_profile(decode=DecodeFit(0.005, 0.001, 0.0, per_join_s=0.004))
-    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 100, 4)])
-    steps_s = 3 * (0.005 + 0.001) + 0.004  # the join in the first step only
-    assert times.finish_s - times.first_token_s == pytest.approx(100 * 1000 / 1e9 + steps_s)
