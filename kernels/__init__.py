@@ -8,6 +8,9 @@ at absolute position `pos` of a sequence lives in block `block_table[pos // bloc
 offset `pos % block_size`; its flat slot is `block_id * block_size + offset`.
 
 GQA: query head h reads kv head h // (num_heads // num_kv_heads).
+Masking: a query at absolute position i sees key position j iff j <= i and, with a
+`sliding_window` w, i - j < w. Scores are s = scale * q.k; with a `logit_softcap` c they become
+c * tanh(s / c) before the softmax. None turns either off.
 Triton modules are imported on first CUDA call, so importing this package loads no kernels.
 """
 import torch
@@ -50,19 +53,25 @@ def decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor,  # [num_seqs] int32, including the new token
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim], query's dtype
-    """Attention of each sequence's one new token (K/V already stored) over its whole context."""
-    if query.is_cuda:
+    """Attention of each sequence's one new token (K/V already stored) over its context."""
+    _check_masking(sliding_window, logit_softcap)
+    masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
+    unmasked = sliding_window is None and logit_softcap is None
+    if query.is_cuda and unmasked:
         from pdserve.kernels import triton_decode_attention
 
         return triton_decode_attention.decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale
         )
-    if (query.dtype == k_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+    if (unmasked and query.dtype == k_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
             and (library := cpu_decode_attention.load(k_cache.dtype))):
         return cpu_decode_attention.decode_attention(
             library, query, k_cache, v_cache, block_tables, context_lens, scale)
-    return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale)
+    return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale, **masking)
 
 
 def prefill_attention(
@@ -73,18 +82,30 @@ def prefill_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32 cumulative offsets into query
     context_lens: torch.Tensor,  # [num_seqs] int32, cached prefix + new tokens
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of new tokens (K/V already stored) over cached prefix and each other.
 
     New token i of sequence s sits at position context_lens[s] - q_len_s + i: prefix 0 is a
     plain prefill, a non-zero prefix is a later chunk of a chunked prefill.
     """
-    if query.is_cuda:
+    _check_masking(sliding_window, logit_softcap)
+    masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
+    if query.is_cuda and sliding_window is None and logit_softcap is None:
         from pdserve.kernels import triton_prefill_attention
 
         return triton_prefill_attention.prefill_attention(
             query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
         )
     return prefill_attention_reference(
-        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
+        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **masking
     )
+
+
+def _check_masking(sliding_window: int | None, logit_softcap: float | None) -> None:
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    if logit_softcap is not None and not logit_softcap > 0:
+        raise ValueError(f"logit_softcap must be > 0, got {logit_softcap}")

@@ -9,6 +9,10 @@ attend with `scaled_dot_product_attention`, returning the input dtype:
 - prefill: sequence by sequence, so memory follows each sequence's own chunk and context rather
   than the batch's longest chunk times its longest context; in the pool's dtype, with torch's
   fused CPU kernel accumulating in fp32 (as Hugging Face's `sdpa` attention does).
+Masking, in both: a query at position i sees key position j iff j <= i and, with a
+`sliding_window` w, i - j < w. Scores are s = scale * q.k; with a `logit_softcap` c they are
+c * tanh(s / c) before the softmax, which `scaled_dot_product_attention` cannot do, so softcapped
+attention forms its scores explicitly, in fp32.
 Cache slots outside a sequence's context may hold anything (even NaN) and block-table entries
 past a sequence's last block may hold anything (even -1): neither reaches the output.
 """
@@ -26,14 +30,17 @@ MIN_GROUP_LENGTH_RATIO = 0.8  # decode: shortest / longest context among sequenc
 MAX_GROUP_KEY_BYTES = 1 << 20  # decode: fp32 padded K of one call, unless one sequence needs more
 
 
-def decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale):
+def decode_attention_reference(
+    query, k_cache, v_cache, block_tables, context_lens, scale, *, sliding_window=None, logit_softcap=None
+):
     out = torch.empty_like(query)  # [num_seqs, num_heads, head_dim]
     num_kv_heads, head_dim = k_cache.shape[2:]
     fp32_key_bytes = num_kv_heads * head_dim * 4
     max_keys = MAX_GROUP_KEY_BYTES // fp32_key_bytes
     for seqs in _similar_length_groups(context_lens, max_keys):
         out[seqs] = _padded_decode_attention(
-            query[seqs], k_cache, v_cache, block_tables[seqs], context_lens[seqs], scale
+            query[seqs], k_cache, v_cache, block_tables[seqs], context_lens[seqs], scale, sliding_window,
+            logit_softcap,
         )
     return out
 
@@ -53,21 +60,31 @@ def _similar_length_groups(context_lens, max_keys):
     return groups
 
 
-def _padded_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale):
+def _padded_decode_attention(
+    query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, logit_softcap
+):
     key, value, in_context = _gather_padded_contexts(k_cache, v_cache, block_tables, context_lens)
-    out = F.scaled_dot_product_attention(
+    visible = in_context  # [num_seqs, num_keys]
+    if sliding_window is not None:
+        positions = torch.arange(visible.shape[1], device=visible.device)
+        new_positions = context_lens[:, None].long() - 1  # [num_seqs, 1]
+        visible = visible & (new_positions - positions < sliding_window)
+    args = (
         query[:, :, None].float(),  # [num_seqs, num_heads, 1, head_dim]
         key.transpose(1, 2),  # [num_seqs, num_kv_heads, num_keys, head_dim]
         value.transpose(1, 2),
-        attn_mask=in_context[:, None, None, :],  # [num_seqs, 1, 1, num_keys]
-        scale=scale,
-        enable_gqa=True,
-    )  # [num_seqs, num_heads, 1, head_dim]
-    return out[:, :, 0].to(query.dtype)
+        visible[:, None, None, :],  # [num_seqs, 1, 1, num_keys]
+    )
+    if logit_softcap is None:
+        out = F.scaled_dot_product_attention(*args, scale=scale, enable_gqa=True)
+    else:
+        out = _softcapped_attention(*args, scale, logit_softcap)
+    return out[:, :, 0].to(query.dtype)  # out [num_seqs, num_heads, 1, head_dim]
 
 
 def prefill_attention_reference(
-    query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
+    query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, *, sliding_window=None,
+    logit_softcap=None,
 ):
     out = torch.empty_like(query)  # [num_tokens, num_heads, head_dim]
     query_starts = query_start_loc.tolist()
@@ -76,24 +93,42 @@ def prefill_attention_reference(
         query_len = end - start
         key = _gather_context(k_cache, block_tables[seq], context_len)  # [context_len, kv_heads, dim]
         value = _gather_context(v_cache, block_tables[seq], context_len)
-        # New token i sits at position context_len - query_len + i and sees every key up to it;
-        # without a cached prefix that is plain causal attention.
-        is_causal = query_len == context_len
+        # New token i sits at position prefix_len + i and sees every key up to it (in the window);
+        # without a cached prefix, a window or a softcap, torch's own causal attention does that.
+        prefix_len = context_len - query_len
+        is_causal = prefix_len == 0 and sliding_window is None and logit_softcap is None
         visible = None if is_causal else torch.ones(
             query_len, context_len, dtype=torch.bool, device=query.device
-        ).tril(context_len - query_len)  # [query_len, context_len]
+        ).tril(prefix_len)  # [query_len, context_len]
+        if sliding_window is not None:
+            visible = visible.triu(prefix_len - sliding_window + 1)
         # 4-D inputs take torch's fused CPU attention; 3-D ones the unfused math path (~5x slower).
-        attended = F.scaled_dot_product_attention(
+        args = (
             query[None, start:end].transpose(1, 2),  # [1, num_heads, query_len, head_dim]
             key[None].transpose(1, 2),  # [1, num_kv_heads, context_len, head_dim]
             value[None].transpose(1, 2),
-            attn_mask=visible,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=True,
-        )[0]  # [num_heads, query_len, head_dim]
-        out[start:end] = attended.transpose(0, 1)
+        )
+        if logit_softcap is None:
+            attended = F.scaled_dot_product_attention(
+                *args, attn_mask=visible, is_causal=is_causal, scale=scale, enable_gqa=True
+            )
+        else:
+            attended = _softcapped_attention(*args, visible, scale, logit_softcap)
+        out[start:end] = attended[0].transpose(0, 1)  # attended [1, num_heads, query_len, head_dim]
     return out
+
+
+def _softcapped_attention(query, key, value, visible, scale, logit_softcap):
+    """Softcapped attention in fp32, returned in query's dtype: query [batch, num_heads, query_len,
+    head_dim], key and value [batch, num_kv_heads, num_keys, head_dim], visible broadcastable to
+    the scores [batch, num_heads, query_len, num_keys] (every query sees at least one key)."""
+    queries_per_kv = query.shape[1] // key.shape[1]
+    key = key.float().repeat_interleave(queries_per_kv, dim=1)  # [batch, num_heads, num_keys, head_dim]
+    value = value.float().repeat_interleave(queries_per_kv, dim=1)
+    scores = query.float() @ key.transpose(2, 3) * scale
+    scores = logit_softcap * torch.tanh(scores / logit_softcap)
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+    return (probs @ value).to(query.dtype)
 
 
 def _gather_context(cache, block_table, context_len):

@@ -5,6 +5,8 @@ dtype x GQA ratio x block size x head dim: rows (a, b, a+b mod 3, a+2b mod 3) fo
 Every value of every axis appears three times and every pair of values from two different axes
 appears exactly once, in 9 runs instead of the 81 of the full product.
 
+A test that takes `sliding_window` and `logit_softcap` arguments runs once per row of MASKINGS.
+
 A paged batch scatters each sequence's blocks over a shuffled block pool, leaves every cache slot
 that no token was written to as NaN, and pads block tables with -1, so a kernel that reads
 outside a sequence's context shows NaN (or crashes) instead of passing by luck.
@@ -48,6 +50,33 @@ class KernelCase:
         return f"{dtype}-gqa{self.queries_per_kv}-bs{self.block_size}-d{self.head_dim}"
 
 
+# (sliding_window, logit_softcap): a window inside one block, one longer than every block size (so
+# it crosses block edges), a softcap alone, and both. A softcap of 2 visibly bends these random
+# inputs' scores, which have about unit variance.
+LONG_WINDOW = 37
+MASKINGS = [(3, None), (LONG_WINDOW, None), (None, 2.0), (LONG_WINDOW, 2.0)]
+
+
+def masking_id(masking) -> str:
+    sliding_window, logit_softcap = masking
+    return "-".join([*([f"window{sliding_window}"] if sliding_window else []),
+                     *([f"softcap{logit_softcap:g}"] if logit_softcap else [])])
+
+
+def decode_lens_around(window: int, block_size: int) -> list[int]:
+    """Context lengths shorter than, equal to and longer than `window`, the longest by two blocks
+    and more."""
+    return [1, window - 1, window, window + 1, window + 2 * block_size + 3]
+
+
+def prefill_lens_around(window: int, block_size: int) -> tuple[list[int], list[int]]:
+    """(context_lens, query_lens): prompts longer and shorter than `window`; chunks after a cached
+    prefix shorter and longer than it; one new token whose context equals it."""
+    context_lens = [window + block_size + 3, window - 1, window + 5, window + 2 * block_size + 3, window]
+    query_lens = [window + block_size + 3, window - 1, 6, block_size + 1, 1]
+    return context_lens, query_lens
+
+
 PAIRWISE_CASES = [
     KernelCase(DTYPES[a], QUERIES_PER_KV[b], BLOCK_SIZES[(a + b) % 3], HEAD_DIMS[(a + 2 * b) % 3])
     for a in range(3)
@@ -58,6 +87,8 @@ PAIRWISE_CASES = [
 def pytest_generate_tests(metafunc):
     if "kernel_case" in metafunc.fixturenames:
         metafunc.parametrize("kernel_case", PAIRWISE_CASES, ids=str)
+    if {"sliding_window", "logit_softcap"} <= set(metafunc.fixturenames):
+        metafunc.parametrize("sliding_window, logit_softcap", MASKINGS, ids=[masking_id(m) for m in MASKINGS])
 
 
 @dataclass(frozen=True)

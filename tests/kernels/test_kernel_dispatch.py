@@ -3,6 +3,7 @@ builds, everything else to the references; importing loads no kernel."""
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from pdserve import kernels
@@ -12,6 +13,7 @@ from pdserve.kernels.reference import (
     prefill_attention_reference,
     store_kv_reference,
 )
+from tests.kernels.conftest import KernelCase
 
 
 def test_import_loads_no_triton_kernel_module():
@@ -49,3 +51,29 @@ def test_cpu_attention_dispatch(kernel_case, paged_batch):
     else:
         assert torch.equal(decoded, cpu_decode_attention.decode_attention(library, *decode_args))
     assert torch.equal(prefilled, prefill_attention_reference(*prefill_args))
+
+
+def test_cpu_masked_attention_is_the_reference(kernel_case, sliding_window, logit_softcap, paged_batch):
+    batch = paged_batch([kernel_case.block_size + 2, 3], [2, 1], kernel_case, device="cpu")
+    cache = (batch.k_cache, batch.v_cache, batch.block_tables)
+    last_tokens = batch.query[batch.query_start_loc[1:].long() - 1]  # [num_seqs, num_heads, head_dim]
+    decode_args = (last_tokens, *cache, batch.context_lens, batch.scale)
+    prefill_args = (batch.query, *cache, batch.query_start_loc, batch.context_lens, batch.scale)
+    masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
+
+    decoded = kernels.decode_attention(*decode_args, **masking)
+    prefilled = kernels.prefill_attention(*prefill_args, **masking)
+
+    assert torch.equal(decoded, decode_attention_reference(*decode_args, **masking))
+    assert torch.equal(prefilled, prefill_attention_reference(*prefill_args, **masking))
+
+
+@pytest.mark.parametrize("masking", [dict(sliding_window=0), dict(logit_softcap=0.0), dict(logit_softcap=-1.0)])
+def test_a_window_below_one_or_a_softcap_not_above_zero_is_refused(masking, paged_batch):
+    batch = paged_batch([3], [3], KernelCase(torch.float32, 1, 8, 64), device="cpu")
+    cache = (batch.k_cache, batch.v_cache, batch.block_tables)
+    with pytest.raises(ValueError):
+        kernels.decode_attention(batch.query[:1], *cache, batch.context_lens, batch.scale, **masking)
+    with pytest.raises(ValueError):
+        kernels.prefill_attention(batch.query, *cache, batch.query_start_loc, batch.context_lens, batch.scale,
+                                  **masking)
