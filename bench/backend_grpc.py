@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from pdserve.bench.backends import BackendError, SendOptions
+from pdserve.bench.backend_base import BackendError, SendOptions
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.records import StreamPiece
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-from pdserve.bench.backends import BackendError, SendOptions
+from pdserve.bench.backend_base import BackendError, SendOptions
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.records import StreamPiece
 

@@ -1,7 +1,6 @@
-"""The interface every benchmark backend implements, and `create_backend` that picks one.
+"""The benchmark backends, and `create_backend` that picks one (the interface they implement,
+with `SendOptions` and `BackendError`, is `bench.backend_base`).
 
-A backend only translates: it sends one `BenchRequest` and yields `StreamPiece`s as the server
-streams; `bench.timing` owns the clock. Backends:
 - "pdserve-grpc": `pdserve.v1.Gateway/Generate` (`bench.backend_grpc`); after the run it asks
   `GetRequest` what the server recorded about each request (state, KV bytes, transport);
 - "openai": streaming `POST /v1/completions` (`bench.backend_openai`), for pdserve's HTTP front
@@ -9,44 +8,16 @@ streams; `bench.timing` owns the clock. Backends:
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Protocol
-
-from pdserve.bench.datasets import BenchRequest
+from pdserve.bench.backend_base import Backend, BackendError, SendOptions
 from pdserve.bench.errors import BenchConfigError
-from pdserve.bench.records import StreamPiece
+
+__all__ = ("BACKENDS", "Backend", "BackendError", "SendOptions", "create_backend")  # the runner and CLI import these
 
 BACKENDS = ("pdserve-grpc", "openai")
 
 
-class BackendError(Exception):
-    """The server refused or broke one request; the runner records it as that request's error."""
-
-
-@dataclass(frozen=True, slots=True)
-class SendOptions:
-    """What every request of a run asks for besides its prompt and output length."""
-
-    temperature: float
-    ignore_eos: bool
-    timeout_s: float
-
-
-class Backend(Protocol):
-    async def open(self) -> str:
-        """Connects; returns the model id the run uses."""
-
-    def stream(self, request: BenchRequest, request_id: str) -> AsyncIterator[StreamPiece]:
-        """The pieces of one request, sent only when iteration starts."""
-
-    async def describe(self, request_ids: list[str]) -> dict[str, dict]:
-        """What the server recorded about these requests, by id ({} if it cannot say)."""
-
-    async def close(self) -> None: ...
-
-
 def create_backend(kind: str, target: str, model: str | None, options: SendOptions) -> Backend:
+    # Each backend is imported only when picked: an "openai" run loads no grpc.
     if kind == "pdserve-grpc":
         from pdserve.bench.backend_grpc import GrpcGatewayBackend
         return GrpcGatewayBackend(target, options)

@@ -1,24 +1,12 @@
-"""The contract between the gateway's public fronts (HTTP, gRPC) and the gateway core.
-
-A front turns a client request into one `GenerateInput`, iterates `Frontend.generate` and shapes
-each `StreamChunk` for its wire format. The core owns everything behind that: tokenization,
-routing, the request store, detokenization and the engine-side metrics.
-
-Stream invariant: `generate` yields chunks whose `text` deltas concatenate to the completion
-text and whose `token_ids` concatenate to the completion tokens; exactly the last chunk has a
-`finish_reason`. Closing the iterator before that chunk (`aclose`, or cancelling the task that
-iterates it) aborts the request everywhere: that is how a front reports a client that left.
+"""The values that cross between the gateway's public fronts and its core (`gateway.frontend`):
+a front builds one `GenerateInput` per client request and shapes the `StreamChunk`s it gets back;
+`UnavailableError` tells it to answer "retry later".
 """
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 from pdserve.engine import errors
 from pdserve.engine.outputs import TokenLogprobs
 from pdserve.engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from pdserve.gateway.tokenization import PromptBuilder
 
 
 class UnavailableError(errors.UnavailableError):
@@ -69,26 +57,3 @@ class StreamChunk:
     stop_reason: int | str | None  # the stop token id or stop string that ended the request
     prompt_tokens: int
     completion_tokens: int  # generated so far, this chunk included
-
-
-class Frontend(Protocol):
-    model_name: str
-    max_model_len: int
-    tokenizer: object  # a transformers PreTrainedTokenizerFast; fronts only call decode()
-    prompts: "PromptBuilder"  # how generate() turns input into prompt ids; fronts use it to /tokenize
-
-    def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
-        """An async generator of the request's chunks.
-
-        Raises InvalidRequestError for input the model cannot serve and UnavailableError when no
-        replica can take it, at the latest when the first chunk is awaited.
-        """
-        ...
-
-    async def abort(self, request_id: str) -> bool:
-        """Aborts a running request; False if it is unknown or already finished."""
-        ...
-
-    def health(self) -> bool:
-        """False when the request cannot be served now (no live replicas)."""
-        ...

@@ -40,7 +40,8 @@ from pdserve.engine.errors import InvalidRequestError, PdserveError, Unavailable
 from pdserve.gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission, OverloadedError
 from pdserve.gateway.api_keys import ApiKeys, UnauthenticatedError
 from pdserve.gateway.fan_out import choice_inputs, merge
-from pdserve.gateway.frontend_types import Frontend, StreamChunk
+from pdserve.gateway.frontend import Frontend
+from pdserve.gateway.frontend_types import StreamChunk
 from pdserve.gateway.json_body import decode_json_body
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.openai_protocol import (

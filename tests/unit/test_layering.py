@@ -61,7 +61,8 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> Iterator[str]:
-    """Every module `path` imports, relative imports resolved."""
+    """Every module `path` imports, relative imports resolved; `from m import a` gives `m` and
+    `m.a` too, which is a module when `a` is a submodule."""
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -69,19 +70,23 @@ def imports_of(path: Path) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level else ""
             module = ".".join(part for part in (base, node.module) if part)
+            names = [f"{module}.{alias.name}" for alias in node.names]
             # `from pdserve import kernels` imports another node than its module names
-            other_nodes = [name for name in (f"{module}.{alias.name}" for alias in node.names)
-                           if node_of(name) != node_of(module)]
-            if len(other_nodes) < len(node.names) or module != "pdserve":
+            other_nodes = [name for name in names if node_of(name) != node_of(module)]
+            if len(other_nodes) < len(names) or module != "pdserve":
                 yield module
-            yield from other_nodes
+            yield from names
+
+
+def source_paths(package: str) -> list[Path]:
+    """The modules of one node (the top `pdserve` folder's own, not its subfolders')."""
+    return sorted(FOLDER_OF[package].glob("*.py" if package == "pdserve" else "**/*.py"))
 
 
 def package_edges() -> dict[tuple[str, str], list[str]]:
     """(importing node, imported node) -> the imports that make the edge, as "module -> name"."""
     edges: dict[tuple[str, str], list[str]] = {}
-    paths = sorted(path for package, folder in FOLDER_OF.items() if package != WIRE
-                   for path in folder.glob("*.py" if package == "pdserve" else "**/*.py"))
+    paths = sorted(path for package in FOLDER_OF if package != WIRE for path in source_paths(package))
     for path in paths:
         source = node_of(module_name(path))
         for name in imports_of(path):
