@@ -15,7 +15,7 @@ from pdserve.gateway.completion_text import CompletionText, SampledToken
 from pdserve.gateway.frontend_types import UnavailableError
 from pdserve.gateway.decode_session import DecodeStep
 from pdserve.gateway.backend_errors import SessionBrokenError
-from pdserve.gateway.disaggregated import DisaggregatedRequest, Route
+from pdserve.gateway.disaggregated_request import DisaggregatedRequest, Route
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.migration import MigrationLimitError, Migrations
 from pdserve.gateway.replica_clients import KVTransferDone
