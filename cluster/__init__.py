@@ -1,4 +1,14 @@
-"""What every process of a deployment shares: the Redis client, the replica registry and its
-heartbeats, the gRPC server lifecycle, the error-to-status mapping, proto <-> domain conversion
-and the common service flags. It sits above kvtransfer and engine and below the services
-(gateway, prefill_svc, decode_svc), and imports none of them."""
+"""What every process of one deployment (the cluster: its gateways, prefill and decode replicas
+and their Redis) shares:
+
+    registry, registry_signing,     the replica registry and its heartbeats: live replicas in
+    prefix_digest, redis_client     Redis, signed entries, cached-prefix digests, bounded calls
+    internal_auth                   the deployment secret every internal service asks callers for
+    grpc_server, replica_server,    the server lifecycle: health, reflection, graceful drain,
+    health_probe, ports             readiness probes, a free port to start on
+    grpc_errors                     the error-to-status mapping, at the service edge
+    protocol                        proto <-> domain conversion
+    service_args, routing_policies  the common service arguments
+
+It sits above kvtransfer and engine and below the services (gateway, prefill_svc, decode_svc),
+and imports none of them."""
