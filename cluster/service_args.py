@@ -11,6 +11,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING
 
+from pdserve.checkpoints.model_ref import MODEL_HELP
 from pdserve.cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
 from pdserve.engine.engine_config import DTYPES
 from pdserve.engine.errors import InvalidConfigError
@@ -66,8 +67,23 @@ def internal_auth_from(args: argparse.Namespace, kind: str) -> InternalAuth:
     return auth
 
 
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, metavar="MODEL", help=MODEL_HELP)
+
+
+def with_resolved_model(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with --model resolved to a local Hugging Face folder (fetched or converted once, see
+    checkpoints.model_ref) and --served-model-name defaulting to that model's id; raises
+    CheckpointError for a model that cannot be served."""
+    from pdserve.checkpoints.model_ref import resolve_model
+
+    model = resolve_model(args.model, os.environ)
+    served_name = getattr(args, "served_model_name", None) or model.served_name
+    return argparse.Namespace(**{**vars(args), "model": str(model.model_dir), "served_model_name": served_name})
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model folder")
+    add_model_argument(parser)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="auto: the checkpoint's dtype (bfloat16 for a float32 checkpoint on a GPU)")
@@ -107,11 +123,13 @@ def bind_cpus(cpus: list[int] | None) -> None:
 
 
 def add_served_model_name_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="model id clients use (default: the hub id, else the model folder's or .gguf file's name)")
 
 
 def served_model_name(args: argparse.Namespace) -> str:
-    """The model id clients name in requests: --served-model-name, else the --model folder's name."""
+    """The model id clients name in requests: --served-model-name, else the --model folder's name
+    (with_resolved_model fills in a hub id's or the default model's id first)."""
     return args.served_model_name or args.model.rstrip("/").rsplit("/", 1)[-1]
 
 

@@ -6,7 +6,8 @@ import asyncio
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
-from pdserve.cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
+from pdserve.cluster.service_args import (add_replica_arguments, bind_cpus, configure_logging, engine_config_from,
+                                          with_resolved_model)
 from pdserve.decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from pdserve.decode_svc.service import DecodeService
 from pdserve.kvtransfer.receiver import KVReceiver
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "decode")
     bind_cpus(args.cpus)
-    asyncio.run(serve(args))
+    asyncio.run(serve(with_resolved_model(args)))
     return 0
 
 

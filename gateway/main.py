@@ -15,8 +15,9 @@ from pdserve.cluster.prefix_digest import PrefixDigests
 from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import LiveReplicas
 from pdserve.cluster.routing_policies import ROUTING_POLICIES
-from pdserve.cluster.service_args import (add_internal_auth_arguments, add_redis_url_argument, add_served_model_name_argument,
-                                  configure_logging, internal_auth_from, served_model_name)
+from pdserve.cluster.service_args import (add_internal_auth_arguments, add_model_argument, add_redis_url_argument,
+                                  add_served_model_name_argument, configure_logging, internal_auth_from,
+                                  served_model_name, with_resolved_model)
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.tokenizer import load_tokenizer
 from pdserve.gateway.admission import Admission
@@ -39,7 +40,7 @@ REDIS_TIMEOUT_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model folder (tokenizer, chat template, config)")
+    add_model_argument(parser)  # the gateway reads its tokenizer, chat template and config
     add_served_model_name_argument(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--grpc-port", type=int, default=50051)
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "gateway")
-    asyncio.run(serve(args))
+    asyncio.run(serve(with_resolved_model(args)))
     return 0
 
 

@@ -12,6 +12,7 @@ from pdserve.cluster.service_args import (
     configure_logging,
     engine_config_from,
     served_model_name,
+    with_resolved_model,
 )
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.llm_engine import LLMEngine
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "serve")
     bind_cpus(args.cpus)
-    asyncio.run(serve(args))
+    asyncio.run(serve(with_resolved_model(args)))
     return 0
 
 

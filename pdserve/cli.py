@@ -12,10 +12,13 @@ import argparse
 import importlib
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pdserve.checkpoints.errors import CheckpointError
+from pdserve.checkpoints.model_ref import MODEL_HELP
 from pdserve.cluster.routing_policies import ROUTING_POLICIES
 from pdserve.kvtransfer.names import TRANSPORT_NAMES
 
@@ -87,11 +90,33 @@ def add_make_tiny_model(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_make_tiny_model)
 
 
+def run_model_fetch(args: argparse.Namespace) -> int:
+    from pdserve.checkpoints.model_ref import resolve_model
+
+    print(resolve_model(args.model, os.environ).model_dir)
+    return 0
+
+
+def add_model(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "model", help="get a model ready to serve ahead of time (fetch, convert)",
+        description="Model housekeeping. `pdserve model fetch` resolves a --model value now, "
+                    "downloading and converting what it needs into the user cache, so that "
+                    "later starts need no network.")
+    actions = parser.add_subparsers(metavar="ACTION", required=True)
+    fetch = actions.add_parser(
+        "fetch", help="fetch and convert a model into the cache; print its folder",
+        description="Resolves MODEL as `pdserve up --model MODEL` would and prints the local "
+                    "Hugging Face folder that will be served.")
+    fetch.add_argument("model", nargs="?", default=None, metavar="MODEL", help=MODEL_HELP)
+    fetch.set_defaults(run=run_model_fetch)
+
+
 def run_up(args: argparse.Namespace) -> int:
     from pdserve.up import UpConfig, run_up
 
     config = UpConfig(
-        model_dir=args.model, num_prefill=args.prefill, num_decode=args.decode,
+        model=args.model, num_prefill=args.prefill, num_decode=args.decode,
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
@@ -106,10 +131,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
         help="run the whole system locally: Redis, prefill and decode replicas, the gateway",
         description="Starts Redis (unless --redis-url), N prefill and M decode replicas and the "
                     "gateway as child processes, waits until all are healthy, prints the "
-                    "endpoints, and stops everything on Ctrl-C. With no --model it serves a "
-                    "tiny random-weight demo model, written once to the user cache.")
-    parser.add_argument("--model", type=Path, metavar="DIR",
-                        help="Hugging Face model folder (default: the cached tiny demo model)")
+                    "endpoints, and stops everything on Ctrl-C. With no --model it serves "
+                    "SmolLM2-135M-Instruct, fetched once into the user cache.")
+    parser.add_argument("--model", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument("--prefill", type=_positive_int, default=1, metavar="N",
                         help="prefill replicas (default 1)")
     parser.add_argument("--decode", type=_positive_int, default=1, metavar="M",
@@ -317,7 +341,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-SUBCOMMANDS = (add_up, add_compose_gpus, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
+SUBCOMMANDS = (add_up, add_model, add_compose_gpus, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
                add_bench, add_bench_compare, add_plan, add_make_tiny_model)
 
 
@@ -335,4 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return args.run(args)
+    try:
+        return args.run(args)
+    except CheckpointError as error:
+        print(f"pdserve: {error}", file=sys.stderr)
+        return 2

@@ -43,7 +43,8 @@ import grpc
 
 from pdserve.cluster.ports import free_port
 from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
-from pdserve.checkpoints.tiny_model_cache import cache_root, ensure_tiny_model
+from pdserve.checkpoints.errors import CheckpointError
+from pdserve.checkpoints.model_ref import ResolvedModel, resolve_model
 from pdserve.gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.child_process import ChildSpec, UpLog
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
@@ -59,7 +60,7 @@ _REDIS_START_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class UpConfig:
-    model_dir: Path | None  # None: the cached tiny demo model
+    model: str | None  # what --model names (checkpoints.model_ref); None: the default model
     num_prefill: int
     num_decode: int
     redis_url: str | None  # None: start our own Redis
@@ -92,18 +93,18 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         config = placed_on_gpus(config, _cuda_device_count() if config.device == "cuda" else 0)
         _check_port_free(config.host, config.grpc_port, "--grpc-port")
         _check_port_free(config.host, config.http_port, "--http-port")
-        model_dir = config.model_dir or ensure_tiny_model(cache_root(os.environ))
+        model = resolve_model(config.model, os.environ)  # once: the children get its folder
         redis_url, redis_shown = config.redis_url, config.redis_url
         if redis_url is None:
             supervisor.redis = redis = start_redis(data_dir=run_dir / "redis", timeout_s=_REDIS_START_TIMEOUT_S,
                                                    password=secrets.token_hex(16))
             # Shown to whoever started `up` (its stdout), to inspect the deployment with.
             redis_url, redis_shown = redis.url, f"{redis.url}  ({redis.server})"
-        for slot in child_slots(config, model_dir, redis_url, secrets.token_hex(32)):
+        for slot in child_slots(config, model, redis_url, secrets.token_hex(32)):
             supervisor.start(slot)
         supervisor.wait_ready(time.monotonic() + config.startup_timeout_s, stop)
         model_id = served_model_id(gateway_target(config), _PROBE_TIMEOUT_S, _probe_key(config))
-        out.write(endpoints_text(config, model_dir, model_id, redis_shown))
+        out.write(endpoints_text(config, model.model_dir, model_id, redis_shown))
         out.flush()
         supervisor.supervise(stop)
         return 0
@@ -112,6 +113,9 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
     except (UpError, PlacementError, RedisStartError, grpc.RpcError) as error:
         log.write(f"pdserve up: {error}\n")
         return 1
+    except CheckpointError as error:
+        log.write(f"pdserve up: {error}\n")
+        return 2
     finally:
         log.write("pdserve up: stopping\n")
         supervisor.stop(config.shutdown_timeout_s)
@@ -149,11 +153,12 @@ def gateway_target(config: UpConfig) -> str:
     return f"{_reachable(config.host)}:{config.grpc_port}"
 
 
-def child_slots(config: UpConfig, model_dir: Path, redis_url: str, internal_secret: str) -> list[Slot]:
-    """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...`,
-    the Redis URL and the deployment secret in their environment. On CPU each replica gets its
-    own CPUs (see cpu_placement), on GPUs the one placement gave it, kept across its restarts."""
-    common = ("--model", str(model_dir))
+def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal_secret: str) -> list[Slot]:
+    """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...` on
+    the model's resolved folder, the Redis URL and the deployment secret in their environment.
+    On CPU each replica gets its own CPUs (see cpu_placement), on GPUs the one placement gave it,
+    kept across its restarts."""
+    common = ("--model", str(model.model_dir))
     env = {**os.environ, REDIS_URL_ENV: redis_url, SECRET_ENV: internal_secret}
     replicas = [(kind, index) for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode))
                 for index in range(count)]
@@ -174,7 +179,7 @@ def child_slots(config: UpConfig, model_dir: Path, redis_url: str, internal_secr
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
     gateway = ChildSpec(
         name="gateway",
-        argv=(*_PDSERVE, "gateway", *common, "--host", config.host,
+        argv=(*_PDSERVE, "gateway", *common, "--served-model-name", model.served_name, "--host", config.host,
               "--grpc-port", str(config.grpc_port), "--http-port", str(config.http_port),
               "--transport", config.transport, "--routing", config.routing,
               "--migration-limit", str(config.migration_limit)),

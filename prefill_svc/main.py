@@ -6,7 +6,8 @@ import asyncio
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
-from pdserve.cluster.service_args import add_replica_arguments, bind_cpus, configure_logging, engine_config_from
+from pdserve.cluster.service_args import (add_replica_arguments, bind_cpus, configure_logging, engine_config_from,
+                                          with_resolved_model)
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from pdserve.prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
 from pdserve.prefill_svc.service import PrefillService
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "prefill")
     bind_cpus(args.cpus)
-    asyncio.run(serve(args))
+    asyncio.run(serve(with_resolved_model(args)))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`pdserve up` with no model and no Redis given: it writes the tiny model into the user cache,
+"""`pdserve up --model tiny` with no Redis given: it writes the tiny model into the user cache,
 starts Redis, a prefill, a decode and a gateway as real processes, prints its endpoints, serves
 `pdserve generate`, and on Ctrl-C leaves no process and no Redis behind.
 """
@@ -86,7 +86,7 @@ def up_process(tmp_path):
     log_path = tmp_path / "up.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pdserve", "up", "--grpc-port", str(grpc_port),
+            [sys.executable, "-m", "pdserve", "up", "--model", "tiny", "--grpc-port", str(grpc_port),
              "--http-port", str(http_port)],
             stdout=subprocess.PIPE, stderr=log, text=True, env=environ, start_new_session=True)
     process.grpc_port = grpc_port

@@ -8,6 +8,12 @@ import sys
 import pytest
 
 from pdserve import cli
+from pdserve.checkpoints.model_ref import ResolvedModel
+
+
+def folder(path) -> ResolvedModel:
+    """A model up resolved to the folder `path`."""
+    return ResolvedModel(path, path.name)
 
 
 def test_parsing_a_client_command_imports_no_service_torch_or_engine():
@@ -50,10 +56,10 @@ def test_up_passes_its_dtype_to_every_replica(tmp_path):
     args = cli.build_parser().parse_args(["up", "--dtype", "bfloat16", "--prefill", "2"])
     assert cli.build_parser().parse_args(["up"]).dtype == "auto"
     config = UpConfig(
-        model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+        model=str(tmp_path), num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
         transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0)
-    replicas = [slot.make_spec() for slot in child_slots(config, tmp_path, "redis://x", "s3cret") if slot.name != "gateway"]
+    replicas = [slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret") if slot.name != "gateway"]
     assert len(replicas) == 3
     for spec in replicas:
         assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
@@ -64,10 +70,10 @@ def test_up_hands_children_the_secret_and_redis_url_in_their_environment_not_arg
 
     args = cli.build_parser().parse_args(["up"])
     config = UpConfig(
-        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        model=str(tmp_path), num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device="cuda", dtype=args.dtype, host="0.0.0.0", grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0)
-    specs = {slot.name: slot.make_spec() for slot in child_slots(config, tmp_path, "redis://:pw@h:1/0", "s3cret")}
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://:pw@h:1/0", "s3cret")}
     for name, spec in specs.items():
         assert not any("s3cret" in arg or "pw@" in arg for arg in spec.argv), name
         assert spec.env["PDSERVE_INTERNAL_SECRET"] == "s3cret"
@@ -88,10 +94,10 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     args = cli.build_parser().parse_args(["up"])
     config = UpConfig(
-        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        model=str(tmp_path), num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0)
-    slots = {slot.name: slot for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
+    slots = {slot.name: slot for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")}
     argv = {name: slot.make_spec().argv for name, slot in slots.items()}
     assert argv["prefill-0"][argv["prefill-0"].index("--cpus") + 1] == "0,1"
     assert argv["decode-0"][argv["decode-0"].index("--cpus") + 1] == "2,3"
@@ -99,7 +105,7 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
     restarted = slots["decode-0"].make_spec().argv  # a restart: its CPUs kept, a fresh port
     assert restarted[restarted.index("--cpus") + 1] == "2,3"
     assert restarted[restarted.index("--port") + 1] != argv["decode-0"][argv["decode-0"].index("--port") + 1]
-    on_gpu = child_slots(dataclasses.replace(config, device="cuda"), tmp_path, "redis://x", "s3cret")
+    on_gpu = child_slots(dataclasses.replace(config, device="cuda"), folder(tmp_path), "redis://x", "s3cret")
     assert all("--cpus" not in slot.make_spec().argv for slot in on_gpu)
 
 
@@ -110,10 +116,10 @@ def test_up_gives_each_api_key_to_the_gateway_only_and_never_on_a_command_line(t
     monkeypatch.delenv(ENV_VAR, raising=False)
     args = cli.build_parser().parse_args(["up", "--api-key", "k1", "--api-key", "k2"])
     config = UpConfig(
-        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        model=str(tmp_path), num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0, api_keys=tuple(args.api_key))
-    specs = {slot.name: slot.make_spec() for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")}
     gateway = specs.pop("gateway")
     assert gateway.env[ENV_VAR] == "k1,k2"
     assert all(ENV_VAR not in spec.env for spec in specs.values())
@@ -131,11 +137,11 @@ def test_up_passes_prefix_caching_to_the_replicas_and_routing_and_migrations_to_
     def children(*flags: str) -> dict[str, argparse.Namespace]:
         args = cli.build_parser().parse_args(["up", *flags])
         config = UpConfig(
-            model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+            model=str(tmp_path), num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
             device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
             startup_timeout_s=1.0, shutdown_timeout_s=1.0, enable_prefix_caching=args.enable_prefix_caching,
             routing=args.routing, migration_limit=args.migration_limit)
-        return {slot.name: parse_child(slot.make_spec()) for slot in child_slots(config, tmp_path, "redis://x", "s3cret")}
+        return {slot.name: parse_child(slot.make_spec()) for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")}
 
     default = children()
     assert default["prefill-0"].enable_prefix_caching and default["decode-0"].enable_prefix_caching
@@ -152,11 +158,11 @@ def test_up_on_cuda_gives_each_replica_its_own_gpu_as_its_device(tmp_path):
     def replica_devices(argv: list[str], num_gpus: int) -> dict[str, str]:
         args = cli.build_parser().parse_args(["up", "--device", "cuda", *argv])
         config = UpConfig(
-            model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+            model=str(tmp_path), num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
             transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
             grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0,
             prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus)
-        specs = [slot.make_spec() for slot in child_slots(placed_on_gpus(config, num_gpus), tmp_path, "redis://x", "s")]
+        specs = [slot.make_spec() for slot in child_slots(placed_on_gpus(config, num_gpus), folder(tmp_path), "redis://x", "s")]
         return {spec.name: spec.argv[spec.argv.index("--device") + 1] for spec in specs if spec.name != "gateway"}
 
     assert replica_devices(["--prefill", "1", "--decode", "3"], num_gpus=4) == {
@@ -168,7 +174,7 @@ def test_up_on_cuda_gives_each_replica_its_own_gpu_as_its_device(tmp_path):
         replica_devices([], num_gpus=0)
     args = cli.build_parser().parse_args(["up", "--decode-gpus", "1"])
     config = UpConfig(
-        model_dir=tmp_path, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
+        model=str(tmp_path), num_prefill=1, num_decode=1, redis_url=None, transport=args.transport,
         device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         startup_timeout_s=1.0, shutdown_timeout_s=1.0, decode_gpus=args.decode_gpus)
     with pytest.raises(PlacementError, match="need --device cuda"):
@@ -180,13 +186,13 @@ def test_replicas_placed_on_one_gpu_split_its_memory_share(tmp_path):
 
     args = cli.build_parser().parse_args(["up", "--device", "cuda", "--decode", "2", "--gpu-memory-utilization", "0.8"])
     config = UpConfig(
-        model_dir=tmp_path, num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+        model=str(tmp_path), num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
         transport=args.transport, device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port,
         http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0,
         gpu_memory_utilization=args.gpu_memory_utilization)
 
     def shares(num_gpus: int) -> dict[str, tuple[str, float]]:
-        specs = [slot.make_spec() for slot in child_slots(placed_on_gpus(config, num_gpus), tmp_path, "redis://x", "s")]
+        specs = [slot.make_spec() for slot in child_slots(placed_on_gpus(config, num_gpus), folder(tmp_path), "redis://x", "s")]
         return {spec.name: (spec.argv[spec.argv.index("--device") + 1],
                             float(spec.argv[spec.argv.index("--gpu-memory-utilization") + 1]))
                 for spec in specs if spec.name != "gateway"}

@@ -1,0 +1,96 @@
+"""A GGUF's llama metadata as the config.json and generation_config.json transformers writes.
+
+Invariant: the config equals, field for field that the engine reads, the one transformers builds
+when it loads the same file (`from_pretrained(dir, gguf_file=name)`). What this converter cannot
+reproduce faithfully is refused with GGUFError, never approximated: another architecture,
+rotary embeddings on part of a head, or RoPE scaling.
+
+Weights are written as float32 (every supported GGUF type widens to it exactly); `dtype` records
+the type transformers would load the file in: the half type of an all-float file, else float32.
+"""
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType
+
+from pdserve.checkpoints.errors import GGUFError
+from pdserve.checkpoints.gguf_file import GGUFFile
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_RMS_NORM_EPS = 1e-5
+# Chat templates end a turn with one of these; llama.cpp stops on them too (end-of-generation).
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
+
+
+def architecture(gguf: GGUFFile) -> str:
+    arch = gguf.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"{gguf.path}: general.architecture is {arch!r}; "
+                        f"supported for .gguf files: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch
+
+
+def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
+    """config.json for a LlamaForCausalLM; `tied_embeddings`: the file has no output.weight."""
+    arch = architecture(gguf)
+    _refuse_rope_scaling(gguf, arch)
+    num_heads = gguf.get(f"{arch}.attention.head_count")
+    hidden_size = gguf.get(f"{arch}.embedding_length")
+    head_dim = gguf.get(f"{arch}.attention.key_length", hidden_size // num_heads)
+    rotary_dim = gguf.get(f"{arch}.rope.dimension_count", head_dim)
+    if rotary_dim != head_dim:
+        raise GGUFError(f"{gguf.path}: rotary embeddings on {rotary_dim} of {head_dim} head dims are not supported")
+    vocab_size, embedding_width = gguf.tensor_shape("token_embd.weight")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "hidden_size": embedding_width,
+        "intermediate_size": gguf.get(f"{arch}.feed_forward_length"),
+        "num_hidden_layers": gguf.get(f"{arch}.block_count"),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": gguf.get(f"{arch}.attention.head_count_kv", num_heads),
+        "head_dim": head_dim,
+        "max_position_embeddings": gguf.get(f"{arch}.context_length"),
+        "rms_norm_eps": gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", DEFAULT_RMS_NORM_EPS),
+        "rope_parameters": {"rope_type": "default",
+                            "rope_theta": gguf.get(f"{arch}.rope.freq_base", DEFAULT_ROPE_THETA)},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": tied_embeddings,
+        "bos_token_id": gguf.get("tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": gguf.get("tokenizer.ggml.eos_token_id", None),
+        "pad_token_id": gguf.get("tokenizer.ggml.padding_token_id", None),
+        "dtype": loaded_dtype(gguf),
+    }
+
+
+def build_generation_config(gguf: GGUFFile, tokens: list[str]) -> dict:
+    """generation_config.json: generation ends at the end of text and at the end of a chat turn."""
+    end_ids = [gguf.get(f"tokenizer.ggml.{key}", None) for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    template = gguf.get("tokenizer.chat_template", "")
+    end_ids += [tokens.index(token) for token in END_OF_TURN_TOKENS if token in tokens and token in template]
+    eos_ids = list(dict.fromkeys(token_id for token_id in end_ids if token_id is not None))
+    return {
+        "bos_token_id": gguf.get("tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
+        "pad_token_id": gguf.get("tokenizer.ggml.padding_token_id", None),
+    }
+
+
+def loaded_dtype(gguf: GGUFFile) -> str:
+    """As transformers decides: an all-float file loads in its half type, anything quantized in float32."""
+    types = {gguf.tensor_type(name) for name in gguf.tensor_names}
+    if not types <= {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}:
+        return "float32"
+    if GGMLQuantizationType.BF16 in types:
+        return "bfloat16"
+    return "float16" if GGMLQuantizationType.F16 in types else "float32"
+
+
+def _refuse_rope_scaling(gguf: GGUFFile, arch: str) -> None:
+    scaling = gguf.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none" or "rope_freqs.weight" in gguf.tensor_names:
+        raise GGUFError(f"{gguf.path}: RoPE scaling ({scaling if scaling != 'none' else 'rope_freqs'}) "
+                        "is not supported for .gguf files")
