@@ -1,5 +1,5 @@
 """The benchmark backends, and `create_backend` that picks one (the interface they implement,
-with `SendOptions` and `BackendError`, is `bench.backend_base`).
+with `SendOptions` and `BackendError`, is `pdserve.bench.backend_base`).
 
 - "pdserve-grpc": `pdserve.v1.Gateway/Generate` (`bench.backend_grpc`); after the run it asks
   `GetRequest` what the server recorded about each request (state, KV bytes, transport);
@@ -8,10 +8,8 @@ with `SendOptions` and `BackendError`, is `bench.backend_base`).
 """
 from __future__ import annotations
 
-from pdserve.bench.backend_base import Backend, BackendError, SendOptions
+from pdserve.bench.backend_base import Backend, SendOptions
 from pdserve.bench.errors import BenchConfigError
-
-__all__ = ("BACKENDS", "Backend", "BackendError", "SendOptions", "create_backend")  # the runner and CLI import these
 
 BACKENDS = ("pdserve-grpc", "openai")
 

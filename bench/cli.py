@@ -13,7 +13,8 @@ import json
 import math
 from pathlib import Path
 
-from pdserve.bench.backends import BACKENDS, BackendError
+from pdserve.bench.backend_base import BackendError
+from pdserve.bench.backends import BACKENDS
 from pdserve.bench.datasets import DATASET_KINDS, make_dataset
 from pdserve.bench.errors import BenchConfigError
 from pdserve.bench.metrics import SLO_KEYS, parse_slos

@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from tqdm import tqdm
 
 from pdserve.bench.arrivals import arrival_offsets_s
-from pdserve.bench.backends import BACKENDS, SendOptions, create_backend
+from pdserve.bench.backend_base import SendOptions
+from pdserve.bench.backends import BACKENDS, create_backend
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.errors import BenchConfigError
 from pdserve.bench.metrics import BenchMetrics, compute_metrics, validate_slos
