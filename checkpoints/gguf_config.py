@@ -5,12 +5,11 @@ when it loads the same file (`from_pretrained(dir, gguf_file=name)`). What this 
 reproduce faithfully is refused with GGUFError, never approximated: another architecture,
 rotary embeddings on part of a head, or RoPE scaling.
 
-Weights are written as float32 (every supported GGUF type widens to it exactly); `dtype` records
-the type transformers would load the file in: the half type of an all-float file, else float32.
+Weights are written as float32, which every supported GGUF type widens to exactly, and `dtype`
+says float32: transformers loads a llama GGUF in float32 whatever its tensor types, and `auto`
+then means float32 on a CPU and bfloat16 on a GPU, as for any float32 checkpoint.
 """
 from __future__ import annotations
-
-from gguf import GGMLQuantizationType
 
 from pdserve.checkpoints.errors import GGUFError
 from pdserve.checkpoints.gguf_file import GGUFFile
@@ -62,7 +61,7 @@ def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
         "bos_token_id": gguf.get("tokenizer.ggml.bos_token_id", None),
         "eos_token_id": gguf.get("tokenizer.ggml.eos_token_id", None),
         "pad_token_id": gguf.get("tokenizer.ggml.padding_token_id", None),
-        "dtype": loaded_dtype(gguf),
+        "dtype": "float32",
     }
 
 
@@ -77,16 +76,6 @@ def build_generation_config(gguf: GGUFFile, tokens: list[str]) -> dict:
         "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids,
         "pad_token_id": gguf.get("tokenizer.ggml.padding_token_id", None),
     }
-
-
-def loaded_dtype(gguf: GGUFFile) -> str:
-    """As transformers decides: an all-float file loads in its half type, anything quantized in float32."""
-    types = {gguf.tensor_type(name) for name in gguf.tensor_names}
-    if not types <= {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}:
-        return "float32"
-    if GGMLQuantizationType.BF16 in types:
-        return "bfloat16"
-    return "float16" if GGMLQuantizationType.F16 in types else "float32"
 
 
 def _refuse_rope_scaling(gguf: GGUFFile, arch: str) -> None:

@@ -65,6 +65,26 @@ def test_up_passes_its_dtype_to_every_replica(tmp_path):
         assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
 
 
+def test_up_gives_every_child_the_resolved_folder_and_the_gateway_the_served_id(tmp_path):
+    from pdserve.up import UpConfig, child_slots
+
+    args = cli.build_parser().parse_args(["up"])
+    config = UpConfig(
+        model=args.model, num_prefill=1, num_decode=1, redis_url=None, transport=args.transport, device="cpu",
+        dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=1.0, shutdown_timeout_s=1.0)
+    model = ResolvedModel(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, model, "redis://x", "s3cret")}
+    assert {spec.argv[spec.argv.index("--model") + 1] for spec in specs.values()} == {str(tmp_path)}
+    gateway = specs["gateway"].argv
+    assert gateway[gateway.index("--served-model-name") + 1] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_model_fetch_takes_one_optional_model():
+    assert cli.build_parser().parse_args(["model", "fetch"]).model is None
+    assert cli.build_parser().parse_args(["model", "fetch", "org/name"]).model == "org/name"
+
+
 def test_up_hands_children_the_secret_and_redis_url_in_their_environment_not_argv(tmp_path):
     from pdserve.up import LOOPBACK, UpConfig, child_slots
 

@@ -1,0 +1,117 @@
+"""A .gguf file becomes an HF folder that is what transformers makes of the same file: the same
+float32 weights bit for bit, the same config, the same token ids, the same greedy tokens; and for
+an unquantized file, the very folder it was written from."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+from transformers import PreTrainedTokenizerFast
+
+from pdserve.checkpoints.gguf_convert import ensure_converted
+from pdserve.engine.llm import LLM
+from pdserve.engine.sampling_params import SamplingParams
+from tests.checkpoints.conftest import GGUF_VARIANTS
+
+TEXTS = [
+    "", "hello world", "Hello, World!", "  leading and  double  spaces", "trailing space ", "tabs\tand\nnew\n\nlines",
+    "def f(x):\n    return x ** 2  # comment\n", "1234567890 3.14159 -42 1e-9", "x² + y³", "don't we'll I'd they're",
+    "ünïcödé façade naïve", "日本語のテキスト", "中文 分词", "emoji 🙂🚀 and ZWJ 👩‍💻", "<|im_start|>user\nhi<|im_end|>\n",
+    "<|begin_of_text|>text<|end_of_text|>", "<|im_end|><|im_end|>", "http://example.com/a?b=c&d=e",
+    "CamelCaseIdentifier snake_case_name", "\r\n windows line", "a" * 300,
+]
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3 + 3?"}]
+
+
+@pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))
+def test_weights_equal_transformers_gguf_loading_bit_for_bit(variant, gguf_file, converted, transformers_gguf):
+    model, _ = transformers_gguf(gguf_file(variant))
+    expected = {name: tensor.numpy() for name, tensor in model.state_dict().items()}
+    weights = load_file(converted(variant) / "model.safetensors")
+    if model.config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    assert sorted(weights) == sorted(expected)
+    assert model.dtype == torch.float32
+    for name, values in weights.items():
+        assert values.dtype == np.float32 and np.array_equal(values, expected[name]), name
+
+
+@pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))
+def test_config_equals_transformers_on_every_field_the_engine_reads(variant, gguf_file, converted, transformers_gguf):
+    model, _ = transformers_gguf(gguf_file(variant))
+    config = json.loads((converted(variant) / "config.json").read_text())
+    theirs = model.config.to_dict()
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                  "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "attention_bias", "mlp_bias"):
+        assert config[field] == theirs[field], field
+    assert config["rope_parameters"]["rope_theta"] == theirs["rope_parameters"]["rope_theta"]
+    assert config["dtype"] == str(model.dtype).removeprefix("torch.") == "float32"
+
+
+def test_an_unquantized_file_converts_back_into_the_folder_it_was_written_from(tiny_model, converted):
+    original_dir = tiny_model()
+    original = load_file(f"{original_dir}/model.safetensors")
+    weights = load_file(converted("f32") / "model.safetensors")
+    assert sorted(weights) == sorted(original)
+    for name in original:  # q/k rows are back in HF's order: llama.cpp's permutation is undone
+        assert np.array_equal(weights[name], original[name]), name
+    mine = PreTrainedTokenizerFast.from_pretrained(converted("f32"))
+    theirs = PreTrainedTokenizerFast.from_pretrained(original_dir)
+    assert [mine(text).input_ids for text in TEXTS] == [theirs(text).input_ids for text in TEXTS]
+
+
+@pytest.mark.parametrize("variant", ["mixed", "tied-q8_0"])
+def test_tokenizer_and_chat_template_equal_transformers(variant, gguf_file, converted, transformers_gguf):
+    _, theirs = transformers_gguf(gguf_file(variant))
+    mine = PreTrainedTokenizerFast.from_pretrained(converted(variant))
+    for text in TEXTS:
+        assert mine(text).input_ids == theirs(text).input_ids, text
+        assert mine.decode(mine(text).input_ids) == theirs.decode(theirs(text).input_ids), text
+    assert (mine.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+            == theirs.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False))
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        assert getattr(mine, name) == getattr(theirs, name), name
+
+
+def test_generation_config_ends_at_the_end_of_text_and_the_chat_turns_end(converted):
+    generation = json.loads((converted("mixed") / "generation_config.json").read_text())
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(converted("mixed"))
+    assert generation["eos_token_id"] == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(gguf_file, converted, transformers_gguf):
+    model, _ = transformers_gguf(gguf_file("mixed"))
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, model.config.vocab_size, (length,), generator=generator).tolist()
+               for length in (1, 9, 64)]
+    max_tokens = 10
+    outputs = LLM(str(converted("mixed"))).generate(
+        prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        ids = torch.tensor([prompt])
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert list(output.outputs[0].token_ids) == expected
+
+
+def test_a_file_is_converted_once_into_a_folder_named_by_its_content(gguf_file, tmp_path, monkeypatch):
+    from pdserve.checkpoints import gguf_convert
+
+    path = gguf_file("mixed")
+    model_dir = ensure_converted(path, tmp_path)
+    assert model_dir.parent == tmp_path / "checkpoints"
+    assert model_dir.name.startswith("tiny-mixed-") and len(model_dir.name) == len("tiny-mixed-") + 12
+    assert [entry.name for entry in model_dir.parent.iterdir()] == [model_dir.name]  # no staging folder left
+
+    def no_second_conversion(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", no_second_conversion)
+    assert ensure_converted(path, tmp_path) == model_dir
+    other = tmp_path / "tiny-mixed.gguf"
+    other.write_bytes(gguf_file("f16").read_bytes())  # same name, other content: another folder
+    with pytest.raises(AssertionError, match="converted again"):
+        ensure_converted(other, tmp_path)
