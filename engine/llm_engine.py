@@ -61,7 +61,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.tokenizer = load_tokenizer(config.model)
         self.dtype = config.torch_dtype(self.model_config.torch_dtype)
-        model = load_model(Path(config.model), self.model_config, self.dtype, self.device)
+        model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len)
 
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
         num_blocks = self._num_kv_blocks(model)

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) over a paged KV pool.
+"""One decoder for every family (engine/families.py) over a paged KV pool.
 
 Tokens of all scheduled sequences are flattened into one batch: `input_ids [num_tokens]`,
 `positions [num_tokens]`. Each layer writes its new K/V into the pool through the slot mapping,
@@ -6,8 +6,12 @@ then attends over the pool (see `AttentionMetadata`). The pool is one tensor
 `kv_cache [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`, so layer `i` reads
 `kv_cache[i, 0]` (K) and `kv_cache[i, 1]` (V), each `[num_blocks, block_size, num_kv_heads, head_dim]`.
 
-q/k/v and gate/up projections are fused into one matmul each; `weights.py` packs the
-Hugging Face tensors into them. Parameter names otherwise follow the Hugging Face checkpoint.
+Families differ only in the parts `config.parts` picks: q/k norms, sliding-window layers, the
+MLP's activation, and a mixture of experts in place of the dense MLP.
+
+q/k/v and gate/up projections are fused into one matmul each, and each MoE layer's experts are
+stacked into one tensor per projection; `weights.py` packs the Hugging Face tensors into them.
+Parameter names otherwise follow the Hugging Face checkpoint.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from pdserve import kernels
 from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.rope import RotaryEmbedding, apply_rotary
+
+ACTIVATIONS = {"silu": nn.functional.silu}
 
 
 class RMSNorm(nn.Module):
@@ -45,15 +51,21 @@ class Attention(nn.Module):
         self.scale = config.head_dim ** -0.5
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        qk_norm = config.parts.qk_norm
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
         # x: [num_tokens, hidden]; kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim]
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # each head normalised over head_dim, before rope
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
 
@@ -75,19 +87,74 @@ class MLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.activation = ACTIVATIONS[config.parts.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(self.activation(gate) * up)
+
+
+class SparseMoE(nn.Module):
+    """Each token's output is its top-k experts' outputs weighted by the router's softmax over all
+    experts (those k weights renormalised to sum to 1 where the config says so)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        moe = config.parts.moe
+        self.top_k = moe.num_experts_per_tok
+        self.renormalize = moe.renormalize
+        self.gate = nn.Linear(config.hidden_size, moe.num_experts, bias=False)
+        self.experts = Experts(moe.num_experts, config.hidden_size, moe.intermediate_size,
+                               ACTIVATIONS[config.parts.activation])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, hidden]
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [num_tokens, num_experts]
+        weights, expert_ids = probs.topk(self.top_k, dim=-1)  # [num_tokens, top_k]
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self.experts(x, expert_ids, weights.to(x.dtype))
+
+
+class Experts(nn.Module):
+    """Stacked gated MLPs, run grouped: the (token, expert) assignments are sorted by expert, so
+    each expert multiplies one contiguous block of the tokens routed to it, once per projection.
+
+    The group sizes are read back to the host once per layer (a sync on CUDA); a grouped-GEMM
+    kernel that takes the sizes on the device would remove it.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 activation: Callable[[torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, hidden]; expert_ids, weights: [num_tokens, top_k]
+        top_k = expert_ids.shape[1]
+        order = expert_ids.flatten().argsort(stable=True)  # [num_tokens * top_k] assignments by expert
+        tokens = order // top_k  # [num_tokens * top_k] the token of each assignment
+        group_sizes = torch.bincount(expert_ids.flatten(), minlength=self.num_experts).tolist()
+        outputs = []
+        for expert, rows in enumerate(x[tokens].split(group_sizes)):  # rows: [group_size, hidden]
+            if len(rows):
+                gate, up = (rows @ self.gate_up_proj[expert].T).chunk(2, dim=-1)  # [group_size, intermediate]
+                outputs.append((self.activation(gate) * up) @ self.down_proj[expert].T)
+        weighted = torch.cat(outputs) * weights.flatten()[order, None]  # [num_tokens * top_k, hidden]
+        return torch.zeros_like(x).index_add_(0, tokens, weighted)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
+        moe = config.parts.moe
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = SparseMoE(config) if moe is not None and layer in moe.layers else MLP(config)
 
     def forward(self, x, cos, sin, kv_cache, attn):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
@@ -98,15 +165,17 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, layer) for layer in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, device: torch.device):
+    def __init__(self, config: ModelConfig, device: torch.device, max_model_len: int | None = None):
+        """`max_model_len` (default: the config's max positions) picks LongRoPE's factors (engine/rope.py)."""
         super().__init__()
         self.config = config
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim, device)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, max_model_len or config.max_position_embeddings,
+                                      device)
         self.model = DecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:

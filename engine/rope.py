@@ -1,9 +1,16 @@
-"""Rotary position embedding (rotate-half convention, as Hugging Face Llama/Qwen2/Mistral).
+"""Rotary position embedding (rotate-half convention, as Hugging Face Llama/Qwen2/Mistral/Phi-3).
 
-Frequencies follow the config: plain `theta ** (-2i / head_dim)`, or Llama 3's scaling that
-divides long wavelengths by `factor` and blends the band between the two cut-offs.
-cos/sin are computed in float32 and cast to the activation dtype, so bf16 runs round like the
-reference implementation.
+Frequencies follow the config: plain `theta ** (-2i / rotary_dim)`, Llama 3's scaling that
+divides long theta_powers by `factor` and blends the band between the two cut-offs, or LongRoPE's
+per-frequency divisors. With a `partial_rotary_factor` only the first `rotary_dim` of each head
+rotates. cos/sin are computed in float32 (times LongRoPE's attention factor) and cast to the
+activation dtype, so bf16 runs round like the reference implementation.
+
+LongRoPE has two sets of divisors, short (within the original context) and long. Which one
+rotates a token is fixed for the whole engine: the long set when it serves contexts beyond the
+original length (`max_model_len`), as vLLM does. (Transformers picks by each sequence's current
+length and recomputes the cache when a sequence crosses over; the prefix cache here is keyed by
+tokens alone, so one set must hold for every sequence.)
 """
 from __future__ import annotations
 
@@ -11,14 +18,20 @@ import math
 
 import torch
 
-from pdserve.engine.config import RopeConfig
+from pdserve.engine.rope_config import RopeConfig
 
 
-def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    inv_freq = 1.0 / rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+def inverse_frequencies(rope: RopeConfig, head_dim: int, max_model_len: int) -> torch.Tensor:
+    rotary_dim = int(head_dim * rope.partial_rotary_factor)
+    theta_powers = rope.theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)
+    if rope.rope_type == "longrope":
+        is_long = max_model_len > rope.original_max_position_embeddings
+        divisors = torch.tensor(rope.long_factor if is_long else rope.short_factor, dtype=torch.float32)
+        return 1.0 / (divisors * theta_powers)  # [rotary_dim // 2]
+    inv_freq = 1.0 / theta_powers
     if rope.rope_type == "llama3":
         inv_freq = _llama3_scale(inv_freq, rope)
-    return inv_freq  # [head_dim // 2]
+    return inv_freq  # [rotary_dim // 2]
 
 
 def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
@@ -41,20 +54,25 @@ class RotaryEmbedding:
     is built on the meta device, then moved to `device`.
     """
 
-    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device):
+    def __init__(self, rope: RopeConfig, head_dim: int, max_model_len: int, device: torch.device):
         with torch.device("cpu"):
-            self.inv_freq = inverse_frequencies(rope, head_dim).to(device)
+            self.inv_freq = inverse_frequencies(rope, head_dim, max_model_len).to(device)
+        self.attention_factor = rope.attention_factor
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [num_tokens] -> cos, sin: [num_tokens, 1, head_dim] in dtype
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [num_tokens, head_dim // 2]
+        # positions: [num_tokens] -> cos, sin: [num_tokens, 1, rotary_dim] in dtype
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [num_tokens, rotary_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [num_tokens, num_heads, head_dim]
-    return x * cos + _rotate_half(x) * sin
+    # x: [num_tokens, num_heads, head_dim]; the first rotary_dim = cos.shape[-1] of each head rotate
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat((rotated * cos + _rotate_half(rotated) * sin, passed), dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """Test-wide set-up: Triton kernels run under the interpreter unless a GPU run says otherwise.
 
 The interpreter flag must be set before any module that defines a Triton kernel is imported.
+tests/tier_check.py fails a test that starts a pdserve service or a Redis server without a tier
+marker (e2e, faults, redis, ...); process helpers shared between folders are in tests/helpers.py.
 """
 import os
 
@@ -9,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
+
+pytest_plugins = ["tests.tier_check"]
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +26,43 @@ def tiny_model(tmp_path_factory):
         key = tuple(sorted(spec.items()))
         if key not in written:
             written[key] = str(write_tiny_model(tmp_path_factory.mktemp("model"), **spec))
+        return written[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hf_model(tmp_path_factory):
+    """Writes a random-weight folder for a transformers config of any architecture, once per
+    distinct config, and returns its path: the tiny tokenizer (its special ids set in the config),
+    weights drawn as `tiny_model` draws them, saved by the architecture's own model class, so the
+    folder holds the checkpoint names users download."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdserve.checkpoints.tiny_model import TinyModelSpec, generation_config, random_weights
+    from pdserve.checkpoints.tiny_tokenizer import write_tiny_tokenizer
+
+    written = {}
+
+    def make(config, seed: int = 0) -> str:
+        key = (config.to_json_string(), seed)
+        if key not in written:
+            config = copy.deepcopy(config)
+            out_dir = tmp_path_factory.mktemp(config.model_type)
+            tokenizer = write_tiny_tokenizer(out_dir, config.vocab_size)
+            config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+            config.pad_token_id = tokenizer.pad_token_id
+            weights = random_weights(config, TinyModelSpec(seed=seed))  # reads the spec's seed, init range, dtype
+            model = AutoModelForCausalLM.from_config(config)
+            with torch.no_grad():
+                for name, parameter in model.named_parameters():
+                    parameter.copy_(weights[name])
+            model.save_pretrained(out_dir)
+            generation_config(tokenizer).save_pretrained(out_dir)
+            written[key] = str(out_dir)
         return written[key]
 
     return make

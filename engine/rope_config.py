@@ -1,0 +1,66 @@
+"""RoPE as a config.json asks for it, read to one `RopeConfig` (engine/rope.py computes it).
+
+Older folders spell RoPE as `rope_theta` + `rope_scaling`, newer ones as `rope_parameters`;
+both read the same. No torch here: the gateway reads configs too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pdserve.engine.errors import InvalidModelError
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"  # "default" | "llama3" | "longrope"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors within the original context
+    long_factor: tuple[float, ...] = ()  # longrope: beyond it
+    attention_factor: float = 1.0  # cos and sin are scaled by it (longrope)
+    partial_rotary_factor: float = 1.0  # the share of head_dim that rotates; the rest passes through
+
+
+def read_rope(raw: dict, head_dim: int) -> RopeConfig:
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if rope_type == "default":
+        return RopeConfig(theta=theta, partial_rotary_factor=partial)
+    if rope_type == "llama3":
+        return RopeConfig(
+            theta=theta,
+            rope_type=rope_type,
+            factor=params["factor"],
+            low_freq_factor=params["low_freq_factor"],
+            high_freq_factor=params["high_freq_factor"],
+            original_max_position_embeddings=params["original_max_position_embeddings"],
+            partial_rotary_factor=partial,
+        )
+    if rope_type == "longrope":
+        return _read_longrope(raw, params, theta, partial, head_dim)
+    raise InvalidModelError(f"unsupported rope type {rope_type!r}; supported: default, llama3, longrope")
+
+
+def _read_longrope(raw: dict, params: dict, theta: float, partial: float, head_dim: int) -> RopeConfig:
+    """Phi-3's LongRoPE, read as transformers reads it: a top-level
+    `original_max_position_embeddings` wins; `factor` defaults to the ratio of the context
+    lengths, and the attention factor to sqrt(1 + ln(factor) / ln(original length))."""
+    original = raw.get("original_max_position_embeddings") or params["original_max_position_embeddings"]
+    factor = params.get("factor") or raw["max_position_embeddings"] / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+    short, long = tuple(params["short_factor"]), tuple(params["long_factor"])
+    num_frequencies = int(head_dim * partial) // 2
+    if len(short) != num_frequencies or len(long) != num_frequencies:
+        raise InvalidModelError(f"longrope needs {num_frequencies} short and long factors (one per rotated "
+                                f"pair), got {len(short)} and {len(long)}")
+    return RopeConfig(theta=theta, rope_type="longrope", factor=factor, original_max_position_embeddings=original,
+                      short_factor=short, long_factor=long, attention_factor=attention_factor,
+                      partial_rotary_factor=partial)

@@ -1,0 +1,130 @@
+"""Every family's greedy output equals transformers' token for token, on tiny random checkpoints
+written by transformers' own classes (so the folders hold the names users download).
+
+Each family runs through `LLM` on one hard schedule: prompts of 1 to 70 tokens all at once, a
+token budget of 16 (most prompts prefill in chunks) and a pool of 12 blocks of 8 (the batch
+needs several times that, so requests are preempted and recomputed); then second turns that
+resend a first turn's prompt and answer, whose prefix the cache serves. float32 throughout: two
+correct implementations agree on every argmax there (see test_greedy_matches_hf.py for bfloat16).
+The shapes vary head dims, GQA ratios and tied embeddings across families.
+"""
+import pytest
+import torch
+from transformers import MixtralConfig, Phi3Config, Qwen3Config, Qwen3MoeConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.errors import InvalidModelError
+from pdserve.engine.rope import inverse_frequencies
+
+VOCAB_SIZE = 512
+PROMPT_LENGTHS = (1, 3, 17, 29, 45, 70)
+SHAPE = dict(vocab_size=VOCAB_SIZE, max_position_embeddings=1024, num_hidden_layers=2)
+
+
+def run_schedule(model_dir: str, hf_greedy, prompt_lengths=PROMPT_LENGTHS, **engine_args) -> LLM:
+    """Both turns through the engine, each equal to transformers'; returns the engine for its counts."""
+    llm = LLM(model_dir, dtype="float32", block_size=8, num_gpu_blocks=12, max_num_batched_tokens=16,
+              max_num_seqs=8, **engine_args)
+    generator = torch.Generator().manual_seed(len(model_dir))
+    first = [(torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist(), 6 + i % 5)
+             for i, n in enumerate(prompt_lengths)]
+    answers = generate_and_compare(llm, model_dir, hf_greedy, first)
+    assert llm.engine.scheduler.num_preemptions > 0
+    second = [(prompt + answer + [7, 8, 9], 5) for (prompt, _), answer in zip(first, answers) if len(prompt) > 16]
+    generate_and_compare(llm, model_dir, hf_greedy, second)
+    assert llm.engine.scheduler.num_prefix_hit_tokens > 0
+    assert llm.engine.allocator.num_free_blocks == llm.engine.allocator.num_blocks
+    return llm
+
+
+def generate_and_compare(llm: LLM, model_dir: str, hf_greedy, cases) -> list[list[int]]:
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in cases]
+    ours = [list(out.outputs[0].token_ids) for out in llm.generate([p for p, _ in cases], params, use_tqdm=False)]
+    expected = hf_greedy(model_dir, cases)
+    mismatches = [(i, len(p), e, o) for i, ((p, _), e, o) in enumerate(zip(cases, expected, ours)) if e != o]
+    assert not mismatches, f"{len(mismatches)} of {len(cases)} differ; first: {mismatches[0]}"
+    return ours
+
+
+def test_qwen3_normalises_each_head_of_q_and_k(hf_model, hf_greedy):
+    # head_dim 48, set apart from hidden / heads as Qwen3 does; GQA 2; tied embeddings
+    config = Qwen3Config(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=48, tie_word_embeddings=True, **SHAPE)
+    run_schedule(hf_model(config), hf_greedy)
+
+
+def test_phi3_loads_its_fused_projections_as_they_are(hf_model, hf_greedy):
+    # head_dim 32, no GQA (as Phi-3-mini); untied
+    config = Phi3Config(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
+                        **SHAPE)
+    run_schedule(hf_model(config), hf_greedy)
+
+
+def phi3_longrope_config() -> Phi3Config:
+    """Phi-4-mini's shape of LongRoPE: 3/4 of each head rotates, GQA 3, tied; an original context
+    of 32 positions within 1024."""
+    rotated_pairs = 6  # head_dim 16 * 0.75 / 2
+    return Phi3Config(hidden_size=96, intermediate_size=192, num_attention_heads=6, num_key_value_heads=2,
+                      partial_rotary_factor=0.75, tie_word_embeddings=True, original_max_position_embeddings=32,
+                      rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 4 for i in range(rotated_pairs)],
+                                    "long_factor": [2.0 + i for i in range(rotated_pairs)]},
+                      **SHAPE)
+
+
+def test_phi3_longrope_rotates_with_the_long_factors_beyond_the_original_context(hf_model, hf_greedy):
+    # Every prompt is longer than the original context, so transformers takes the long factors.
+    run_schedule(hf_model(phi3_longrope_config()), hf_greedy, prompt_lengths=(33, 40, 47, 52, 61, 70))
+
+
+def test_phi3_longrope_keeps_the_short_factors_within_the_original_context(hf_model, hf_greedy):
+    llm = LLM(hf_model(phi3_longrope_config()), dtype="float32", block_size=8, num_gpu_blocks=6,
+              max_num_batched_tokens=8, max_num_seqs=8, max_model_len=32)
+    generator = torch.Generator().manual_seed(3)
+    cases = [(torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist(), 32 - n) for n in (1, 9, 20, 26)]
+    generate_and_compare(llm, llm.engine.config.model, hf_greedy, cases)
+    assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_a_hub_longrope_config_reads_to_transformers_frequencies():
+    """Phi-3-mini-128k's spelling: `rope_scaling` with `type`, the original length at the top level."""
+    raw = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 131072,
+           "original_max_position_embeddings": 4096, "rope_theta": 10000.0, "pad_token_id": 32000,
+           "rope_scaling": {"type": "longrope", "short_factor": [1.0 + i / 100 for i in range(48)],
+                            "long_factor": [1.0 + i for i in range(48)]}}
+    rope = ModelConfig.from_dict(raw).rope
+    for max_model_len in (4096, 131072):
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["longrope"](Phi3Config(**raw), None, seq_len=max_model_len)
+        assert torch.equal(inverse_frequencies(rope, 96, max_model_len), inv_freq)
+        assert rope.attention_factor == attention_factor
+
+
+def test_mixtral_routes_each_token_to_its_renormalised_top_2_experts(hf_model, hf_greedy):
+    # head_dim 16, GQA 4, 4 experts; untied
+    config = MixtralConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1,
+                           num_local_experts=4, num_experts_per_tok=2, **SHAPE)
+    run_schedule(hf_model(config), hf_greedy)
+
+
+@pytest.mark.parametrize("layout", [
+    dict(norm_topk_prob=True, mlp_only_layers=[1]),  # layer 1 keeps a dense MLP
+    dict(norm_topk_prob=False, decoder_sparse_step=2, num_hidden_layers=4),  # experts in layers 1 and 3
+])
+def test_qwen3_moe_routes_sparse_layers_and_keeps_dense_ones(hf_model, hf_greedy, layout):
+    # head_dim 32, GQA 2, 8 experts of which 3 per token; tied
+    shape = {**SHAPE, **layout}
+    config = Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=48, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=3,
+                            tie_word_embeddings=True, **shape)
+    model_dir = hf_model(config)
+    moe = ModelConfig.from_dir(model_dir).parts.moe
+    assert (moe.num_experts, moe.renormalize) == (8, layout["norm_topk_prob"])
+    assert moe.layers == ((0,) if "mlp_only_layers" in layout else (1, 3))
+    run_schedule(model_dir, hf_greedy)
+
+
+def test_an_unsupported_architecture_is_refused_with_the_supported_list():
+    with pytest.raises(InvalidModelError, match="supported: LlamaForCausalLM, .*Qwen3MoeForCausalLM"):
+        ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"]})
