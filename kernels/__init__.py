@@ -60,17 +60,16 @@ def decode_attention(
     """Attention of each sequence's one new token (K/V already stored) over its context."""
     _check_masking(sliding_window, logit_softcap)
     masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
-    unmasked = sliding_window is None and logit_softcap is None
-    if query.is_cuda and unmasked:
+    if query.is_cuda:
         from pdserve.kernels import triton_decode_attention
 
         return triton_decode_attention.decode_attention(
-            query, k_cache, v_cache, block_tables, context_lens, scale
+            query, k_cache, v_cache, block_tables, context_lens, scale, **masking
         )
-    if (unmasked and query.dtype == k_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+    if (query.dtype == k_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
             and (library := cpu_decode_attention.load(k_cache.dtype))):
         return cpu_decode_attention.decode_attention(
-            library, query, k_cache, v_cache, block_tables, context_lens, scale)
+            library, query, k_cache, v_cache, block_tables, context_lens, scale, **masking)
     return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale, **masking)
 
 
@@ -93,11 +92,11 @@ def prefill_attention(
     """
     _check_masking(sliding_window, logit_softcap)
     masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
-    if query.is_cuda and sliding_window is None and logit_softcap is None:
+    if query.is_cuda:
         from pdserve.kernels import triton_prefill_attention
 
         return triton_prefill_attention.prefill_attention(
-            query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
+            query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **masking
         )
     return prefill_attention_reference(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **masking

@@ -2,9 +2,10 @@
 
 Run as `python -m kernels.aot` with TRITON_INTERPRET unset or 0 (under the interpreter
 `@triton.jit` yields interpreted functions that cannot be compiled). Each kernel is compiled for
-fp16 and bf16 at head dims 64, 80 and 128, and for fp32 (IEEE tile products) at head dim 64, with
-the launchers' own constexpr choices; one line per
-compile reports the PTX target and cubin size, and the exit status is non-zero if any is empty.
+fp16 and bf16 at head dims 64, 80 and 128, for fp32 (IEEE tile products) at head dim 64, and
+masked (Gemma 2's sliding window and logit softcap) for bf16 at head dim 128, with the
+launchers' own constexpr choices; one line per compile reports the PTX target and cubin size, and
+the exit status is non-zero if any is empty.
 """
 import sys
 
@@ -14,10 +15,12 @@ from triton.backends.compiler import GPUTarget
 from pdserve.kernels import triton_decode_attention, triton_prefill_attention, triton_store_kv
 
 TARGET = GPUTarget("cuda", 90, 32)
-COMPILE_CASES = (
-    *((dtype, head_dim) for dtype in ("fp16", "bf16") for head_dim in (64, 80, 128)),
-    ("fp32", 64),
+COMPILE_CASES = (  # (dtype, head_dim, masked)
+    *((dtype, head_dim, False) for dtype in ("fp16", "bf16") for head_dim in (64, 80, 128)),
+    ("fp32", 64, False),
+    ("bf16", 128, True),
 )
+MASKED_WINDOW, MASKED_SOFTCAP = 4096, 50.0  # Gemma 2's
 FLOAT_ARGS = {"qk_scale_log2"}
 NUM_KV_HEADS = 8
 QUERIES_PER_KV = 4
@@ -25,10 +28,11 @@ BLOCK_SIZE = 16
 NUM_WARPS = 4
 
 
-def kernel_specs(dtype: str, head_dim: int):
-    """(kernel, pointer types, constexprs) for one dtype and head dim."""
+def kernel_specs(dtype: str, head_dim: int, masked: bool):
+    """(kernel, pointer types, constexprs) for one dtype and head dim, masked or not."""
     paging = {"k_cache_ptr": dtype, "v_cache_ptr": dtype, "block_tables_ptr": "i32"}
     exact_dot = dtype == "fp32"
+    window, softcap = (MASKED_WINDOW, MASKED_SOFTCAP) if masked else (None, None)
     split_tokens = triton_decode_attention.default_split_tokens(4096)
     num_splits = triton.cdiv(4096, split_tokens)
     yield (
@@ -42,21 +46,22 @@ def kernel_specs(dtype: str, head_dim: int):
         {**paging, "query_ptr": dtype, "context_lens_ptr": "i32", "partial_out_ptr": "fp32",
          "partial_lse_ptr": "fp32"},
         triton_decode_attention.split_kernel_constants(
-            head_dim, QUERIES_PER_KV, BLOCK_SIZE, split_tokens, exact_dot
+            head_dim, QUERIES_PER_KV, BLOCK_SIZE, split_tokens, exact_dot, sliding_window=window, logit_softcap=softcap
         ),
     )
     yield (
         triton_decode_attention._decode_reduce_kernel,
         {"partial_out_ptr": "fp32", "partial_lse_ptr": "fp32", "context_lens_ptr": "i32",
          "out_ptr": dtype},
-        triton_decode_attention.reduce_kernel_constants(head_dim, num_splits),
+        triton_decode_attention.reduce_kernel_constants(head_dim, num_splits, window),
     )
     yield (
         triton_prefill_attention._prefill_kernel,
         {**paging, "query_ptr": dtype, "out_ptr": dtype, "query_start_loc_ptr": "i32",
          "context_lens_ptr": "i32"},
         triton_prefill_attention.prefill_kernel_constants(
-            head_dim, QUERIES_PER_KV, BLOCK_SIZE, query_tile=64, key_tile=64, exact_dot=exact_dot
+            head_dim, QUERIES_PER_KV, BLOCK_SIZE, query_tile=64, key_tile=64, exact_dot=exact_dot,
+            sliding_window=window, logit_softcap=softcap,
         ),
     )
 
@@ -77,8 +82,8 @@ def main() -> int:
         print("TRITON_INTERPRET is set: kernels are interpreted and cannot be compiled")
         return 1
     num_empty = 0
-    for dtype, head_dim in COMPILE_CASES:
-        for kernel, pointer_types, constants in kernel_specs(dtype, head_dim):
+    for dtype, head_dim, masked in COMPILE_CASES:
+        for kernel, pointer_types, constants in kernel_specs(dtype, head_dim, masked):
             source = triton.compiler.ASTSource(
                 kernel, signature(kernel, pointer_types, constants), constants
             )
@@ -88,7 +93,8 @@ def main() -> int:
                 line for line in compiled.asm["ptx"].splitlines() if line.startswith(".target")
             )
             num_empty += cubin_bytes == 0
-            print(f"{kernel.__name__} {dtype} d{head_dim}: {target_line}, cubin {cubin_bytes} bytes")
+            case = f"{dtype} d{head_dim}{' masked' if masked else ''}"
+            print(f"{kernel.__name__} {case}: {target_line}, cubin {cubin_bytes} bytes")
     return 1 if num_empty else 0
 
 

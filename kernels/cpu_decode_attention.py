@@ -53,7 +53,8 @@ def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
         return None
     function = library.paged_decode_attention
     function.restype = ctypes.c_int64
-    function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int32]
+    function.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7
+                         + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int32])
     return library
 
 
@@ -87,9 +88,10 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def decode_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables, context_lens, scale):
+def decode_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables, context_lens, scale, *,
+                     sliding_window: int | None = None, logit_softcap: float | None = None):
     """`kernels.decode_attention` for CPU tensors of the documented layouts, K/V in the dtype that
-    `library` was built for."""
+    `library` was built for. The C kernel takes 0 for no window and for no softcap."""
     query_f32 = query.float().contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
     context_lens = context_lens.to(torch.int32).contiguous()
@@ -100,7 +102,7 @@ def decode_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables
         out.data_ptr(), query_f32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         block_tables.data_ptr(), context_lens.data_ptr(),
         num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size, block_tables.shape[1],
-        scale, torch.get_num_threads(),
+        scale, sliding_window or 0, logit_softcap or 0.0, torch.get_num_threads(),
     )
     if status == -1:
         raise MemoryError(f"decode attention: no scratch memory for {num_seqs} sequences")

@@ -2,8 +2,8 @@
 
 These also serve CPU inference, so they copy K/V out of the pool a whole block at a time and
 attend with `scaled_dot_product_attention`, returning the input dtype:
-- decode, in fp32: one query row per sequence; sequences of similar context length share one call over
-  their contexts padded to the group's longest (padding masked), so however ragged the batch a
+- decode, in fp32: one query row per sequence; sequences attending a similar number of keys share
+  one call over their keys padded to the group's longest (padding masked), so however ragged the batch a
   call reads at most about `1 / MIN_GROUP_LENGTH_RATIO` times the keys it needs, and a call's
   copy of K stays small enough (`MAX_GROUP_KEY_BYTES`) to be still in cache when it is read;
 - prefill: sequence by sequence, so memory follows each sequence's own chunk and context rather
@@ -13,8 +13,9 @@ Masking, in both: a query at position i sees key position j iff j <= i and, with
 `sliding_window` w, i - j < w. Scores are s = scale * q.k; with a `logit_softcap` c they are
 c * tanh(s / c) before the softmax, which `scaled_dot_product_attention` cannot do, so softcapped
 attention forms its scores explicitly, in fp32.
-Cache slots outside a sequence's context may hold anything (even NaN) and block-table entries
-past a sequence's last block may hold anything (even -1): neither reaches the output.
+Cache slots outside a sequence's context or before the window of its first new token may hold
+anything (even NaN), and so may the block-table entries of blocks past its last or wholly before
+that window (even -1): none of them reaches the output.
 """
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
     v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value
 
 
-MIN_GROUP_LENGTH_RATIO = 0.8  # decode: shortest / longest context among sequences in one call
+MIN_GROUP_LENGTH_RATIO = 0.8  # decode: fewest / most keys attended by sequences in one call
 MAX_GROUP_KEY_BYTES = 1 << 20  # decode: fp32 padded K of one call, unless one sequence needs more
 
 
@@ -37,19 +38,23 @@ def decode_attention_reference(
     num_kv_heads, head_dim = k_cache.shape[2:]
     fp32_key_bytes = num_kv_heads * head_dim * 4
     max_keys = MAX_GROUP_KEY_BYTES // fp32_key_bytes
-    for seqs in _similar_length_groups(context_lens, max_keys):
+    # The new token sits at position context_len - 1 and sees the keys from key_start on.
+    key_starts = torch.zeros_like(context_lens)  # [num_seqs]
+    if sliding_window is not None:
+        key_starts = (context_lens - sliding_window).clamp(min=0)
+    for seqs in _similar_length_groups(context_lens - key_starts, max_keys):
         out[seqs] = _padded_decode_attention(
-            query[seqs], k_cache, v_cache, block_tables[seqs], context_lens[seqs], scale, sliding_window,
+            query[seqs], k_cache, v_cache, block_tables[seqs], key_starts[seqs], context_lens[seqs], scale,
             logit_softcap,
         )
     return out
 
 
-def _similar_length_groups(context_lens, max_keys):
+def _similar_length_groups(lengths, max_keys):
     """Sequence indices, longest first, cut into groups whose lengths are all at least
     MIN_GROUP_LENGTH_RATIO times the group's longest and, padded to it, sum to at most max_keys
     (a longer sequence forms a group of its own)."""
-    lengths, order = context_lens.sort(descending=True)
+    lengths, order = lengths.sort(descending=True)
     groups, start = [], 0
     lengths = lengths.tolist()
     for end in range(1, len(lengths) + 1):
@@ -60,15 +65,8 @@ def _similar_length_groups(context_lens, max_keys):
     return groups
 
 
-def _padded_decode_attention(
-    query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, logit_softcap
-):
-    key, value, in_context = _gather_padded_contexts(k_cache, v_cache, block_tables, context_lens)
-    visible = in_context  # [num_seqs, num_keys]
-    if sliding_window is not None:
-        positions = torch.arange(visible.shape[1], device=visible.device)
-        new_positions = context_lens[:, None].long() - 1  # [num_seqs, 1]
-        visible = visible & (new_positions - positions < sliding_window)
+def _padded_decode_attention(query, k_cache, v_cache, block_tables, key_starts, context_lens, scale, logit_softcap):
+    key, value, visible = _gather_padded_keys(k_cache, v_cache, block_tables, key_starts, context_lens)
     args = (
         query[:, :, None].float(),  # [num_seqs, num_heads, 1, head_dim]
         key.transpose(1, 2),  # [num_seqs, num_kv_heads, num_keys, head_dim]
@@ -91,21 +89,23 @@ def prefill_attention_reference(
     for seq, context_len in enumerate(context_lens.tolist()):
         start, end = query_starts[seq], query_starts[seq + 1]
         query_len = end - start
-        key = _gather_context(k_cache, block_tables[seq], context_len)  # [context_len, kv_heads, dim]
-        value = _gather_context(v_cache, block_tables[seq], context_len)
-        # New token i sits at position prefix_len + i and sees every key up to it (in the window);
-        # without a cached prefix, a window or a softcap, torch's own causal attention does that.
         prefix_len = context_len - query_len
+        # New token i sits at position prefix_len + i and sees every key up to it in the window, so
+        # keys from the first new token's window start on are read: key_start + k for key k.
+        key_start = 0 if sliding_window is None else max(0, prefix_len - sliding_window + 1)
+        key = _gather_context(k_cache, block_tables[seq], key_start, context_len)  # [num_keys, kv_heads, dim]
+        value = _gather_context(v_cache, block_tables[seq], key_start, context_len)
+        # Without a cached prefix, a window or a softcap, torch's own causal attention does that.
         is_causal = prefix_len == 0 and sliding_window is None and logit_softcap is None
         visible = None if is_causal else torch.ones(
-            query_len, context_len, dtype=torch.bool, device=query.device
-        ).tril(prefix_len)  # [query_len, context_len]
+            query_len, context_len - key_start, dtype=torch.bool, device=query.device
+        ).tril(prefix_len - key_start)  # [query_len, num_keys]
         if sliding_window is not None:
-            visible = visible.triu(prefix_len - sliding_window + 1)
+            visible = visible.triu(prefix_len - key_start - sliding_window + 1)
         # 4-D inputs take torch's fused CPU attention; 3-D ones the unfused math path (~5x slower).
         args = (
             query[None, start:end].transpose(1, 2),  # [1, num_heads, query_len, head_dim]
-            key[None].transpose(1, 2),  # [1, num_kv_heads, context_len, head_dim]
+            key[None].transpose(1, 2),  # [1, num_kv_heads, num_keys, head_dim]
             value[None].transpose(1, 2),
         )
         if logit_softcap is None:
@@ -131,31 +131,37 @@ def _softcapped_attention(query, key, value, visible, scale, logit_softcap):
     return (probs @ value).to(query.dtype)
 
 
-def _gather_context(cache, block_table, context_len):
-    """One sequence's [context_len, num_kv_heads, head_dim] slice of the pool, a copy."""
+def _gather_context(cache, block_table, start, end):
+    """Positions start..end-1 of one sequence: a [end - start, num_kv_heads, head_dim] copy."""
     block_size = cache.shape[1]
-    num_blocks = -(-context_len // block_size)
-    return cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:context_len]
+    first_block = start // block_size
+    blocks = cache.index_select(0, block_table[first_block:-(-end // block_size)].long()).flatten(0, 1)
+    return blocks[start - first_block * block_size:end - first_block * block_size]
 
 
-def _gather_padded_contexts(k_cache, v_cache, block_tables, context_lens):
-    """Every sequence's K and V as dense fp32 [num_seqs, num_keys, num_kv_heads, head_dim] copies,
-    num_keys covering the longest context in whole blocks, zero outside each context (where the
-    pool may hold NaN, which masking alone would not keep out of the output); and
-    in_context [num_seqs, num_keys]."""
-    num_seqs = block_tables.shape[0]
+def _gather_padded_keys(k_cache, v_cache, block_tables, key_starts, context_lens):
+    """Every sequence's K and V from the block holding its key_start to its context's end, as
+    dense fp32 [num_seqs, num_keys, num_kv_heads, head_dim] copies, num_keys covering the longest
+    such span in whole blocks, zero outside key_start..context_len-1 (where the pool may hold NaN,
+    which masking alone would not keep out of the output); and that range as visible
+    [num_seqs, num_keys]."""
+    num_seqs, max_blocks_per_seq = block_tables.shape
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
-    context_lens = context_lens.long()
-    num_blocks = -(-int(context_lens.max()) // block_size)
+    key_starts, context_lens = key_starts.long()[:, None], context_lens.long()[:, None]  # [num_seqs, 1]
+    first_blocks = key_starts // block_size
+    num_blocks = -(-int((context_lens - first_blocks * block_size).max()) // block_size)
     num_keys = num_blocks * block_size
-    in_context = torch.arange(num_keys, device=k_cache.device) < context_lens[:, None]
+    positions = first_blocks * block_size + torch.arange(num_keys, device=k_cache.device)  # [num_seqs, num_keys]
+    visible = (positions >= key_starts) & (positions < context_lens)
     # Table entries past a sequence's last block may be anything: read block 0 there instead.
-    block_ids = torch.where(in_context[:, ::block_size], block_tables[:, :num_blocks].long(), 0)
-    outside_rows = (~in_context).flatten().nonzero().squeeze(1)  # [num_outside] flat (seq, key)
+    table_columns = (first_blocks + torch.arange(num_blocks, device=k_cache.device)).clamp(max=max_blocks_per_seq - 1)
+    in_context = positions[:, ::block_size] < context_lens  # [num_seqs, num_blocks]
+    block_ids = torch.where(in_context, block_tables.gather(1, table_columns).long(), 0)
+    hidden_rows = (~visible).flatten().nonzero().squeeze(1)  # [num_hidden] flat (seq, key)
 
     def gather(cache):
         dense = cache.index_select(0, block_ids.flatten()).float()
-        dense = dense.view(num_seqs * num_keys, num_kv_heads, head_dim).index_fill_(0, outside_rows, 0)
+        dense = dense.view(num_seqs * num_keys, num_kv_heads, head_dim).index_fill_(0, hidden_rows, 0)
         return dense.view(num_seqs, num_keys, num_kv_heads, head_dim)
 
-    return gather(k_cache), gather(v_cache), in_context
+    return gather(k_cache), gather(v_cache), visible

@@ -1,6 +1,10 @@
 """Split-KV paged decode attention in Triton: one new query token per sequence.
 
-Each sequence's context is cut into splits of `split_tokens` positions. Pass 1 runs one program
+Masking: the new token, at position context_len - 1, sees the positions from key_start =
+max(0, context_len - SLIDING_WINDOW) (0 without a window) to itself, and nothing else is loaded.
+Scores are kept in base 2 (scale * log2 e) for exp2; a softcap c caps them at c * log2 e.
+
+Those keys are cut into splits of `split_tokens` positions from key_start. Pass 1 runs one program
 per (sequence, kv head, split); it attends all query heads that share the kv head (GQA) over
 the split with an online softmax and writes a normalised partial output and its log-sum-exp:
 
@@ -24,6 +28,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.paged_tile import load_kv_tile
+from pdserve.kernels.softcap import softcap
 from pdserve.kernels.tile_dot import needs_exact_dot, tile_dot
 
 MAX_SPLITS = 16
@@ -35,7 +40,7 @@ MIN_GROUP_ROWS = 16
 
 @dataclass(frozen=True, slots=True)
 class DecodeLaunch:
-    split_tokens: int | None = None  # None: default_split_tokens of the block tables' width
+    split_tokens: int | None = None  # None: default_split_tokens of the most keys a sequence can attend
     tile_tokens: int | None = None  # None: the split's tokens rounded up to a power of 2, clamped to the tile range
     num_warps: int = 4
     num_stages: int = 3
@@ -74,12 +79,15 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_TOKENS: tl.constexpr,
     EXACT_DOT: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
+    LOGIT_SOFTCAP_LOG2: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    split_start = split * split_tokens
+    key_start = tl.maximum(context_len - SLIDING_WINDOW, 0) if SLIDING_WINDOW is not None else 0
+    split_start = key_start + split * split_tokens
     if split_start >= context_len:
         return
     split_end = tl.minimum(split_start + split_tokens, context_len)
@@ -105,6 +113,8 @@ def _decode_split_kernel(
                                   stride_cache_slot, stride_cache_head, BLOCK_SIZE)  # [TILE_TOKENS, HEAD_DIM_PAD] each
 
         scores = tile_dot(query, tl.trans(key), EXACT_DOT) * qk_scale_log2  # [GROUP_ROWS, TILE_TOKENS]
+        if LOGIT_SOFTCAP_LOG2 is not None:
+            scores = softcap(scores, LOGIT_SOFTCAP_LOG2)
         scores = tl.where(in_split[None, :], scores, float("-inf"))
         tile_max = tl.maximum(running_max, tl.max(scores, axis=1))
         probs = tl.exp2(scores - tile_max[:, None])
@@ -145,10 +155,13 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     NUM_SPLITS_PAD: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    num_used_splits = tl.cdiv(tl.load(context_lens_ptr + seq), split_tokens)
+    context_len = tl.load(context_lens_ptr + seq)
+    key_start = tl.maximum(context_len - SLIDING_WINDOW, 0) if SLIDING_WINDOW is not None else 0
+    num_used_splits = tl.cdiv(context_len - key_start, split_tokens)
     splits = tl.arange(0, NUM_SPLITS_PAD)
     split_mask = splits < num_used_splits
     dims = tl.arange(0, HEAD_DIM_PAD)
@@ -173,7 +186,7 @@ def _decode_reduce_kernel(
 
 def split_kernel_constants(
     head_dim: int, queries_per_kv: int, block_size: int, split_tokens: int, exact_dot: bool,
-    tile_tokens: int | None = None,
+    tile_tokens: int | None = None, sliding_window: int | None = None, logit_softcap: float | None = None,
 ) -> dict:
     if tile_tokens is None:
         tile_tokens = min(MAX_TILE_TOKENS, max(MIN_TILE_TOKENS, triton.next_power_of_2(split_tokens)))
@@ -185,21 +198,29 @@ def split_kernel_constants(
         BLOCK_SIZE=block_size,
         TILE_TOKENS=tile_tokens,
         EXACT_DOT=exact_dot,
+        SLIDING_WINDOW=sliding_window,
+        LOGIT_SOFTCAP_LOG2=None if logit_softcap is None else logit_softcap * math.log2(math.e),
     )
 
 
-def reduce_kernel_constants(head_dim: int, num_splits: int) -> dict:
+def reduce_kernel_constants(head_dim: int, num_splits: int, sliding_window: int | None = None) -> dict:
     return dict(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         NUM_SPLITS_PAD=triton.next_power_of_2(num_splits),
+        SLIDING_WINDOW=sliding_window,
     )
 
 
-def default_split_tokens(max_context_len: int) -> int:
-    """Tokens per split for contexts up to `max_context_len`: at most MAX_SPLITS splits."""
-    num_splits = min(MAX_SPLITS, triton.cdiv(max_context_len, MIN_SPLIT_TOKENS))
-    return triton.cdiv(triton.cdiv(max_context_len, num_splits), MAX_TILE_TOKENS) * MAX_TILE_TOKENS
+def max_attended_keys(max_context_len: int, sliding_window: int | None) -> int:
+    """The most keys one new token attends in contexts up to `max_context_len`."""
+    return max_context_len if sliding_window is None else min(max_context_len, sliding_window)
+
+
+def default_split_tokens(max_keys: int) -> int:
+    """Tokens per split when a new token attends up to `max_keys` keys: at most MAX_SPLITS splits."""
+    num_splits = min(MAX_SPLITS, triton.cdiv(max_keys, MIN_SPLIT_TOKENS))
+    return triton.cdiv(triton.cdiv(max_keys, num_splits), MAX_TILE_TOKENS) * MAX_TILE_TOKENS
 
 
 def decode_attention(
@@ -210,15 +231,19 @@ def decode_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     launch: DecodeLaunch = DecodeLaunch(),
+    *,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """Split-KV decode; the split's size defaults to one derived from the block-table width,
-    so no device-to-host sync is needed."""
+    """Split-KV decode; the split's size defaults to one derived from the block-table width and
+    the window, so no device-to-host sync is needed."""
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    split_tokens = launch.split_tokens or default_split_tokens(block_tables.shape[1] * block_size)
-    num_splits = triton.cdiv(block_tables.shape[1] * block_size, split_tokens)
+    max_keys = max_attended_keys(block_tables.shape[1] * block_size, sliding_window)
+    split_tokens = launch.split_tokens or default_split_tokens(max_keys)
+    num_splits = triton.cdiv(max_keys, split_tokens)
     k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, num_kv_heads, head_dim]
     v_slots = v_cache.view(-1, num_kv_heads, head_dim)
     partial_out = query.new_empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32)
@@ -252,6 +277,8 @@ def decode_attention(
             split_tokens,
             needs_exact_dot(query.dtype),
             launch.tile_tokens,
+            sliding_window,
+            logit_softcap,
         ),
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
@@ -269,6 +296,6 @@ def decode_attention(
         partial_lse.stride(1),
         out.stride(0),
         out.stride(1),
-        **reduce_kernel_constants(head_dim, num_splits),
+        **reduce_kernel_constants(head_dim, num_splits, sliding_window),
     )
     return out

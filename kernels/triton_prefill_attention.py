@@ -3,12 +3,16 @@
 The new tokens of several sequences are packed back to back in `query`; sequence s owns rows
 query_start_loc[s]..query_start_loc[s+1]. Its context holds context_lens[s] tokens, the last
 q_len of which are the new ones (already stored), so new row i sits at absolute position
-prefix_len + i with prefix_len = context_lens[s] - q_len, and sees positions 0..prefix_len + i.
+p = prefix_len + i with prefix_len = context_lens[s] - q_len.
 
-One program per (sequence, head, tile of QUERY_TILE new rows) streams the visible keys in
-tiles of KEY_TILE with an online softmax. The grid's tile axis is sized by the total number of
-new tokens (a bound on every sequence's q_len that needs no device-to-host sync); programs past
-their sequence's last row return at once.
+Masking: row i sees positions j with j <= p and, with a window, p - j < SLIDING_WINDOW.
+Scores are kept in base 2 (scale * log2 e) for exp2; a softcap c caps them at c * log2 e.
+
+One program per (sequence, head, tile of QUERY_TILE new rows) streams the keys that some row of
+its tile sees, from the first row's window start to the last row, in tiles of KEY_TILE with an
+online softmax; keys before the window are never loaded. The grid's tile axis is sized by the
+total number of new tokens (a bound on every sequence's q_len that needs no device-to-host sync);
+programs past their sequence's last row return at once.
 """
 import math
 
@@ -17,6 +21,7 @@ import triton
 import triton.language as tl
 
 from pdserve.kernels.paged_tile import load_kv_tile
+from pdserve.kernels.softcap import softcap
 from pdserve.kernels.tile_dot import needs_exact_dot, tile_dot
 
 MIN_TILE = 16  # tl.dot needs every tile side >= 16
@@ -46,6 +51,8 @@ def _prefill_kernel(
     QUERY_TILE: tl.constexpr,
     KEY_TILE: tl.constexpr,
     EXACT_DOT: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
+    LOGIT_SOFTCAP_LOG2: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -72,25 +79,34 @@ def _prefill_kernel(
     running_sum = tl.zeros([QUERY_TILE], tl.float32)
     acc = tl.zeros([QUERY_TILE, HEAD_DIM_PAD], tl.float32)
     table_row = block_tables_ptr + seq * stride_table_seq
+    key_start = tl.maximum(prefix_len + first_row - SLIDING_WINDOW + 1, 0) if SLIDING_WINDOW is not None else 0
     key_end = tl.minimum(prefix_len + first_row + QUERY_TILE, context_len)
-    for tile_start in range(0, key_end, KEY_TILE):
+    for tile_start in range(key_start, key_end, KEY_TILE):
         positions = tile_start + tl.arange(0, KEY_TILE)  # [KEY_TILE]
         in_range = positions < key_end
         key, value = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, positions, in_range, kv_head, dims, dim_mask,
                                   stride_cache_slot, stride_cache_head, BLOCK_SIZE)  # [KEY_TILE, HEAD_DIM_PAD] each
 
         scores = tile_dot(query, tl.trans(key), EXACT_DOT) * qk_scale_log2  # [QUERY_TILE, KEY_TILE]
-        visible = (positions[None, :] <= query_positions[:, None]) & in_range[None, :]
+        if LOGIT_SOFTCAP_LOG2 is not None:
+            scores = softcap(scores, LOGIT_SOFTCAP_LOG2)
+        distance = query_positions[:, None] - positions[None, :]  # [QUERY_TILE, KEY_TILE]
+        visible = (distance >= 0) & in_range[None, :]
+        if SLIDING_WINDOW is not None:
+            visible = visible & (distance < SLIDING_WINDOW)
         scores = tl.where(visible, scores, float("-inf"))
-        # Position 0 is visible to every row, so running_max is finite after the first tile.
         tile_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        probs = tl.exp2(scores - tile_max[:, None])
-        rescale = tl.exp2(running_max - tile_max)
+        # A row whose window starts past every key so far has max -inf: shift it by 0, not -inf.
+        shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
+        probs = tl.exp2(scores - shift[:, None])
+        rescale = tl.exp2(running_max - shift)
         running_sum = running_sum * rescale + tl.sum(probs, axis=1)
         acc = acc * rescale[:, None] + tile_dot(probs, value, EXACT_DOT)
         running_max = tile_max
 
-    out = acc / running_sum[:, None]
+    # A row's sum is at least 1, the term of its largest score, unless it saw no key at all: a row
+    # past the sequence's new tokens whose window starts past its context, which is not stored.
+    out = acc / tl.maximum(running_sum, 1.0)[:, None]
     out_offsets = tokens[:, None] * stride_out_token + head * stride_out_head + dims[None, :]
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=row_dim_mask)
 
@@ -102,6 +118,8 @@ def prefill_kernel_constants(
     query_tile: int,
     key_tile: int,
     exact_dot: bool,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> dict:
     return dict(
         HEAD_DIM=head_dim,
@@ -111,6 +129,8 @@ def prefill_kernel_constants(
         QUERY_TILE=query_tile,
         KEY_TILE=key_tile,
         EXACT_DOT=exact_dot,
+        SLIDING_WINDOW=sliding_window,
+        LOGIT_SOFTCAP_LOG2=None if logit_softcap is None else logit_softcap * math.log2(math.e),
     )
 
 
@@ -125,6 +145,8 @@ def prefill_attention(
     *,
     query_tile: int = 64,
     key_tile: int = 64,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Tile sizes are powers of two >= 16."""
     num_tokens, num_heads, head_dim = query.shape
@@ -162,6 +184,8 @@ def prefill_attention(
             query_tile,
             key_tile,
             needs_exact_dot(query.dtype),
+            sliding_window,
+            logit_softcap,
         ),
     )
     return out

@@ -1,5 +1,5 @@
-/* Paged decode attention for CPU: one new query row per sequence over its whole context, K and V
- * read in place from the block pool (no gathered copy, no padding). The pool holds float32, or
+/* Paged decode attention for CPU: one new query row per sequence over its context, K and V read
+ * in place from the block pool (no gathered copy, no padding). The pool holds float32, or
  * bfloat16 when built with -DKV_BFLOAT16 (widened to float32 as it is read); query, output and
  * all arithmetic are float32.
  *
@@ -11,7 +11,12 @@
  *   context_lens     [num_seqs] int32, cached tokens including the new one
  * Query head j reads kv head j / (num_heads / num_kv_heads).
  *
- * One work item is one sequence, in three passes over its context: score every query head against
+ * Masking: the new token, at position context_len - 1, sees its last sliding_window positions
+ * (every position when sliding_window is 0): its keys run from key_start = max(0, context_len -
+ * sliding_window), and nothing before key_start is read, neither cache nor block table. Scores are
+ * s = scale * q.k, and logit_softcap c > 0 makes them c * tanh(s / c) (0 leaves them as they are).
+ *
+ * One work item is one sequence, in three passes over its keys: score every query head against
  * each key, softmax each head's scores, weigh each value. K and V are each read once, block by block
  * and within a block front to back (a token's row holds every kv head), so the reads stream. Items
  * run in parallel under OpenMP.
@@ -42,6 +47,10 @@ typedef struct {
     int64_t num_heads, num_kv_heads, head_dim, block_size;
 } Shape;
 
+static int64_t first_key(int64_t context_len, int64_t sliding_window) {
+    return sliding_window > 0 && context_len > sliding_window ? context_len - sliding_window : 0;
+}
+
 /* e^x for x <= 0 (a softmax numerator), vectorisable: x = n ln2 + r with |r| <= ln2 / 2, e^r by a
  * degree-6 polynomial, 2^n assembled in the exponent bits. Relative error ~1e-7; inputs below -87
  * (where e^x turns denormal) give e^-87. */
@@ -68,18 +77,31 @@ static float dot(const float *restrict a, const kv_t *restrict b, int64_t n) {
     return sum;
 }
 
-/* scores[j * context_len + t] = scale * q_j . k_t for every query head j and context token t. */
-static void score_context(float *restrict scores, const float *restrict query, const kv_t *restrict k_cache,
-                          const int32_t *restrict block_table, int64_t context_len, Shape shape, float scale) {
+/* The end of the block run that holds position start, at most context_len. */
+static int64_t block_end(int64_t start, int64_t context_len, int64_t block_size) {
+    const int64_t end = (start / block_size + 1) * block_size;
+    return end < context_len ? end : context_len;
+}
+
+/* scores[j * num_keys + t - key_start] = the (softcapped) score of query head j against key t, for
+ * every query head j and key t in key_start..context_len-1. */
+static void score_keys(float *restrict scores, const float *restrict query, const kv_t *restrict k_cache,
+                       const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape,
+                       float scale, float logit_softcap) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
-    for (int64_t start = 0; start < context_len; start += shape.block_size) {
-        const kv_t *key = k_cache + block_table[start / shape.block_size] * block_stride;
-        const int64_t end = start + shape.block_size < context_len ? start + shape.block_size : context_len;
+    const int64_t num_keys = context_len - key_start;
+    for (int64_t start = key_start, end; start < context_len; start = end) {
+        const kv_t *key = k_cache + block_table[start / shape.block_size] * block_stride
+                          + (start % shape.block_size) * token_stride;
+        end = block_end(start, context_len, shape.block_size);
         for (int64_t t = start; t < end; t++, key += token_stride)
             for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
-                for (int64_t g = 0; g < group_size; g++, j++)
-                    scores[j * context_len + t] = scale * dot(query + j * head_dim, key + h * head_dim, head_dim);
+                for (int64_t g = 0; g < group_size; g++, j++) {
+                    const float score = scale * dot(query + j * head_dim, key + h * head_dim, head_dim);
+                    scores[j * num_keys + t - key_start] =
+                        logit_softcap > 0.0f ? logit_softcap * tanhf(score / logit_softcap) : score;
+                }
     }
 }
 
@@ -101,19 +123,21 @@ static void softmax_rows(float *restrict scores, int64_t num_rows, int64_t row_l
     }
 }
 
-/* out[j] = sum_t probs[j * context_len + t] * v_t for every query head j. */
+/* out[j] = sum_t probs[j * num_keys + t - key_start] * v_t for every query head j. */
 static void weigh_values(float *restrict out, const float *restrict probs, const kv_t *restrict v_cache,
-                         const int32_t *restrict block_table, int64_t context_len, Shape shape) {
+                         const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
+    const int64_t num_keys = context_len - key_start;
     memset(out, 0, shape.num_heads * head_dim * sizeof(float));
-    for (int64_t start = 0; start < context_len; start += shape.block_size) {
-        const kv_t *value = v_cache + block_table[start / shape.block_size] * block_stride;
-        const int64_t end = start + shape.block_size < context_len ? start + shape.block_size : context_len;
+    for (int64_t start = key_start, end; start < context_len; start = end) {
+        const kv_t *value = v_cache + block_table[start / shape.block_size] * block_stride
+                            + (start % shape.block_size) * token_stride;
+        end = block_end(start, context_len, shape.block_size);
         for (int64_t t = start; t < end; t++, value += token_stride)
             for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
                 for (int64_t g = 0; g < group_size; g++, j++) {
-                    const float p = probs[j * context_len + t];
+                    const float p = probs[j * num_keys + t - key_start];
                     const kv_t *restrict head_value = value + h * head_dim;
                     float *restrict out_row = out + j * head_dim;
 #pragma omp simd
@@ -122,10 +146,10 @@ static void weigh_values(float *restrict out, const float *restrict probs, const
     }
 }
 
-static int in_range(const int32_t *block_table, int64_t context_len, int64_t num_blocks, int64_t block_size,
-                    int64_t max_blocks_per_seq) {
+static int in_range(const int32_t *block_table, int64_t key_start, int64_t context_len, int64_t num_blocks,
+                    int64_t block_size, int64_t max_blocks_per_seq) {
     if (context_len < 1 || context_len > max_blocks_per_seq * block_size) return 0;
-    for (int64_t b = 0; b < (context_len + block_size - 1) / block_size; b++)
+    for (int64_t b = key_start / block_size; b < (context_len + block_size - 1) / block_size; b++)
         if (block_table[b] < 0 || block_table[b] >= num_blocks) return 0;
     return 1;
 }
@@ -134,20 +158,21 @@ int64_t paged_decode_attention(float *out, const float *query, const kv_t *k_cac
                                    const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                                    int64_t block_size, int64_t max_blocks_per_seq, float scale,
-                                   int32_t num_threads) {
-    int64_t max_context_len = 0;
+                                   int64_t sliding_window, float logit_softcap, int32_t num_threads) {
+    int64_t max_keys = 0;
     for (int64_t s = 0; s < num_seqs; s++) {
-        if (!in_range(block_tables + s * max_blocks_per_seq, context_lens[s], num_blocks, block_size,
+        const int64_t key_start = first_key(context_lens[s], sliding_window), num_keys = context_lens[s] - key_start;
+        if (!in_range(block_tables + s * max_blocks_per_seq, key_start, context_lens[s], num_blocks, block_size,
                       max_blocks_per_seq))
             return s + 1;
-        max_context_len = context_lens[s] > max_context_len ? context_lens[s] : max_context_len;
+        max_keys = num_keys > max_keys ? num_keys : max_keys;
     }
     const Shape shape = {num_heads, num_kv_heads, head_dim, block_size};
     int out_of_memory = 0;
 
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
-        float *scores = malloc(num_heads * max_context_len * sizeof(float));  /* [num_heads, context_len] */
+        float *scores = malloc(num_heads * max_keys * sizeof(float));  /* [num_heads, num_keys] */
         if (scores == NULL) {
 #pragma omp atomic write
             out_of_memory = 1;
@@ -157,9 +182,11 @@ int64_t paged_decode_attention(float *out, const float *query, const kv_t *k_cac
             if (scores == NULL) continue;
             const int32_t *block_table = block_tables + s * max_blocks_per_seq;
             const int64_t head_offset = s * num_heads * head_dim;
-            score_context(scores, query + head_offset, k_cache, block_table, context_lens[s], shape, scale);
-            softmax_rows(scores, num_heads, context_lens[s]);
-            weigh_values(out + head_offset, scores, v_cache, block_table, context_lens[s], shape);
+            const int64_t key_start = first_key(context_lens[s], sliding_window);
+            score_keys(scores, query + head_offset, k_cache, block_table, key_start, context_lens[s], shape, scale,
+                       logit_softcap);
+            softmax_rows(scores, num_heads, context_lens[s] - key_start);
+            weigh_values(out + head_offset, scores, v_cache, block_table, key_start, context_lens[s], shape);
         }
         free(scores);
     }

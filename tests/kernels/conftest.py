@@ -9,7 +9,9 @@ A test that takes `sliding_window` and `logit_softcap` arguments runs once per r
 
 A paged batch scatters each sequence's blocks over a shuffled block pool, leaves every cache slot
 that no token was written to as NaN, and pads block tables with -1, so a kernel that reads
-outside a sequence's context shows NaN (or crashes) instead of passing by luck.
+outside a sequence's context shows NaN (or crashes) instead of passing by luck. Built for a
+sliding window, it does the same to what the window hides from all of a sequence's new tokens,
+as an engine that frees it may: those slots are NaN and the table entries of their whole blocks -1.
 
 Kernel inputs live on the CPU under the Triton interpreter (the default set by the root conftest)
 and on the GPU when a run sets TRITON_INTERPRET=0.
@@ -110,6 +112,7 @@ def make_paged_batch(
     case: KernelCase,
     seed: int = 0,
     device: torch.device = DEVICE,
+    sliding_window: int | None = None,
 ) -> PagedBatch:
     """Sequences whose last query_lens[s] of context_lens[s] tokens are the new (query) tokens."""
     generator = torch.Generator().manual_seed(seed)
@@ -123,7 +126,7 @@ def make_paged_batch(
     v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
     keys, values = [], []
     first_block = 0
-    for seq, (context_len, num_seq_blocks) in enumerate(zip(context_lens, blocks_per_seq)):
+    for seq, (context_len, query_len, num_seq_blocks) in enumerate(zip(context_lens, query_lens, blocks_per_seq)):
         seq_blocks = block_order[first_block : first_block + num_seq_blocks]
         first_block += num_seq_blocks
         block_tables[seq, :num_seq_blocks] = seq_blocks.to(torch.int32)
@@ -133,6 +136,11 @@ def make_paged_batch(
         keys.append(torch.randn(shape, generator=generator).to(dtype))
         values.append(torch.randn(shape, generator=generator).to(dtype))
         store_kv_reference(keys[-1], values[-1], k_cache, v_cache, slot_mapping)
+        if sliding_window is not None:
+            hidden_slots = slot_mapping[: max(0, context_len - query_len - sliding_window + 1)]
+            k_cache.view(-1, NUM_KV_HEADS, head_dim)[hidden_slots] = float("nan")
+            v_cache.view(-1, NUM_KV_HEADS, head_dim)[hidden_slots] = float("nan")
+            block_tables[seq, : len(hidden_slots) // block_size] = -1
     num_heads = NUM_KV_HEADS * case.queries_per_kv
     query = torch.randn((sum(query_lens), num_heads, head_dim), generator=generator).to(dtype)
     query_start_loc = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
@@ -156,7 +164,8 @@ def device():
 
 @pytest.fixture
 def paged_batch():
-    """Factory: paged_batch(context_lens, query_lens, case, seed=0, device=DEVICE) -> PagedBatch."""
+    """Factory: paged_batch(context_lens, query_lens, case, seed=0, device=DEVICE, sliding_window=None)
+    -> PagedBatch."""
     return make_paged_batch
 
 

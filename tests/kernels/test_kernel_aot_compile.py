@@ -16,7 +16,7 @@ KERNEL_NAMES = (
     "_decode_reduce_kernel",
     "_prefill_kernel",
 )
-COMPILED_LINE = re.compile(r"^(\w+) (\w+) d(\d+): \.target sm_90a?, cubin (\d+) bytes$", re.M)
+COMPILED_LINE = re.compile(r"^(\w+) (\w+) d(\d+)( masked)?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
 
 
 def test_every_kernel_compiles_to_a_cubin_for_sm_90():
@@ -28,9 +28,11 @@ def test_every_kernel_compiles_to_a_cubin_for_sm_90():
         timeout=540,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    compiled = COMPILED_LINE.findall(result.stdout)  # [(kernel, dtype, head_dim, cubin_bytes)]
+    compiled = COMPILED_LINE.findall(result.stdout)  # [(kernel, dtype, head_dim, " masked" or "", cubin_bytes)]
     expected = {
-        (name, dtype, str(head_dim)) for name in KERNEL_NAMES for dtype, head_dim in aot.COMPILE_CASES
+        (name, dtype, str(head_dim), " masked" if masked else "")
+        for name in KERNEL_NAMES
+        for dtype, head_dim, masked in aot.COMPILE_CASES
     }
-    assert {(name, dtype, head_dim) for name, dtype, head_dim, _ in compiled} == expected
+    assert {(name, dtype, head_dim, masked) for name, dtype, head_dim, masked, _ in compiled} == expected
     assert all(int(cubin_bytes) > 0 for *_, cubin_bytes in compiled)

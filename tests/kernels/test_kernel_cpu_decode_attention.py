@@ -3,8 +3,10 @@ block size x head dim.
 
 The full product (54 cases) runs, the kernel being fast. Each batch mixes a length-1 context,
 contexts that end mid-block and on a block edge, and one spanning many blocks, in a shuffled pool
-whose unwritten slots are NaN and whose block tables are padded with -1. The kernel is built by
-the system C compiler into a cache directory private to the test session.
+whose unwritten slots are NaN and whose block tables are padded with -1. Masked, each row of
+MASKINGS runs on contexts shorter than, equal to and longer than the window, with what the window
+hides unreadable. The kernel is built by the system C compiler into a cache directory private to
+the test session.
 """
 import itertools
 
@@ -13,7 +15,14 @@ import torch
 
 from pdserve.kernels import cpu_decode_attention
 from pdserve.kernels.reference import decode_attention_reference
-from tests.kernels.conftest import BLOCK_SIZES, HEAD_DIMS, QUERIES_PER_KV, KernelCase
+from tests.kernels.conftest import (
+    BLOCK_SIZES,
+    HEAD_DIMS,
+    LONG_WINDOW,
+    QUERIES_PER_KV,
+    KernelCase,
+    decode_lens_around,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +42,10 @@ def library(libraries):
     return libraries[torch.float32]
 
 
-def decode_both(library, batch):
+def decode_both(library, batch, **masking):
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, batch.scale)
-    return cpu_decode_attention.decode_attention(library, *args), decode_attention_reference(*args)
+    return (cpu_decode_attention.decode_attention(library, *args, **masking),
+            decode_attention_reference(*args, **masking))
 
 
 @pytest.mark.parametrize(
@@ -50,6 +60,20 @@ def test_matches_reference(libraries, paged_batch, assert_close_for_dtype, case)
     out, expected = decode_both(libraries[case.dtype], batch)
 
     assert out.shape == batch.query.shape and out.dtype == case.dtype
+    assert_close_for_dtype(out, expected)
+
+
+@pytest.mark.parametrize(
+    "case", [KernelCase(*axes, head_dim=64) for axes in itertools.product(
+        cpu_decode_attention.KV_DTYPE_FLAGS, QUERIES_PER_KV, BLOCK_SIZES)],
+    ids=str)
+def test_masked_matches_reference(libraries, paged_batch, assert_close_for_dtype, case, sliding_window, logit_softcap):
+    context_lens = decode_lens_around(sliding_window or LONG_WINDOW, case.block_size)
+    batch = paged_batch(context_lens, [1] * len(context_lens), case, device="cpu", sliding_window=sliding_window)
+
+    out, expected = decode_both(libraries[case.dtype], batch, sliding_window=sliding_window,
+                                logit_softcap=logit_softcap)
+
     assert_close_for_dtype(out, expected)
 
 

@@ -5,18 +5,21 @@ end mid-block and on a block edge, and one spanning several blocks; unwritten ca
 Splits of 16 tokens force several splits per sequence, partially filled last tiles, and splits
 past short contexts that must be skipped by the reduction; the default split (one split of
 several 64-token tiles at these sizes) is checked as well, and so are launches the GPU sweep
-tries (tiles smaller and larger than their split, other warps and stages).
+tries (tiles smaller and larger than their split, other warps and stages). Masked, each row of
+MASKINGS runs on contexts shorter than, equal to and longer than the window, with what the window
+hides unreadable, in 16-token splits (so the window starts mid-split and mid-block) and the default.
 """
 import pytest
 
 from pdserve.kernels.reference import decode_attention_reference
 from pdserve.kernels.triton_decode_attention import DecodeLaunch, decode_attention
+from tests.kernels.conftest import LONG_WINDOW, decode_lens_around
 
 
-def decode_both(batch, **kernel_options):
+def decode_both(batch, launch=DecodeLaunch(), **masking):
     cache = (batch.k_cache, batch.v_cache, batch.block_tables)
     args = (batch.query, *cache, batch.context_lens, batch.scale)
-    return decode_attention(*args, **kernel_options), decode_attention_reference(*args)
+    return decode_attention(*args, launch, **masking), decode_attention_reference(*args, **masking)
 
 
 def test_decode_matches_reference_across_splits(kernel_case, paged_batch, assert_close_for_dtype):
@@ -48,6 +51,16 @@ def test_decode_with_swept_launch_parameters_matches_reference(
     for launch in (DecodeLaunch(split_tokens=64, tile_tokens=16, num_warps=2, num_stages=1),
                    DecodeLaunch(split_tokens=32, tile_tokens=128, num_warps=8, num_stages=4)):
         out, expected = decode_both(batch, launch=launch)
+        assert_close_for_dtype(out, expected)
+
+
+def test_masked_decode_matches_reference(
+    kernel_case, sliding_window, logit_softcap, paged_batch, assert_close_for_dtype
+):
+    context_lens = decode_lens_around(sliding_window or LONG_WINDOW, kernel_case.block_size)
+    batch = paged_batch(context_lens, [1] * len(context_lens), kernel_case, sliding_window=sliding_window)
+    for launch in (DecodeLaunch(split_tokens=16), DecodeLaunch()):
+        out, expected = decode_both(batch, launch, sliding_window=sliding_window, logit_softcap=logit_softcap)
         assert_close_for_dtype(out, expected)
 
 

@@ -1,5 +1,6 @@
-"""The public `kernels` API on CPU tensors: float32 decode goes to the compiled kernel when it
-builds, everything else to the references; importing loads no kernel."""
+"""The public `kernels` API on CPU tensors: float32 and bfloat16 decode, masked or not, goes to the
+compiled kernel when it builds, everything else to the references; a window below 1 or a softcap
+not above 0 is refused; importing loads no kernel."""
 import subprocess
 import sys
 
@@ -35,36 +36,22 @@ def test_cpu_store_kv_is_the_reference():
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
-def test_cpu_attention_dispatch(kernel_case, paged_batch):
+@pytest.mark.parametrize("masking", [{}, dict(sliding_window=3, logit_softcap=2.0)], ids=["unmasked", "masked"])
+def test_cpu_attention_dispatch(kernel_case, masking, paged_batch):
     batch = paged_batch([kernel_case.block_size + 2, 3], [2, 1], kernel_case, device="cpu")
     cache = (batch.k_cache, batch.v_cache, batch.block_tables)
     last_tokens = batch.query[batch.query_start_loc[1:].long() - 1]  # [num_seqs, num_heads, head_dim]
     decode_args = (last_tokens, *cache, batch.context_lens, batch.scale)
     prefill_args = (batch.query, *cache, batch.query_start_loc, batch.context_lens, batch.scale)
-
-    decoded = kernels.decode_attention(*decode_args)
-    prefilled = kernels.prefill_attention(*prefill_args)
-
-    library = cpu_decode_attention.load(kernel_case.dtype)
-    if library is None:
-        assert torch.equal(decoded, decode_attention_reference(*decode_args))
-    else:
-        assert torch.equal(decoded, cpu_decode_attention.decode_attention(library, *decode_args))
-    assert torch.equal(prefilled, prefill_attention_reference(*prefill_args))
-
-
-def test_cpu_masked_attention_is_the_reference(kernel_case, sliding_window, logit_softcap, paged_batch):
-    batch = paged_batch([kernel_case.block_size + 2, 3], [2, 1], kernel_case, device="cpu")
-    cache = (batch.k_cache, batch.v_cache, batch.block_tables)
-    last_tokens = batch.query[batch.query_start_loc[1:].long() - 1]  # [num_seqs, num_heads, head_dim]
-    decode_args = (last_tokens, *cache, batch.context_lens, batch.scale)
-    prefill_args = (batch.query, *cache, batch.query_start_loc, batch.context_lens, batch.scale)
-    masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
 
     decoded = kernels.decode_attention(*decode_args, **masking)
     prefilled = kernels.prefill_attention(*prefill_args, **masking)
 
-    assert torch.equal(decoded, decode_attention_reference(*decode_args, **masking))
+    library = cpu_decode_attention.load(kernel_case.dtype)
+    if library is None:
+        assert torch.equal(decoded, decode_attention_reference(*decode_args, **masking))
+    else:
+        assert torch.equal(decoded, cpu_decode_attention.decode_attention(library, *decode_args, **masking))
     assert torch.equal(prefilled, prefill_attention_reference(*prefill_args, **masking))
 
 

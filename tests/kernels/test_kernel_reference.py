@@ -5,7 +5,7 @@ for GQA, and runs softmax attention in fp64 with new token i of a sequence at po
 context_len - query_len + i, hiding key j from query position p where j > p or, with a sliding
 window w, p - j >= w, and softcapping scores s to c * tanh(s / c). This checks the paging,
 masking, softcap and GQA mapping of the spec itself, over the whole pairwise matrix (see
-conftest) and, masked, over every row of MASKINGS.
+conftest) and, masked, over every row of MASKINGS, with what a window hides made unreadable.
 """
 import torch
 
@@ -87,7 +87,7 @@ def test_masked_decode_reference_matches_dense(
     kernel_case, sliding_window, logit_softcap, paged_batch, assert_close_for_dtype
 ):
     context_lens = decode_lens_around(sliding_window or LONG_WINDOW, kernel_case.block_size)
-    batch = paged_batch(context_lens, [1] * len(context_lens), kernel_case)
+    batch = paged_batch(context_lens, [1] * len(context_lens), kernel_case, sliding_window=sliding_window)
     masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
     out = decode_attention_reference(
         batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, batch.scale, **masking
@@ -99,7 +99,8 @@ def test_masked_decode_reference_matches_dense(
 def test_masked_prefill_reference_matches_dense(
     kernel_case, sliding_window, logit_softcap, paged_batch, assert_close_for_dtype
 ):
-    batch = paged_batch(*prefill_lens_around(sliding_window or LONG_WINDOW, kernel_case.block_size), kernel_case)
+    lens = prefill_lens_around(sliding_window or LONG_WINDOW, kernel_case.block_size)
+    batch = paged_batch(*lens, kernel_case, sliding_window=sliding_window)
     masking = dict(sliding_window=sliding_window, logit_softcap=logit_softcap)
     out = prefill_reference_of(batch, **masking)
     assert out.dtype == kernel_case.dtype and out.shape == batch.query.shape
