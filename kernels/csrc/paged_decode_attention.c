@@ -77,7 +77,7 @@ static float dot(const float *restrict a, const kv_t *restrict b, int64_t n) {
     return sum;
 }
 
-/* The end of the block run that holds position start, at most context_len. */
+/* One past the last position of start's block, or context_len if that comes first. */
 static int64_t block_end(int64_t start, int64_t context_len, int64_t block_size) {
     const int64_t end = (start / block_size + 1) * block_size;
     return end < context_len ? end : context_len;
