@@ -40,11 +40,14 @@ def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
     if rotary_dim != head_dim:
         raise GGUFError(f"{gguf.path}: rotary embeddings on {rotary_dim} of {head_dim} head dims are not supported")
     vocab_size, embedding_width = gguf.tensor_shape("token_embd.weight")
+    if embedding_width != hidden_size:
+        raise GGUFError(f"{gguf.path}: token_embd.weight is {embedding_width} wide, "
+                        f"{arch}.embedding_length says {hidden_size}")
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": vocab_size,
-        "hidden_size": embedding_width,
+        "hidden_size": hidden_size,
         "intermediate_size": gguf.get(f"{arch}.feed_forward_length"),
         "num_hidden_layers": gguf.get(f"{arch}.block_count"),
         "num_attention_heads": num_heads,

@@ -24,7 +24,7 @@ from pathlib import Path
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from pdserve.checkpoints.errors import GGUFError
+from pdserve.checkpoints.errors import GGUFError, ModelNotFoundError
 from pdserve.checkpoints.gguf_config import build_config, build_generation_config
 from pdserve.checkpoints.gguf_file import GGUFFile
 from pdserve.checkpoints.gguf_tokenizer import build_tokenizer, build_tokenizer_config
@@ -76,7 +76,7 @@ def file_sha256(path: Path) -> str:
             while chunk := file.read(HASH_CHUNK_BYTES):
                 digest.update(chunk)
     except FileNotFoundError as error:
-        raise GGUFError(f"{path}: no such file") from error
+        raise ModelNotFoundError(f"{path}: no such file") from error
     return digest.hexdigest()
 
 

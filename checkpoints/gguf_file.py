@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from pdserve.checkpoints.errors import GGUFError, ModelNotFoundError
@@ -55,25 +55,24 @@ class GGUFFile:
             return default
         return field.contents()
 
-    def has(self, key: str) -> bool:
-        return key in self._reader.fields
-
     @property
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
 
-    def tensor_type(self, name: str) -> GGMLQuantizationType:
-        return self._tensors[name].tensor_type
-
     def tensor_shape(self, name: str) -> tuple[int, ...]:
         """Numpy order: `[out_features, in_features]` for a matrix."""
-        return tuple(int(dim) for dim in reversed(self._tensors[name].shape))
+        return tuple(int(dim) for dim in reversed(self._tensor(name).shape))
 
     def read_tensor(self, name: str) -> np.ndarray:
         """The tensor `name`, dequantized to float32, in numpy order."""
-        tensor = self._tensors[name]
+        tensor = self._tensor(name)
         values = dequantize(tensor.data, tensor.tensor_type)
         return np.ascontiguousarray(values.reshape(self.tensor_shape(name)), dtype=np.float32)
+
+    def _tensor(self, name: str) -> ReaderTensor:
+        if name not in self._tensors:
+            raise GGUFError(f"{self.path}: no tensor {name}")
+        return self._tensors[name]
 
     def _check_tensors(self) -> None:
         num_file_bytes = self.path.stat().st_size

