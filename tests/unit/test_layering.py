@@ -6,7 +6,7 @@
     pdserve.gateway  .prefill_svc  .decode_svc   the services; none imports another
     pdserve.cluster                    what every process of a deployment shares
     pdserve.kvtransfer
-    pdserve.checkpoints                model checkpoints without a hub (the tiny test models)
+    pdserve.checkpoints                what --model names, resolved to a local HF folder (.gguf, hub cache, default, tiny)
     pdserve.engine
     pdserve.kernels
     pdserve.v1                         generated wire code, below them all; imports nothing of ours
