@@ -1,4 +1,4 @@
-"""A GGUF's llama metadata as the config.json and generation_config.json transformers writes.
+"""A GGUF's llama or qwen2 metadata as the config.json and generation_config.json transformers writes.
 
 Invariant: the config equals, field for field that the engine reads, the one transformers builds
 when it loads the same file (`from_pretrained(dir, gguf_file=name)`). What this converter cannot
@@ -6,7 +6,7 @@ reproduce faithfully is refused with GGUFError, never approximated: another arch
 rotary embeddings on part of a head, or RoPE scaling.
 
 Weights are written as float32, which every supported GGUF type widens to exactly, and `dtype`
-says float32: transformers loads a llama GGUF in float32 whatever its tensor types, and `auto`
+says float32: transformers loads these GGUFs in float32 whatever their tensor types, and `auto`
 then means float32 on a CPU and bfloat16 on a GPU, as for any float32 checkpoint.
 """
 from __future__ import annotations
@@ -14,7 +14,11 @@ from __future__ import annotations
 from pdserve.checkpoints.errors import GGUFError
 from pdserve.checkpoints.gguf_file import GGUFFile
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# general.architecture -> the transformers class and what that family's config adds.
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}),
+    "qwen2": ("Qwen2ForCausalLM", {"use_sliding_window": False}),
+}
 DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_RMS_NORM_EPS = 1e-5
 # Chat templates end a turn with one of these; llama.cpp stops on them too (end-of-generation).
@@ -23,15 +27,16 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end
 
 def architecture(gguf: GGUFFile) -> str:
     arch = gguf.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise GGUFError(f"{gguf.path}: general.architecture is {arch!r}; "
-                        f"supported for .gguf files: {', '.join(SUPPORTED_ARCHITECTURES)}")
+                        f"supported for .gguf files: {', '.join(ARCHITECTURES)}")
     return arch
 
 
 def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
-    """config.json for a LlamaForCausalLM; `tied_embeddings`: the file has no output.weight."""
+    """config.json of the file's family; `tied_embeddings`: the file has no output.weight."""
     arch = architecture(gguf)
+    class_name, family_fields = ARCHITECTURES[arch]
     _refuse_rope_scaling(gguf, arch)
     num_heads = gguf.get(f"{arch}.attention.head_count")
     hidden_size = gguf.get(f"{arch}.embedding_length")
@@ -44,8 +49,8 @@ def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
         raise GGUFError(f"{gguf.path}: token_embd.weight is {embedding_width} wide, "
                         f"{arch}.embedding_length says {hidden_size}")
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [class_name],
+        "model_type": arch,
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": gguf.get(f"{arch}.feed_forward_length"),
@@ -58,13 +63,12 @@ def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
         "rope_parameters": {"rope_type": "default",
                             "rope_theta": gguf.get(f"{arch}.rope.freq_base", DEFAULT_ROPE_THETA)},
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
         "tie_word_embeddings": tied_embeddings,
         "bos_token_id": gguf.get("tokenizer.ggml.bos_token_id", None),
         "eos_token_id": gguf.get("tokenizer.ggml.eos_token_id", None),
         "pad_token_id": gguf.get("tokenizer.ggml.padding_token_id", None),
         "dtype": "float32",
+        **family_fields,
     }
 
 

@@ -2,9 +2,10 @@
 
 Invariant: the tokenizer encodes every string to the same ids as the one transformers builds from
 the same file (`AutoTokenizer.from_pretrained(dir, gguf_file=name)`), and as the checkpoint's
-original tokenizer where the file says how that split text (`tokenizer.ggml.pre`). Only byte-level
-BPE (`tokenizer.ggml.model == "gpt2"`: SmolLM, Llama 3, GPT-2 style vocabularies) is built; other
-models and unknown pre-tokenizers raise GGUFError rather than tokenizing differently.
+original tokenizer where the file says how that split text (`tokenizer.ggml.pre`). Only
+byte-level BPE (`tokenizer.ggml.model == "gpt2"`: SmolLM, Llama 3, Qwen2, GPT-2 style
+vocabularies) is built; other models and unknown pre-tokenizers raise GGUFError rather than
+tokenizing differently.
 
 Tokens the file marks CONTROL become special added tokens, USER_DEFINED ones plain added tokens,
 so text like `<|im_end|>` stays one token. Built with the `tokenizers` library alone (no torch).
@@ -20,6 +21,8 @@ NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp's token types
 
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _gpt2_split() -> list[pre_tokenizers.PreTokenizer]:
@@ -30,9 +33,17 @@ def _digits_then_gpt2_split() -> list[pre_tokenizers.PreTokenizer]:
     return [pre_tokenizers.Digits(individual_digits=True), *_gpt2_split()]
 
 
-def _llama3_split() -> list[pre_tokenizers.PreTokenizer]:
-    return [pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+def _split_then_byte_level(pattern: str) -> list[pre_tokenizers.PreTokenizer]:
+    return [pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+
+
+def _llama3_split() -> list[pre_tokenizers.PreTokenizer]:
+    return _split_then_byte_level(_LLAMA3_SPLIT)
+
+
+def _qwen2_split() -> list[pre_tokenizers.PreTokenizer]:
+    return _split_then_byte_level(_QWEN2_SPLIT)
 
 
 # tokenizer.ggml.pre -> how the original tokenizer split text before byte-level BPE.
@@ -44,6 +55,8 @@ PRE_TOKENIZERS = {
     "llama3": _llama3_split,
     "llama-v3": _llama3_split,
     "smaug-bpe": _llama3_split,
+    "qwen2": _qwen2_split,
+    "deepseek-r1-qwen": _qwen2_split,
 }
 
 

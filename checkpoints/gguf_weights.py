@@ -1,4 +1,5 @@
-"""A llama GGUF's tensors under their Hugging Face names, in float32, as transformers loads them.
+"""A llama or qwen2 GGUF's tensors under their Hugging Face names, in float32, as transformers
+loads them.
 
     token_embd.weight             -> model.embed_tokens.weight
     output_norm.weight            -> model.norm.weight
@@ -6,11 +7,13 @@
     blk.N.attn_norm / ffn_norm    -> model.layers.N.input_layernorm / post_attention_layernorm
     blk.N.attn_q|k|v|output       -> model.layers.N.self_attn.q_proj|k_proj|v_proj|o_proj
     blk.N.ffn_gate|up|down        -> model.layers.N.mlp.gate_proj|up_proj|down_proj
+    blk.N.attn_q|k|v.bias         -> model.layers.N.self_attn.q_proj|k_proj|v_proj.bias (qwen2 only)
 
-llama.cpp's converter reorders the rows of q_proj and k_proj, per head, from HF's rotate-half RoPE
-layout (first half of a head's dims, then the second half) to interleaved pairs; `unpermute_rows`
-puts them back. Any other tensor name raises GGUFError: a file with parts this mapping does not
-know is a model this converter would get wrong.
+For llama, llama.cpp's converter reorders the rows of q_proj and k_proj, per head, from HF's
+rotate-half RoPE layout (first half of a head's dims, then the second half) to interleaved pairs;
+`unpermute_rows` puts them back (qwen2 files are not permuted). The file's tensors must be exactly
+the ones the family's model has: a missing or an unknown one raises GGUFError, since a file with
+parts this mapping does not know is a model this converter would get wrong.
 """
 from __future__ import annotations
 
@@ -38,17 +41,20 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+BIASED_PARTS = {"qwen2": ("attn_q", "attn_k", "attn_v")}  # family -> its layers' parts with a bias
+PERMUTED_ARCHITECTURES = ("llama",)
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def hf_name(gguf_name: str) -> str | None:
-    """The transformers parameter name of a llama GGUF tensor; None for one llama has not."""
+    """The transformers parameter name of a GGUF tensor; None for a name neither family has."""
     if gguf_name in TOP_LEVEL_NAMES:
         return TOP_LEVEL_NAMES[gguf_name]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is None or match.group(2) not in LAYER_NAMES:
         return None
-    return f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}.weight"
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
 
 
 def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -59,12 +65,14 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def hf_weights(gguf: GGUFFile, config: dict) -> Iterator[tuple[str, np.ndarray]]:
-    """(transformers name, float32 array) for every tensor of the file, one at a time."""
-    heads_of = {".attn_q.": config["num_attention_heads"], ".attn_k.": config["num_key_value_heads"]}
-    for gguf_name in gguf.tensor_names:
-        name = hf_name(gguf_name)
-        if name is None:
-            raise GGUFError(f"{gguf.path}: tensor {gguf_name!r} is not part of a llama model")
+    """(transformers name, float32 array) for every tensor of the file, one at a time; first
+    checks that the file holds exactly the tensors of the model `config` describes."""
+    names = {gguf_name: hf_name(gguf_name) for gguf_name in gguf.tensor_names}
+    _check_names(names, config, str(gguf.path))
+    heads_of = {}
+    if config["model_type"] in PERMUTED_ARCHITECTURES:
+        heads_of = {".attn_q.": config["num_attention_heads"], ".attn_k.": config["num_key_value_heads"]}
+    for gguf_name, name in names.items():
         values = gguf.read_tensor(gguf_name)
         for marker, num_heads in heads_of.items():
             if marker in gguf_name:
@@ -72,14 +80,25 @@ def hf_weights(gguf: GGUFFile, config: dict) -> Iterator[tuple[str, np.ndarray]]
         yield name, values
 
 
-def check_complete(names: set[str], config: dict, path: str) -> None:
-    """Every parameter a LlamaForCausalLM of `config` has is among `names`."""
-    expected = {"model.embed_tokens.weight", "model.norm.weight"}
+def expected_names(config: dict) -> set[str]:
+    """Every parameter name of the model `config` describes."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
     if not config["tie_word_embeddings"]:
-        expected.add("lm_head.weight")
-    expected |= {f"model.layers.{layer}.{part}.weight"
-                 for layer in range(config["num_hidden_layers"]) for part in LAYER_NAMES.values()}
-    missing = sorted(expected - names)
-    if missing:
-        raise GGUFError(f"{path}: missing tensors for {', '.join(missing[:3])}"
-                        f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}")
+        names.add("lm_head.weight")
+    biased = BIASED_PARTS.get(config["model_type"], ())
+    for layer in range(config["num_hidden_layers"]):
+        names |= {f"model.layers.{layer}.{part}.weight" for part in LAYER_NAMES.values()}
+        names |= {f"model.layers.{layer}.{LAYER_NAMES[part]}.bias" for part in biased}
+    return names
+
+
+def _check_names(names: dict[str, str | None], config: dict, path: str) -> None:
+    unknown = sorted(gguf_name for gguf_name, name in names.items() if name is None)
+    if unknown:
+        raise GGUFError(f"{path}: tensor {unknown[0]!r} is not part of a {config['model_type']} model")
+    expected = expected_names(config)
+    for what, found in (("missing", expected - set(names.values())), ("unexpected", set(names.values()) - expected)):
+        if found:
+            listed = sorted(found)
+            raise GGUFError(f"{path}: {what} tensors for {', '.join(listed[:3])}"
+                            f"{f' and {len(listed) - 3} more' if len(listed) > 3 else ''}")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from tests.checkpoints.gguf_files import write_llama_gguf
+from tests.checkpoints.gguf_files import write_gguf
 
 # Every supported quantized type on some tensor, as a llama.cpp Q4_K_M-like mix would spread them.
 MIXED_TYPES = {
@@ -15,13 +15,16 @@ MIXED_TYPES = {
     "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.attn_q.weight": Q.BF16, "blk.1.attn_k.weight": Q.Q4_K,
     "blk.2.attn_q.weight": Q.Q6_K, "blk.2.attn_k.weight": Q.Q5_K, "blk.3.attn_k.weight": Q.Q8_0,
 }
-# name -> (tiny model spec, per-tensor types, type of the other matrices)
+QWEN2 = {"arch": "qwen2", "num_heads": 4, "num_kv_heads": 1, "tie_word_embeddings": True}
+# name -> (tiny model spec, per-tensor types, type of the other matrices, metadata written over)
 GGUF_VARIANTS = {
-    "mixed": ({}, MIXED_TYPES, Q.Q4_1),
-    "tied-q8_0": ({"tie_word_embeddings": True}, {}, Q.Q8_0),
-    "f16": ({}, {}, Q.F16),
-    "bf16": ({}, {}, Q.BF16),
-    "f32": ({}, {}, Q.F32),
+    "mixed": ({}, MIXED_TYPES, Q.Q4_1, {}),
+    "tied-q8_0": ({"tie_word_embeddings": True}, {}, Q.Q8_0, {}),
+    "f16": ({}, {}, Q.F16, {}),
+    "bf16": ({}, {}, Q.BF16, {}),
+    "f32": ({}, {}, Q.F32, {}),
+    "qwen2": (QWEN2, {"blk.0.attn_q.weight": Q.Q4_K, "blk.1.ffn_down.weight": Q.Q6_K}, Q.Q8_0,
+              {"tokenizer.ggml.pre": "qwen2"}),
 }
 
 
@@ -32,9 +35,10 @@ def gguf_file(tiny_model, tmp_path_factory):
 
     def make(variant: str) -> Path:
         if variant not in written:
-            spec, types, default_type = GGUF_VARIANTS[variant]
+            spec, types, default_type, metadata = GGUF_VARIANTS[variant]
             path = tmp_path_factory.mktemp("gguf") / f"tiny-{variant}.gguf"
-            written[variant] = write_llama_gguf(tiny_model(**spec), path, types, default_type=default_type)
+            written[variant] = write_gguf(tiny_model(**spec), path, types, default_type=default_type,
+                                          metadata=metadata)
         return written[variant]
 
     return make

@@ -1,7 +1,8 @@
-"""Small .gguf files written the way llama.cpp's converter writes them, from a tiny HF llama folder.
+"""Small .gguf files written the way llama.cpp's converter writes them, from a tiny HF llama or
+qwen2 folder.
 
-`write_llama_gguf(model_dir, path, types)` stores each tensor of the folder under its GGUF name,
-q_proj and k_proj rows permuted per head (llama.cpp's `LlamaModel.permute`), in the type
+`write_gguf(model_dir, path, types)` stores each tensor of the folder under its GGUF name, a
+llama's q_proj and k_proj rows permuted per head (llama.cpp's `LlamaModel.permute`), in the type
 `types` gives it (gguf.quants quantizes F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0; it cannot quantize
 the K types, so those get random but valid blocks), and the tokenizer as `tokenizer.ggml.*`.
 `metadata` adds or overrides keys, `drop` leaves keys or tensors out: ways to make bad files.
@@ -31,8 +32,8 @@ def gguf_name(hf_name: str) -> str:
            "lm_head.weight": "output.weight"}
     if hf_name in top:
         return top[hf_name]
-    _, _, layer, *part, _ = hf_name.split(".")
-    return f"blk.{layer}.{LAYER_PARTS['.'.join(part)]}.weight"
+    _, _, layer, *part, kind = hf_name.split(".")
+    return f"blk.{layer}.{LAYER_PARTS['.'.join(part)]}.{kind}"
 
 
 def permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
@@ -83,30 +84,33 @@ def tokenizer_metadata(model_dir: Path) -> dict[str, object]:
     }
 
 
-def model_metadata(config: dict) -> dict[str, object]:
+def model_metadata(config: dict, arch: str) -> dict[str, object]:
     return {
-        "llama.block_count": config["num_hidden_layers"],
-        "llama.context_length": config["max_position_embeddings"],
-        "llama.embedding_length": config["hidden_size"],
-        "llama.feed_forward_length": config["intermediate_size"],
-        "llama.attention.head_count": config["num_attention_heads"],
-        "llama.attention.head_count_kv": config["num_key_value_heads"],
-        "llama.rope.freq_base": float((config.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-        "llama.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
-        "llama.rope.dimension_count": config["head_dim"],
-        "llama.vocab_size": config["vocab_size"],
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.context_length": config["max_position_embeddings"],
+        f"{arch}.embedding_length": config["hidden_size"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": config["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
+        f"{arch}.rope.freq_base": float((config.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        f"{arch}.rope.dimension_count": config["head_dim"],
+        f"{arch}.vocab_size": config["vocab_size"],
     }
 
 
-def write_llama_gguf(model_dir: str | Path, path: Path, types: Mapping[str, Q] | None = None, *,
-                     default_type: Q = Q.F32, arch: str = "llama", metadata: Mapping[str, object] | None = None,
-                     drop: tuple[str, ...] = (), seed: int = 0) -> Path:
+def write_gguf(model_dir: str | Path, path: Path, types: Mapping[str, Q] | None = None, *,
+               default_type: Q = Q.F32, arch: str | None = None, metadata: Mapping[str, object] | None = None,
+               drop: tuple[str, ...] = (), seed: int = 0) -> Path:
     """Writes `model_dir` as a GGUF at `path`; `types` maps GGUF tensor names to their type
-    (matrices not named take `default_type`; norms stay F32, as llama.cpp keeps 1-D tensors)."""
+    (matrices not named take `default_type`; norms and biases stay F32, as llama.cpp keeps 1-D
+    tensors). `arch` overrides general.architecture (default: the folder's model_type)."""
     model_dir, rng = Path(model_dir), np.random.default_rng(seed)
     config = json.loads((model_dir / "config.json").read_text())
+    arch = arch or config["model_type"]
     writer = gguf.GGUFWriter(path, arch)
-    values = {**model_metadata(config), **tokenizer_metadata(model_dir), **(metadata or {})}
+    permuted = config["model_type"] == "llama"
+    values = {**model_metadata(config, arch), **tokenizer_metadata(model_dir), **(metadata or {})}
     for key, value in values.items():
         if key not in drop:
             _add_value(writer, key, value)
@@ -115,9 +119,9 @@ def write_llama_gguf(model_dir: str | Path, path: Path, types: Mapping[str, Q] |
         if name in drop:
             continue
         weights = weights.astype(np.float32)
-        if name.endswith("attn_q.weight"):
+        if permuted and name.endswith("attn_q.weight"):
             weights = permute(weights, config["num_attention_heads"])
-        elif name.endswith("attn_k.weight"):
+        elif permuted and name.endswith("attn_k.weight"):
             weights = permute(weights, config["num_key_value_heads"])
         kind = Q.F32 if weights.ndim == 1 else (types or {}).get(name, default_type)
         writer.add_tensor(name, encode(weights, kind, rng), raw_dtype=None if kind == Q.F32 else kind)

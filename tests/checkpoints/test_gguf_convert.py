@@ -10,12 +10,14 @@ from safetensors.numpy import load_file
 from transformers import PreTrainedTokenizerFast
 
 from pdserve.checkpoints.gguf_convert import ensure_converted
+from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from tests.checkpoints.conftest import GGUF_VARIANTS
 
 TEXTS = [
-    "", "hello world", "Hello, World!", "  leading and  double  spaces", "trailing space ", "tabs\tand\nnew\n\nlines",
+    "", "hello world", "Hello, World!", "  leading and  double  spaces", "trailing space ",
+    "tabs\tand\nnew\n\nlines",
     "def f(x):\n    return x ** 2  # comment\n", "1234567890 3.14159 -42 1e-9", "x² + y³", "don't we'll I'd they're",
     "ünïcödé façade naïve", "日本語のテキスト", "中文 分词", "emoji 🙂🚀 and ZWJ 👩‍💻", "<|im_start|>user\nhi<|im_end|>\n",
     "<|begin_of_text|>text<|end_of_text|>", "<|im_end|><|im_end|>", "http://example.com/a?b=c&d=e",
@@ -39,16 +41,11 @@ def test_weights_equal_transformers_gguf_loading_bit_for_bit(variant, gguf_file,
 
 
 @pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))
-def test_config_equals_transformers_on_every_field_the_engine_reads(variant, gguf_file, converted, transformers_gguf):
+def test_the_engine_reads_the_config_transformers_builds(variant, gguf_file, converted, transformers_gguf):
     model, _ = transformers_gguf(gguf_file(variant))
-    config = json.loads((converted(variant) / "config.json").read_text())
-    theirs = model.config.to_dict()
-    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
-                  "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "attention_bias", "mlp_bias"):
-        assert config[field] == theirs[field], field
-    assert config["rope_parameters"]["rope_theta"] == theirs["rope_parameters"]["rope_theta"]
-    assert config["dtype"] == str(model.dtype).removeprefix("torch.") == "float32"
+    theirs = ModelConfig.from_dict({**model.config.to_dict(), "architectures": [type(model).__name__]})
+    assert ModelConfig.from_dir(converted(variant)) == theirs
+    assert json.loads((converted(variant) / "config.json").read_text())["dtype"] == "float32" == theirs.torch_dtype
 
 
 def test_an_unquantized_file_converts_back_into_the_folder_it_was_written_from(tiny_model, converted):
@@ -63,7 +60,7 @@ def test_an_unquantized_file_converts_back_into_the_folder_it_was_written_from(t
     assert [mine(text).input_ids for text in TEXTS] == [theirs(text).input_ids for text in TEXTS]
 
 
-@pytest.mark.parametrize("variant", ["mixed", "tied-q8_0"])
+@pytest.mark.parametrize("variant", ["mixed", "tied-q8_0", "qwen2"])
 def test_tokenizer_and_chat_template_equal_transformers(variant, gguf_file, converted, transformers_gguf):
     _, theirs = transformers_gguf(gguf_file(variant))
     mine = PreTrainedTokenizerFast.from_pretrained(converted(variant))
@@ -82,13 +79,15 @@ def test_generation_config_ends_at_the_end_of_text_and_the_chat_turns_end(conver
     assert generation["eos_token_id"] == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
-def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(gguf_file, converted, transformers_gguf):
-    model, _ = transformers_gguf(gguf_file("mixed"))
+@pytest.mark.parametrize("variant", ["mixed", "qwen2"])
+def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(variant, gguf_file, converted,
+                                                                              transformers_gguf):
+    model, _ = transformers_gguf(gguf_file(variant))
     generator = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, model.config.vocab_size, (length,), generator=generator).tolist()
                for length in (1, 9, 64)]
     max_tokens = 10
-    outputs = LLM(str(converted("mixed"))).generate(
+    outputs = LLM(str(converted(variant))).generate(
         prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
         ids = torch.tensor([prompt])

@@ -10,30 +10,34 @@ from gguf import GGMLQuantizationType as Q
 
 from pdserve.checkpoints.errors import GGUFError
 from pdserve.checkpoints.gguf_convert import convert_gguf, ensure_converted
-from tests.checkpoints.gguf_files import write_llama_gguf
+from tests.checkpoints.gguf_files import write_gguf
 
 BAD_FILES = {
-    # name: (write_llama_gguf keywords, what the message must say)
+    # name: (write_gguf keywords, or "model": the tiny model's spec; what the message must say)
     "q5_0": ({"types": {"blk.1.ffn_up.weight": Q.Q5_0}}, "blk.1.ffn_up.weight is Q5_0, which is not supported"),
     "no-tokenizer": ({"drop": ("tokenizer.ggml.tokens",)}, "no 'tokenizer.ggml.tokens' in its metadata"),
     "sentencepiece": ({"metadata": {"tokenizer.ggml.model": "llama"}}, "tokenizer.ggml.model is 'llama'"),
-    "qwen2-split": ({"metadata": {"tokenizer.ggml.pre": "qwen2"}}, "tokenizer.ggml.pre is 'qwen2'"),
-    "qwen2": ({"arch": "qwen2"}, "general.architecture is 'qwen2'; supported for .gguf files: llama"),
+    "chatglm-split": ({"metadata": {"tokenizer.ggml.pre": "chatglm-bpe"}}, "tokenizer.ggml.pre is 'chatglm-bpe'"),
+    "gemma2": ({"arch": "gemma2"}, "general.architecture is 'gemma2'; supported for .gguf files: llama, qwen2"),
     "rope-scaling": ({"metadata": {"llama.rope.scaling.type": "linear"}}, "RoPE scaling (linear) is not supported"),
     "missing-tensor": ({"drop": ("blk.2.ffn_up.weight",)}, "missing tensors for model.layers.2.mlp.up_proj.weight"),
+    "llama-with-biases": ({"model": {"arch": "qwen2"}, "arch": "llama"},
+                          "unexpected tensors for model.layers.0.self_attn.k_proj.bias"),
     "partial-rotary": ({"metadata": {"llama.rope.dimension_count": 16}}, "rotary embeddings on 16 of 32 head dims"),
 }
 
 
 @pytest.fixture(scope="module")
 def valid_gguf(tiny_model, tmp_path_factory):
-    return write_llama_gguf(tiny_model(), tmp_path_factory.mktemp("valid") / "valid.gguf")
+    return write_gguf(tiny_model(), tmp_path_factory.mktemp("valid") / "valid.gguf")
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
 def test_an_unsupported_file_is_refused_naming_what_is_wrong(name, tiny_model, tmp_path):
     keywords, message = BAD_FILES[name]
-    path = write_llama_gguf(tiny_model(), tmp_path / f"{name}.gguf", **keywords)
+    spec = keywords.get("model", {})
+    path = write_gguf(tiny_model(**spec), tmp_path / f"{name}.gguf",
+                      **{key: value for key, value in keywords.items() if key != "model"})
     with pytest.raises(GGUFError, match=f"^{path}: ") as raised:
         ensure_converted(path, tmp_path / "cache")
     assert message in str(raised.value)

