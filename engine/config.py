@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pdserve.engine.errors import InvalidModelError
 from pdserve.engine.families import FAMILIES, SUPPORTED_ARCHITECTURES, Family
-from pdserve.engine.rope_config import RopeConfig, read_rope
+from pdserve.engine.rope_config import RopeConfig, read_ropes
 
-HF_ACTIVATIONS = {"silu": "silu"}  # config's hidden_act -> the gated MLP's activation (engine/model.py)
+HF_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config's -> engine/model.py's
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +29,17 @@ class MoEConfig:
 @dataclass(frozen=True, slots=True)
 class Parts:
     """The architecture's choices, with the values its config gives them; the defaults are Llama's."""
-    qk_norm: bool = False
+    qk_norm: bool = False  # RMSNorm over each head of q and k, before rope
+    norm_adds_one: bool = False  # RMSNorm scales by (1 + w), in fp32, rounding last
+    post_norms: bool = False  # norms on attention's and the MLP's outputs too, before the residual add
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden)
+    query_pre_attn_scalar: float | None = None  # the attention scale is its -1/2 power; None: head_dim's
+    attn_logit_softcap: float | None = None  # attention scores s become c * tanh(s / c)
+    final_logit_softcap: float | None = None  # the logits likewise
     sliding_window: int | None = None  # a query at position i sees keys j with i - j < sliding_window
     sliding_layers: tuple[int, ...] = ()  # the layers that attend within the window
-    activation: str = "silu"
+    local_rope: RopeConfig | None = None  # the sliding layers' rope where it differs from ModelConfig.rope
+    activation: str = "silu"  # the gated MLP's: "silu" or "gelu_tanh"
     moe: MoEConfig | None = None
 
 
@@ -76,6 +83,7 @@ class ModelConfig:
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         attention_bias = raw.get("attention_bias", False)
+        rope, local_rope = read_ropes(raw, head_dim)
         eos = raw.get("eos_token_id")
         return cls(
             architecture=arch,
@@ -88,45 +96,61 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=raw["max_position_embeddings"],
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope=read_rope(raw, head_dim),
+            rope=rope,
             qkv_bias=attention_bias if family.qkv_bias is None else family.qkv_bias,
             o_bias=attention_bias if family.o_bias is None else family.o_bias,
             mlp_bias=raw.get("mlp_bias", False),
-            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            tie_word_embeddings=raw.get("tie_word_embeddings", family.gemma),  # Gemma folders leave it out
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
-            parts=_read_parts(raw, family),
+            parts=_read_parts(raw, family, local_rope),
         )
 
 
-def _read_parts(raw: dict, family: Family) -> Parts:
-    activation = raw.get("hidden_act", "silu")
+def _read_parts(raw: dict, family: Family, local_rope: RopeConfig | None) -> Parts:
+    activation = raw.get("hidden_activation") or raw.get("hidden_act", "silu")
     if activation not in HF_ACTIVATIONS:
         raise InvalidModelError(f"unsupported activation {activation!r}; supported: {', '.join(HF_ACTIVATIONS)}")
+    if raw.get("use_bidirectional_attention"):
+        raise InvalidModelError("bidirectional attention (an embedding model) is not supported")
     window, sliding_layers = _read_windows(raw, family)
-    if sliding_layers:
-        raise InvalidModelError(f"sliding-window attention (window {window} < max positions "
-                                f"{raw['max_position_embeddings']}) is not supported")
-    return Parts(qk_norm=family.qk_norm, sliding_window=window, sliding_layers=sliding_layers,
-                 activation=HF_ACTIVATIONS[activation], moe=_read_moe(raw, family))
+    return Parts(
+        qk_norm=family.qk_norm,
+        norm_adds_one=family.gemma,
+        post_norms=family.gemma,
+        scale_embeddings=family.gemma,
+        query_pre_attn_scalar=raw.get("query_pre_attn_scalar") if family.gemma else None,
+        attn_logit_softcap=raw.get("attn_logit_softcapping") if family.attn_softcap else None,
+        final_logit_softcap=raw.get("final_logit_softcapping") if family.gemma else None,
+        sliding_window=window,
+        sliding_layers=sliding_layers,
+        local_rope=local_rope,
+        activation=HF_ACTIVATIONS[activation],
+        moe=_read_moe(raw, family),
+    )
 
 
 def _read_windows(raw: dict, family: Family) -> tuple[int | None, tuple[int, ...]]:
-    """The sliding window and the layers that use it; none where the window covers every position."""
+    """The sliding window and the layers that slide (engine/families.py says which)."""
     window = raw.get("sliding_window")
-    max_positions = raw["max_position_embeddings"]
-    if window is None or raw.get("use_sliding_window") is False or window >= max_positions:
+    if window is None or raw.get("use_sliding_window") is False:
         return None, ()
     num_layers = raw["num_hidden_layers"]
     if family.window_layers == "every":
-        layers = tuple(range(num_layers))
+        return window, tuple(range(num_layers))
+    types = raw.get("layer_types") or _default_layer_types(raw, family)
+    return window, tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+
+
+def _default_layer_types(raw: dict, family: Family) -> list[str]:
+    num_layers = raw["num_hidden_layers"]
+    if family.global_every is None:
+        is_sliding = [i >= raw.get("max_window_layers", num_layers) for i in range(num_layers)]
     else:
-        first_sliding = raw.get("max_window_layers", num_layers)
-        types = raw.get("layer_types") or [
-            "sliding_attention" if i >= first_sliding else "full_attention" for i in range(num_layers)]
-        layers = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
-    return window, layers
+        period = raw.get("sliding_window_pattern", family.global_every)
+        is_sliding = [(i + 1) % period != 0 for i in range(num_layers)]
+    return ["sliding_attention" if sliding else "full_attention" for sliding in is_sliding]
 
 
 def _read_moe(raw: dict, family: Family) -> MoEConfig | None:

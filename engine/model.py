@@ -6,8 +6,10 @@ then attends over the pool (see `AttentionMetadata`). The pool is one tensor
 `kv_cache [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`, so layer `i` reads
 `kv_cache[i, 0]` (K) and `kv_cache[i, 1]` (V), each `[num_blocks, block_size, num_kv_heads, head_dim]`.
 
-Families differ only in the parts `config.parts` picks: q/k norms, sliding-window layers, the
-MLP's activation, and a mixture of experts in place of the dense MLP.
+Families differ only in the parts `config.parts` picks: q/k norms, Gemma's (1 + w) norms on both
+sides of attention and MLP and its scaled embeddings, sliding-window layers (with their own rope
+in Gemma 3), softcaps on attention scores and logits, the MLP's activation, and a mixture of
+experts in place of the dense MLP.
 
 q/k/v and gate/up projections are fused into one matmul each, and each MoE layer's experts are
 stacked into one tensor per projection; `weights.py` packs the Hugging Face tensors into them.
@@ -16,6 +18,7 @@ Parameter names otherwise follow the Hugging Face checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -25,35 +28,47 @@ from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.rope import RotaryEmbedding, apply_rotary
 
-ACTIVATIONS = {"silu": nn.functional.silu}
+ACTIVATIONS = {"silu": nn.functional.silu, "gelu_tanh": partial(nn.functional.gelu, approximate="tanh")}
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, adds_one: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.adds_one = adds_one
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalised in fp32, rounded back, then scaled: Hugging Face's order, in one fused op.
+        # Normalised in fp32 (one fused op), then as Hugging Face does it: Llama rounds back and
+        # scales by w; Gemma scales by (1 + w) in fp32 and rounds last.
         normalized = nn.functional.rms_norm(x.float(), self.weight.shape, eps=self.eps)
+        if self.adds_one:
+            return (normalized * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * normalized.to(x.dtype)
 
 
+def make_norm(config: ModelConfig, size: int | None = None) -> RMSNorm:
+    return RMSNorm(size or config.hidden_size, config.rms_norm_eps, config.parts.norm_adds_one)
+
+
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int, max_model_len: int):
         super().__init__()
+        parts = config.parts
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim ** -0.5
+        self.scale = (parts.query_pre_attn_scalar or config.head_dim) ** -0.5
+        window = parts.sliding_window if layer in parts.sliding_layers else None
+        # A window that spans the whole served context masks nothing: left off, the fast kernels serve.
+        self.sliding_window = window if window is not None and window < max_model_len else None
+        self.logit_softcap = parts.attn_logit_softcap
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
-        qk_norm = config.parts.qk_norm
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.q_norm = make_norm(config, config.head_dim) if parts.qk_norm else None
+        self.k_norm = make_norm(config, config.head_dim) if parts.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
@@ -70,14 +85,16 @@ class Attention(nn.Module):
         kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
 
         out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
+        masking = dict(sliding_window=self.sliding_window, logit_softcap=self.logit_softcap)
         num_decode = attn.num_decode_tokens
         if num_decode:
             out[:num_decode] = kernels.decode_attention(
-                q[:num_decode], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, self.scale)
+                q[:num_decode], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, self.scale,
+                **masking)
         if num_decode < num_tokens:
             out[num_decode:] = kernels.prefill_attention(
                 q[num_decode:], k_cache, v_cache, attn.prefill_block_tables, attn.prefill_query_start_loc,
-                attn.prefill_context_lens, self.scale)
+                attn.prefill_context_lens, self.scale, **masking)
         return self.o_proj(out.view(num_tokens, self.q_size))
 
 
@@ -148,35 +165,45 @@ class Experts(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, layer: int, max_model_len: int):
         super().__init__()
         moe = config.parts.moe
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        post_norms = config.parts.post_norms
+        self.input_layernorm = make_norm(config)
+        self.self_attn = Attention(config, layer, max_model_len)
+        self.post_attention_layernorm = make_norm(config)
+        self.pre_feedforward_layernorm = make_norm(config) if post_norms else None
+        self.post_feedforward_layernorm = make_norm(config) if post_norms else None
         self.mlp = SparseMoE(config) if moe is not None and layer in moe.layers else MLP(config)
 
     def forward(self, x, cos, sin, kv_cache, attn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if self.pre_feedforward_layernorm is None:  # Llama: post_attention_layernorm is the MLP's input norm
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, max_model_len: int):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, layer) for layer in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, layer, max_model_len) for layer in range(config.num_layers))
+        self.norm = make_norm(config)
 
 
 class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device, max_model_len: int | None = None):
-        """`max_model_len` (default: the config's max positions) picks LongRoPE's factors (engine/rope.py)."""
+        """`max_model_len` (default: the config's max positions) picks LongRoPE's factors
+        (engine/rope.py) and drops sliding windows that span it."""
         super().__init__()
         self.config = config
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim, max_model_len or config.max_position_embeddings,
-                                      device)
-        self.model = DecoderModel(config)
+        max_model_len = max_model_len or config.max_position_embeddings
+        local_rope = config.parts.local_rope
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, max_model_len, device)
+        self.local_rotary = None if local_rope is None else RotaryEmbedding(
+            local_rope, config.head_dim, max_model_len, device)
+        self.model = DecoderModel(config, max_model_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -186,13 +213,20 @@ class CausalLM(nn.Module):
         """`on_layer_done(i)` is called once layer i has written its K/V (so it can be shipped
         while later layers compute). Returns hidden states [num_tokens, hidden]."""
         # input_ids, positions: [num_tokens]
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, x.dtype)
+        parts = self.config.parts
+        x = self.model.embed_tokens(input_ids)  # [num_tokens, hidden]
+        if parts.scale_embeddings:  # by sqrt(hidden) rounded to the dtype, as Hugging Face rounds it
+            x = x * torch.tensor(self.config.hidden_size ** 0.5).to(x.dtype)
+        rope = self.rotary(positions, x.dtype)  # cos, sin: [num_tokens, 1, rotary_dim] each
+        local_rope = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
+            cos, sin = local_rope if i in parts.sliding_layers else rope
             x = layer(x, cos, sin, kv_cache[i], attn)
             if on_layer_done is not None:
                 on_layer_done(i)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # [num_rows, vocab_size]
+        logits = self.lm_head(hidden).float()  # [num_rows, vocab_size]
+        cap = self.config.parts.final_logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)

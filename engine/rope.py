@@ -1,9 +1,9 @@
 """Rotary position embedding (rotate-half convention, as Hugging Face Llama/Qwen2/Mistral/Phi-3).
 
-Frequencies follow the config: plain `theta ** (-2i / rotary_dim)`, Llama 3's scaling that
-divides long theta_powers by `factor` and blends the band between the two cut-offs, or LongRoPE's
-per-frequency divisors. With a `partial_rotary_factor` only the first `rotary_dim` of each head
-rotates. cos/sin are computed in float32 (times LongRoPE's attention factor) and cast to the
+Frequencies follow the config: plain `theta ** (-2i / rotary_dim)`, all divided by a linear
+`factor`, Llama 3's scaling that divides long wavelengths by `factor` and blends the band between
+the two cut-offs, or LongRoPE's per-frequency divisors. With a `partial_rotary_factor` only the
+first `rotary_dim` of each head rotates. cos/sin are computed in float32 (times LongRoPE's attention factor) and cast to the
 activation dtype, so bf16 runs round like the reference implementation.
 
 LongRoPE has two sets of divisors, short (within the original context) and long. Which one
@@ -29,7 +29,9 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int, max_model_len: int) -> 
         divisors = torch.tensor(rope.long_factor if is_long else rope.short_factor, dtype=torch.float32)
         return 1.0 / (divisors * theta_powers)  # [rotary_dim // 2]
     inv_freq = 1.0 / theta_powers
-    if rope.rope_type == "llama3":
+    if rope.rope_type == "linear":
+        inv_freq = inv_freq / rope.factor
+    elif rope.rope_type == "llama3":
         inv_freq = _llama3_scale(inv_freq, rope)
     return inv_freq  # [rotary_dim // 2]
 

@@ -14,8 +14,8 @@ from pdserve.engine.errors import InvalidModelError
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
     theta: float
-    rope_type: str = "default"  # "default" | "llama3" | "longrope"
-    factor: float = 1.0
+    rope_type: str = "default"  # "default" | "linear" | "llama3" | "longrope"
+    factor: float = 1.0  # linear: every frequency divided by it; llama3: the long wavelengths
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
@@ -25,13 +25,27 @@ class RopeConfig:
     partial_rotary_factor: float = 1.0  # the share of head_dim that rotates; the rest passes through
 
 
-def read_rope(raw: dict, head_dim: int) -> RopeConfig:
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+def read_ropes(raw: dict, head_dim: int) -> tuple[RopeConfig, RopeConfig | None]:
+    """The rope of full-attention layers, and that of sliding-window layers where it differs:
+    Gemma 3 nests `rope_parameters` by layer type, or (older folders) gives the sliding layers'
+    base as `rope_local_base_freq`, `rope_scaling` then scaling the full-attention layers alone."""
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params:
+        local = params.get("sliding_attention")
+        return _read_rope(raw, dict(params["full_attention"]), head_dim), (
+            None if local is None else _read_rope(raw, dict(local), head_dim))
+    rope = _read_rope(raw, dict(params or raw.get("rope_scaling") or {}), head_dim)
+    local_theta = raw.get("rope_local_base_freq")
+    return rope, None if local_theta is None else RopeConfig(theta=local_theta)
+
+
+def _read_rope(raw: dict, params: dict, head_dim: int) -> RopeConfig:
     theta = params.pop("rope_theta", raw.get("rope_theta", 10000.0))
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if rope_type == "default":
-        return RopeConfig(theta=theta, partial_rotary_factor=partial)
+    if rope_type in ("default", "linear"):
+        return RopeConfig(theta=theta, rope_type=rope_type, factor=params.get("factor", 1.0),
+                          partial_rotary_factor=partial)
     if rope_type == "llama3":
         return RopeConfig(
             theta=theta,
@@ -44,7 +58,7 @@ def read_rope(raw: dict, head_dim: int) -> RopeConfig:
         )
     if rope_type == "longrope":
         return _read_longrope(raw, params, theta, partial, head_dim)
-    raise InvalidModelError(f"unsupported rope type {rope_type!r}; supported: default, llama3, longrope")
+    raise InvalidModelError(f"unsupported rope type {rope_type!r}; supported: default, linear, llama3, longrope")
 
 
 def _read_longrope(raw: dict, params: dict, theta: float, partial: float, head_dim: int) -> RopeConfig:

@@ -6,11 +6,22 @@ token budget of 16 (most prompts prefill in chunks) and a pool of 12 blocks of 8
 needs several times that, so requests are preempted and recomputed); then second turns that
 resend a first turn's prompt and answer, whose prefix the cache serves. float32 throughout: two
 correct implementations agree on every argmax there (see test_greedy_matches_hf.py for bfloat16).
-The shapes vary head dims, GQA ratios and tied embeddings across families.
+The shapes vary head dims, GQA ratios and tied embeddings across families. Sliding windows are
+narrower than most prompts and cross block and chunk edges, and the cached prefixes of the second
+turns reach past them.
 """
 import pytest
 import torch
-from transformers import MixtralConfig, Phi3Config, Qwen3Config, Qwen3MoeConfig
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    MistralConfig,
+    MixtralConfig,
+    Phi3Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from pdserve.engine import LLM, SamplingParams
@@ -53,6 +64,14 @@ def test_qwen3_normalises_each_head_of_q_and_k(hf_model, hf_greedy):
     config = Qwen3Config(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=48, tie_word_embeddings=True, **SHAPE)
     run_schedule(hf_model(config), hf_greedy)
+
+
+def test_qwen3_slides_the_layers_from_max_window_layers_on(hf_model, hf_greedy):
+    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
+                         head_dim=32, use_sliding_window=True, sliding_window=12, max_window_layers=1, **SHAPE)
+    model_dir = hf_model(config)
+    assert ModelConfig.from_dir(model_dir).parts.sliding_layers == (1,)
+    run_schedule(model_dir, hf_greedy)
 
 
 def test_phi3_loads_its_fused_projections_as_they_are(hf_model, hf_greedy):
@@ -125,6 +144,75 @@ def test_qwen3_moe_routes_sparse_layers_and_keeps_dense_ones(hf_model, hf_greedy
     run_schedule(model_dir, hf_greedy)
 
 
+def test_mistral_attends_within_its_sliding_window(hf_model, hf_greedy):
+    # head_dim 24, GQA 2, a window of 12 positions
+    config = MistralConfig(hidden_size=96, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=24, sliding_window=12, **SHAPE)
+    model_dir = hf_model(config)
+    assert ModelConfig.from_dir(model_dir).parts.sliding_layers == (0, 1)
+    run_schedule(model_dir, hf_greedy)
+
+
+def test_gemma2_softcaps_scores_and_logits_and_alternates_sliding_and_global_layers(hf_model, hf_greedy):
+    # head_dim 32 (not hidden / heads), GQA 2, tied; caps low enough to bind, a scalar not head_dim
+    config = Gemma2Config(hidden_size=96, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=32, query_pre_attn_scalar=20, attn_logit_softcapping=5.0,
+                          final_logit_softcapping=3.0, sliding_window=12, **{**SHAPE, "num_hidden_layers": 3})
+    model_dir = hf_model(config)
+    assert ModelConfig.from_dir(model_dir).parts.sliding_layers == (0, 2)
+    llm = run_schedule(model_dir, hf_greedy)
+    assert_logprobs_equal_transformers(llm, model_dir)  # greedy alone cannot see the final softcap
+
+
+def test_gemma3_has_five_sliding_layers_to_one_global_each_with_its_rope(hf_model, hf_greedy):
+    # head_dim 32, GQA 4, tied; the global layers' rope linearly scaled, the local ones' plain
+    config = Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+        query_pre_attn_scalar=24, sliding_window=10,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        **{**SHAPE, "num_hidden_layers": 7})
+    model_dir = hf_model(config)
+    assert ModelConfig.from_dir(model_dir).parts.sliding_layers == (0, 1, 2, 3, 4, 6)
+    llm = run_schedule(model_dir, hf_greedy)
+    assert_logprobs_equal_transformers(llm, model_dir)  # greedy alone barely sees tanh GELU against exact GELU
+
+
+def assert_logprobs_equal_transformers(llm: LLM, model_dir: str) -> None:
+    """The engine's logprob of each greedy token equals transformers' log-softmax there, teacher-forced."""
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist() for n in (5, 30)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        tokens = list(out.outputs[0].token_ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]  # [6, vocab]
+        expected = logits.log_softmax(dim=-1)[torch.arange(len(tokens)), tokens]
+        ours = torch.tensor([step.logprob for step in out.outputs[0].logprobs])
+        torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("config_class, raw, sliding_layers", [
+    (Gemma2Config, {"architectures": ["Gemma2ForCausalLM"], "sliding_window": 4096}, (0, 2, 4)),
+    (Gemma3TextConfig, {"architectures": ["Gemma3ForCausalLM"], "sliding_window": 512, "sliding_window_pattern": 3,
+                        "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear",
+                                                                                          "factor": 8.0}},
+     (0, 1, 3, 4)),
+])
+def test_hub_configs_without_layer_types_read_as_transformers_reads_them(config_class, raw, sliding_layers):
+    raw = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 8192,
+           **raw}
+    ours, theirs = ModelConfig.from_dict(raw), config_class(**raw)
+    assert ours.parts.sliding_layers == sliding_layers
+    assert sliding_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    if config_class is Gemma3TextConfig:
+        full, local = theirs.rope_parameters["full_attention"], theirs.rope_parameters["sliding_attention"]
+        assert (ours.rope.theta, ours.rope.rope_type, ours.rope.factor) == (full["rope_theta"], "linear", 8.0)
+        assert (ours.parts.local_rope.theta, ours.parts.local_rope.rope_type) == (local["rope_theta"], "default")
+
+
 def test_an_unsupported_architecture_is_refused_with_the_supported_list():
-    with pytest.raises(InvalidModelError, match="supported: LlamaForCausalLM, .*Qwen3MoeForCausalLM"):
+    with pytest.raises(InvalidModelError, match="supported: LlamaForCausalLM, .*Gemma3ForCausalLM"):
         ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"]})
