@@ -14,17 +14,7 @@ from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
 from pdserve.engine.sampling_params import SamplingParams
 from tests.checkpoints.conftest import GGUF_VARIANTS
-
-TEXTS = [
-    "", "hello world", "Hello, World!", "  leading and  double  spaces", "trailing space ",
-    "tabs\tand\nnew\n\nlines",
-    "def f(x):\n    return x ** 2  # comment\n", "1234567890 3.14159 -42 1e-9", "x² + y³", "don't we'll I'd they're",
-    "ünïcödé façade naïve", "日本語のテキスト", "中文 分词", "emoji 🙂🚀 and ZWJ 👩‍💻", "<|im_start|>user\nhi<|im_end|>\n",
-    "<|begin_of_text|>text<|end_of_text|>", "<|im_end|><|im_end|>", "http://example.com/a?b=c&d=e",
-    "CamelCaseIdentifier snake_case_name", "\r\n windows line", "a" * 300,
-]
-CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"},
-        {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3 + 3?"}]
+from tests.checkpoints.tokenizer_texts import CHAT, TEXTS
 
 
 @pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))

@@ -1,6 +1,7 @@
 """On the real SmolLM2-135M-Instruct (Q4_1 GGUF), pdserve's engine on the converted folder equals
 transformers on the .gguf itself, on prompts of 5 to 1,500 tokens: greedy tokens token for token,
-and each token's logprob within LOGPROB_TOL nats of transformers' log-softmax.
+and each token's logprob within LOGPROB_TOL nats of transformers' log-softmax. The converted
+tokenizer gives transformers' GGUF tokenizer's ids and chat prompts.
 
 transformers reads each prompt plus the engine's greedy tokens in one forward pass (teacher
 forcing): its argmax at every generated position must be the engine's token there. That is
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from pdserve.engine.sampling_params import SamplingParams
+from tests.checkpoints.tokenizer_texts import CHAT, TEXTS
 from tests.real_model.conftest import MAX_TOKENS, generation_eos_ids
 
 pytestmark = pytest.mark.real_model
@@ -45,6 +47,17 @@ def test_logprobs_equal_transformers_log_softmax(engine_outputs, transformers_lo
         served = torch.tensor([entry.logprob for entry in output.logprobs])
         of_tokens = expected.gather(1, torch.tensor([output.token_ids]).T)[:, 0]
         assert torch.allclose(served, of_tokens, atol=LOGPROB_TOL, rtol=0), (served - of_tokens).abs().max()
+
+
+def test_token_ids_and_chat_prompts_equal_transformers_gguf_tokenizer(smollm2_dir, smollm2_gguf):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    mine = PreTrainedTokenizerFast.from_pretrained(smollm2_dir)
+    theirs = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    for text in TEXTS:
+        assert mine(text).input_ids == theirs(text).input_ids, text
+    assert (mine.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+            == theirs.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False))
 
 
 def test_the_converted_folder_ends_generation_at_the_chat_turns_end(smollm2_dir):
