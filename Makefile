@@ -1,10 +1,10 @@
-# Set-up and everyday commands. `make up` runs the system, `make test` runs the tests; both
-# create the virtualenv first when needed.
+# Set-up and everyday commands. `make up` runs the system, `make test` runs the fast tests and
+# `make test-all` every test; all create the virtualenv first when needed.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install protos up test clean
+.PHONY: install protos up test test-all clean
 
 $(BIN)/pdserve: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,16 @@ protos: install
 up: install
 	$(BIN)/pdserve up
 
+# The fast tier: unit, engine, kernels, KV transfer, gateway policy, bench and HTTP against
+# in-process fakes; no test here starts a replica, a gateway or a Redis (tests/tier_check.py fails
+# one that does without its marker). The markers are declared in pyproject.toml.
+PROCESS_TIERS = e2e or faults or redis or packaging or deploy or real_model
 test: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m "not ($(PROCESS_TIERS))"
+
+# Every tier: the fast one, then real processes on loopback (e2e, faults), a real Redis, wheels and
+# generated code, compose and Kubernetes manifests, the real checkpoint. What .ci/run runs.
+test-all: install
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
 clean:

@@ -15,6 +15,16 @@ import pytest  # noqa: E402
 pytest_plugins = ["tests.tier_check"]
 
 
+def pytest_configure(config):
+    """One torch thread in the test process. Its tensors are tiny, and on a small machine that
+    others share a second intra-op thread waiting for a core costs far more than it saves: the
+    engine's greedy run in tests/engine takes ~0.7 s on one thread and ~7 s on two when the two
+    cores are busy. Processes the tests start choose their own (services: one per pinned CPU)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Writes a tiny random-weight model folder once per distinct spec and returns its path."""

@@ -2,16 +2,16 @@
 JSON has vLLM's fields, every request completed with the tokens it asked for, and the server's
 own counters agree. Nothing here is about speed."""
 import json
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from pdserve.bench.datasets import make_dataset
-from pdserve.cluster.health_probe import probe_http
 from pdserve.cli import main as pdserve_main
+from tests.helpers import free_port, wait_for_health
+
+pytestmark = pytest.mark.e2e
 
 START_TIMEOUT_S = 120.0
 BENCH_TIMEOUT_S = 120.0
@@ -28,16 +28,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     model_dir = tiny_model()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with open(tmp_path_factory.mktemp("serve") / "serve.log", "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "pdserve", "serve", "--model", model_dir,
                                     "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not probe_http(f"http://127.0.0.1:{port}/health", timeout_s=1).ready:
-        assert process.poll() is None and time.monotonic() < deadline, "pdserve serve did not start"
-        time.sleep(0.2)
+    wait_for_health(process, f"http://127.0.0.1:{port}/health", START_TIMEOUT_S)
     yield model_dir, f"http://127.0.0.1:{port}"
     process.terminate()
     process.wait(timeout=20)

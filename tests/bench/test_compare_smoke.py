@@ -3,6 +3,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 NUM_PROMPTS = 4
 OUTPUT_LEN = 4
 PER_SYSTEM_FIELDS = ("completed", "failed", "output_throughput", "request_throughput", "mean_ttft_ms",

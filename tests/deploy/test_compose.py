@@ -38,8 +38,8 @@ def _compose_command() -> list[str] | None:
 
 
 COMPOSE = _compose_command()
-pytestmark = pytest.mark.skipif(
-    COMPOSE is None, reason="no Compose CLI (apt-get install docker-compose) to parse compose.yaml")
+pytestmark = [pytest.mark.deploy, pytest.mark.skipif(
+    COMPOSE is None, reason="no Compose CLI (apt-get install docker-compose) to parse compose.yaml")]
 
 
 def run_compose_config(variables: dict[str, str], compose_file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess:

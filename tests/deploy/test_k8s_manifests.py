@@ -41,6 +41,8 @@ from pdserve.cluster.grpc_server import GrpcServer
 from pdserve.cluster.replica_server import STOP_GRACE_S
 from tests.deploy.kustomize import render
 
+pytestmark = pytest.mark.deploy
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ("cpu", "gpu")

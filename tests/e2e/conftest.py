@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,14 +21,9 @@ import redis
 from pdserve.cluster.health_probe import probe
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.redis_process import start_redis
+from tests.helpers import free_port, wait_until
 
 START_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -115,11 +109,7 @@ class Cluster:
             client.close()
 
     def wait_until(self, condition, what: str, timeout_s: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(0.1)
+        wait_until(condition, what, timeout_s, poll_s=0.1)
 
     def assert_all_kv_free(self, timeout_s: float = 15.0) -> None:
         """Every live decode replica reports all its blocks free (no reservation, no leak)."""

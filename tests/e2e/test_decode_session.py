@@ -9,6 +9,8 @@ import pytest
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 
+pytestmark = pytest.mark.e2e
+
 READ_TIMEOUT_S = 30.0
 LONG_MAX_TOKENS = 1900  # far more steps than a freed-blocks check waits for
 NATURAL_FINISH_MARGIN_S = 6.0  # a check for freed blocks gives up well before long requests would end

@@ -11,6 +11,8 @@ import torch
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
+pytestmark = pytest.mark.e2e
+
 NUM_REQUESTS = 16
 ENDED_STATES = (gateway_pb2.REQUEST_STATE_FINISHED, gateway_pb2.REQUEST_STATE_ABORTED, gateway_pb2.REQUEST_STATE_FAILED)
 

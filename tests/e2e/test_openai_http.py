@@ -10,6 +10,8 @@ import pytest
 from pdserve.engine import LLM, SamplingParams
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def cluster(make_cluster):

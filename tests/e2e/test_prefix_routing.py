@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import grpc
+import pytest
 import redis
 import torch
 
@@ -15,6 +16,8 @@ from pdserve.cluster.prefix_digest import DEFAULT_REFRESH_S, decode_digest, dige
 from pdserve.engine.block_hash import block_hashes
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+pytestmark = pytest.mark.e2e
 
 BLOCK_SIZE = 16
 PROMPT_TOKENS = 16 * BLOCK_SIZE

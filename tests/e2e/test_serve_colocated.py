@@ -1,28 +1,23 @@
 """`pdserve serve`: one colocated engine behind the OpenAI API, in its own process."""
-import socket
 import subprocess
 import sys
-import time
 
 import openai
 import pytest
 
-from pdserve.cluster.health_probe import probe_http
 from pdserve.engine import LLM, SamplingParams
+from tests.helpers import free_port, wait_for_health
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def server(e2e_model, tmp_path_factory):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "pdserve", "serve", "--model", e2e_model, "--port", str(port)],
                                stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while not probe_http(f"http://127.0.0.1:{port}/health", timeout_s=1).ready:
-        assert process.poll() is None and time.monotonic() < deadline, "pdserve serve did not start"
-        time.sleep(0.2)
+    wait_for_health(process, f"http://127.0.0.1:{port}/health", 120)
     yield port
     process.terminate()
     assert process.wait(timeout=20) == 0

@@ -3,79 +3,24 @@ starts Redis, a prefill, a decode and a gateway as real processes, prints its en
 `pdserve generate`, and on Ctrl-C leaves no process and no Redis behind.
 """
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import redis
 
+from tests.helpers import descendant_pids, free_port, is_alive, wait_for_endpoints
+
 STARTUP_DEADLINE_S = 300.0  # includes writing the tiny model once and loading it twice
 GENERATE_TIMEOUT_S = 120.0
 SHUTDOWN_DEADLINE_S = 40.0  # up's own 15 s grace, plus exit and reaping
 
-pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def descendant_pids(root_pid: int) -> set[int]:
-    """Every live process below root_pid in the process tree, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat_path in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            stat = stat_path.read_text()
-        except OSError:
-            continue
-        parent_pid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(parent_pid, []).append(int(stat_path.parent.name))
-    found, frontier = set(), [root_pid]
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            found.add(child)
-            frontier.append(child)
-    return found
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
-
-
-def read_lines(stream, lines: queue.Queue) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def wait_for_endpoints(lines: queue.Queue, process: subprocess.Popen) -> str:
-    """up's stdout from the first line up to "Ctrl-C stops everything."."""
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    printed = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1.0)
-        except queue.Empty:
-            continue
-        if line is None:
-            pytest.fail(f"pdserve up exited with {process.wait()} before printing its endpoints")
-        printed.append(line)
-        if line.startswith("Ctrl-C stops everything"):
-            return "".join(printed)
-    pytest.fail(f"pdserve up printed no endpoints within {STARTUP_DEADLINE_S} s")
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture
@@ -101,9 +46,7 @@ def up_process(tmp_path):
 
 
 def test_up_serves_generate_and_ctrl_c_stops_everything(up_process, tmp_path):
-    lines = queue.Queue()
-    threading.Thread(target=read_lines, args=(up_process.stdout, lines), daemon=True).start()
-    endpoints = wait_for_endpoints(lines, up_process)
+    endpoints = wait_for_endpoints(up_process, STARTUP_DEADLINE_S)
 
     assert f"127.0.0.1:{up_process.grpc_port}" in endpoints
     model_dir = tmp_path / "cache" / "pdserve" / "models" / "tiny-llama-v2"

@@ -17,7 +17,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.faults.conftest import greedy_request  # noqa: F401  (for the tests)
-from tests.faults.up_deployment import free_port, wait_until  # noqa: F401  (also for the tests)
+from tests.helpers import free_port, wait_until  # noqa: F401  (also for the tests)
 
 START_DEADLINE_S = 180.0
 

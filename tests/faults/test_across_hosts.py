@@ -30,6 +30,8 @@ from tests.faults.netns import NetnsUnavailableError, create_hosts
 from tests.faults.stream_clients import grpc_stream, request_records
 from tests.faults.test_decode_migration import kill_mid_stream, prompts
 
+pytestmark = pytest.mark.faults
+
 # (kind, name, host, flags); the first gateway is the cluster's, routing on auto.
 LAYOUT = [("prefill", "p0", "p0", ()), ("decode", "d0", "d0", ()), ("decode", "d1", "d1", ()),
           ("gateway", "gw", "gw", ()), ("gateway", "gw-shm", "gw", ("--transport", "shm"))]

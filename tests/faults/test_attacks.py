@@ -26,6 +26,8 @@ from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc, kv_transfer_pb2,
 from pdserve.v1 import prefill_pb2_grpc
 from tests.faults.conftest import StreamRun, greedy_request
 
+pytestmark = pytest.mark.faults
+
 CONTEXT_LEN = 2048  # the tiny model's max_position_embeddings
 NUM_BLOCKS = 256  # of the decode pool, 16 tokens each
 CAP_BLOCKS = NUM_BLOCKS // 2  # --max-reserved-fraction-per-caller 0.5 (the default)

@@ -16,6 +16,9 @@ from pdserve.engine.config import ModelConfig
 from pdserve.v1 import gateway_pb2_grpc
 from tests.faults.conftest import assert_prefill_kv_free
 from tests.faults.stream_clients import LIVE_STATES, grpc_stream, in_flight_gauges, request_records, sse_stream
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.faults
 
 NUM_STREAMS = 200
 NUM_PROMPTS = 10  # the streams share these, so one uncut run of each is the reference
@@ -28,15 +31,6 @@ def prompts(e2e_model: str) -> list[list[int]]:
     rng = random.Random(3)
     vocab_size = ModelConfig.from_dir(e2e_model).vocab_size
     return [[rng.randrange(vocab_size) for _ in range(rng.randrange(4, 24))] for _ in range(NUM_PROMPTS)]
-
-
-def wait_until(condition, what: str, timeout_s: float):
-    deadline_s = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline_s:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 async def run_streams(cluster, model: str, cases: list[tuple[str, list[int], int | None]]):

@@ -11,9 +11,10 @@ import pytest
 
 from pdserve.cluster.health_probe import probe_grpc
 from pdserve.v1 import gateway_pb2_grpc
-from tests.faults.up_deployment import SteadyLoad, generate, is_alive, wait_until, wrong_outputs
+from tests.faults.up_deployment import SteadyLoad, generate, wrong_outputs
+from tests.helpers import is_alive, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 DRAIN_TIMEOUT_S = 30.0  # the replicas' default --drain-timeout-s
 RESTART_DEADLINE_S = 180.0
 

@@ -16,6 +16,8 @@ from tests.faults.front_clients import (bearer, completion_body, greedy_request,
                                         wait_until)
 from tests.faults.up_deployment import start_up, stop_up
 
+pytestmark = pytest.mark.faults
+
 KEY_A, KEY_B = "key-of-caller-a", "key-of-caller-b"
 PROMPTS = [[5, 17, 42, 99, 3], [250, 7, 7, 1]]
 MAX_TOKENS = 12

@@ -16,6 +16,8 @@ from pdserve.v1 import common_pb2, gateway_pb2_grpc
 from tests.faults.front_clients import (
     completion_body, greedy_request, http, metric, offline_greedy, scrape, wait_until)
 
+pytestmark = pytest.mark.faults
+
 MAX_PENDING = 3
 HELD_PROMPTS = [[3, 14, 15, 92], [65, 35, 89], [79, 32, 38, 46, 26]]
 HELD_TOKENS = 800  # long enough to still run while the burst is refused

@@ -13,6 +13,8 @@ from pdserve.v1 import gateway_pb2_grpc
 from tests.faults.front_clients import (
     completion_body, greedy_request, http, offline_greedy, scrape, self_signed_certificate, wait_until)
 
+pytestmark = pytest.mark.faults
+
 PROMPT = [11, 200, 31, 4, 4, 90]
 MAX_TOKENS = 10
 

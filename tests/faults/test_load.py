@@ -13,6 +13,8 @@ from pdserve.v1 import gateway_pb2_grpc
 from tests.faults.front_clients import greedy_request, metric, offline_greedy, scrape, wait_until
 from tests.faults.stream_clients import request_records
 
+pytestmark = pytest.mark.faults
+
 NUM_STREAMS = 1024
 NUM_PROMPTS = 16  # distinct prompts, cycled over the streams
 MAX_TOKENS = 4

@@ -14,6 +14,8 @@ from tests.faults.conftest import (
     StreamRun, assert_prefill_kv_free, greedy_request, migrations, num_prefills, recovery_s, request_info,
     wait_until_gone)
 
+pytestmark = pytest.mark.faults
+
 NUM_REQUESTS = 16
 NUM_TOKENS = 8
 

@@ -17,7 +17,10 @@ from pdserve.redis_process import start_redis
 from pdserve.v1 import gateway_pb2_grpc
 from tests.faults.conftest import assert_prefill_kv_free
 from tests.faults.stream_clients import grpc_stream, in_flight_gauges, request_records, sse_stream
-from tests.faults.test_cut_streams import prompts, wait_until
+from tests.faults.test_cut_streams import prompts
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.faults
 
 NUM_IN_FLIGHT = 6
 IN_FLIGHT_TOKENS = 64

@@ -12,6 +12,8 @@ import pytest
 from tests.faults.front_clients import (
     completion_body, http, metric, offline_greedy, scrape, self_signed_certificate, start_serve, wait_until)
 
+pytestmark = pytest.mark.faults
+
 KEY = "serve-key"
 PROMPT = [8, 6, 7, 5, 30, 9]
 MAX_TOKENS = 12

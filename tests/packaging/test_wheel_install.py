@@ -7,14 +7,11 @@ and the new environment borrows this one's third-party packages through a .pth f
 site reads after the environment's own site-packages, so the wheel's code is what gets imported.
 """
 import os
-import queue
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import pytest
 import redis
 
 from pdserve.redis_process import REDIS_SERVER, VALKEY_SERVER, available_servers
+from tests.helpers import free_port, is_alive, wait_for_endpoints
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_IGNORED = {".git", ".venv", "build", "models", ".pytest_cache", ".hypothesis"}
@@ -29,7 +27,7 @@ STARTUP_DEADLINE_S = 240.0
 GENERATE_TIMEOUT_S = 120.0
 SHUTDOWN_DEADLINE_S = 40.0  # up's own 15 s grace, plus exit and reaping
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.packaging, pytest.mark.slow]
 
 
 def _ignored(directory: str, names: list[str]) -> set[str]:
@@ -67,45 +65,6 @@ def path_without_redis_server(bin_dir: Path) -> str:
     return os.pathsep.join([str(bin_dir), *kept])
 
 
-def read_lines(stream, lines: queue.Queue) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def wait_for_endpoints(process: subprocess.Popen) -> str:
-    """up's stdout up to "Ctrl-C stops everything."."""
-    lines = queue.Queue()
-    threading.Thread(target=read_lines, args=(process.stdout, lines), daemon=True).start()
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    printed = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1.0)
-        except queue.Empty:
-            continue
-        if line is None:
-            pytest.fail(f"pdserve up exited with {process.wait()} before printing its endpoints")
-        printed.append(line)
-        if line.startswith("Ctrl-C stops everything"):
-            return "".join(printed)
-    pytest.fail(f"pdserve up printed no endpoints within {STARTUP_DEADLINE_S} s")
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_wheel_in_a_fresh_venv_serves_with_pdserve_up(tmp_path, tiny_model):
     bin_dir = make_venv(tmp_path / "venv", build_wheel(tmp_path / "dist"))
     hide_redis_server = VALKEY_SERVER in available_servers()
@@ -132,7 +91,7 @@ def test_a_wheel_in_a_fresh_venv_serves_with_pdserve_up(tmp_path, tiny_model):
              "--http-port", str(http_port)],
             cwd=run_dir, env=environ, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     try:
-        endpoints = wait_for_endpoints(up)
+        endpoints = wait_for_endpoints(up, STARTUP_DEADLINE_S)
         redis_url = re.search(r"redis://\S+", endpoints).group(0)
         with redis.Redis.from_url(redis_url, socket_timeout=5) as client:
             server_info = client.info("server")

@@ -1,7 +1,11 @@
 """A burst of calls larger than the connection pool waits for connections instead of failing."""
 import asyncio
 
+import pytest
+
 from pdserve.cluster.redis_client import connect_redis
+
+pytestmark = pytest.mark.redis
 
 
 def test_a_burst_beyond_the_pool_size_waits_for_free_connections(redis_url):

@@ -7,6 +7,8 @@ import redis
 
 from pdserve.redis_process import RedisStartError, start_redis
 
+pytestmark = pytest.mark.redis
+
 
 def test_a_started_server_answers_on_loopback_and_keeps_nothing_on_disk(tmp_path, redis_executable):
     with start_redis(data_dir=tmp_path, timeout_s=10.0, executable=redis_executable) as server:

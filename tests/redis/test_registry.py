@@ -4,7 +4,6 @@ import asyncio
 import gc
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,9 @@ import redis
 from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat
 from pdserve.engine.errors import InvalidConfigError
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.redis
 
 TTL_S = 1.0
 INTERVAL_S = 0.2
@@ -194,9 +196,7 @@ def test_a_heartbeat_drops_index_members_silent_past_the_grace(redis_url):
 
 
 def test_start_fails_loudly_when_redis_cannot_be_reached():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
+    closed_port = free_port()  # nothing listens there
     beat = ReplicaHeartbeat(f"redis://127.0.0.1:{closed_port}/0", "decode", "d0", "e", "h", "cpu")
     with pytest.raises(redis.ConnectionError):
         asyncio.run(beat.start())

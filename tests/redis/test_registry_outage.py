@@ -13,6 +13,8 @@ from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_red
 from pdserve.cluster.registry import LiveReplicas, ReplicaHeartbeat
 from pdserve.redis_process import start_redis
 
+pytestmark = pytest.mark.redis
+
 
 def test_while_redis_is_down_the_last_replica_set_is_kept_then_refused(redis_executable, tmp_path):
     server = start_redis(data_dir=tmp_path, executable=redis_executable)

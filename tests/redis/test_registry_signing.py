@@ -4,9 +4,13 @@ import asyncio
 import dataclasses
 import json
 
+import pytest
+
 from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import LiveReplicas, ReplicaHeartbeat, ReplicaInfo
 from pdserve.cluster.registry_signing import sign_entry
+
+pytestmark = pytest.mark.redis
 
 SECRET = b"deployment-secret"
 

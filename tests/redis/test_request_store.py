@@ -10,6 +10,8 @@ from pdserve.engine.errors import IllegalTransitionError
 from pdserve.gateway.request_state import RequestState
 from pdserve.gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
 
+pytestmark = pytest.mark.redis
+
 TTL_S = 60.0
 LIVE_TTL_S = 30.0
 

@@ -2,9 +2,13 @@
 queues for a connection and succeeds: load makes calls wait, never fail."""
 import asyncio
 
+import pytest
+
 from pdserve.cluster.redis_client import connect_redis
 from pdserve.gateway.request_state import RequestState
 from pdserve.gateway.request_store import RequestStore
+
+pytestmark = pytest.mark.redis
 
 NUM_CONNECTIONS = 2
 NUM_REQUESTS = 512  # each lifecycle is six transactions: the queue for a connection is thousands long

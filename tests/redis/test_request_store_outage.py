@@ -14,6 +14,8 @@ from pdserve.gateway.request_state import RequestState
 from pdserve.gateway.request_store import RequestStore
 from pdserve.redis_process import start_redis
 
+pytestmark = pytest.mark.redis
+
 
 def _kill_and_wait(server, timeout_s: float = 10.0) -> None:
     os.kill(server.pid, signal.SIGKILL)

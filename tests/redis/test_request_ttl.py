@@ -1,13 +1,15 @@
 """Request records against a real Redis: every record has a TTL from its creation, renewed only
 while it is live, and a Redis that cannot be reached is StateStoreUnavailableError."""
 import asyncio
-import socket
 
 import pytest
 
 from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis
 from pdserve.gateway.request_state import RequestState
 from pdserve.gateway.request_store import RequestStore
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.redis
 
 TTL_S = 60.0
 LIVE_TTL_S = 0.5
@@ -67,16 +69,10 @@ def test_keep_alive_renews_live_records_and_leaves_ended_ones_their_ttl(redis_ur
     run_with_store(redis_url, scenario, live_ttl_s=RENEW_LIVE_TTL_S)
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens there once the socket is closed
-
-
 @pytest.mark.parametrize("call", ["create", "transition", "get", "keep_alive"])
 def test_a_redis_that_cannot_be_reached_is_unavailable(call):
     async def main():
-        client = connect_redis(f"redis://127.0.0.1:{closed_port()}/0", timeout_s=0.5)
+        client = connect_redis(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
         store = RequestStore(client)
         calls = {"create": lambda: store.create("r1", 3), "transition": lambda: store.transition("r1", RequestState.ABORTED),
                  "get": lambda: store.get("r1"), "keep_alive": lambda: store.keep_alive(["r1"])}

@@ -74,6 +74,7 @@ def test_the_launch_sweep_runs_on_a_tiny_grid_on_cpu(tmp_path):
     assert all(set(launch["seconds"]) == {"1x32", "1x48"} for launch in timed)
 
 
+@pytest.mark.e2e  # starts `pdserve up`: Redis, a prefill, a decode and a gateway
 @pytest.mark.slow
 def test_the_up_check_passes_on_cpu():
     result = subprocess.run([sys.executable, "scripts/gpu_up_check.py", "--device", "cpu"],

@@ -1,0 +1,72 @@
+"""A test that starts a pdserve service or a Redis server must say so with a tier marker.
+
+`make test` (the fast tier) leaves out every test marked with one of PROCESS_TIERS; a test that
+starts `pdserve up|serve|prefill|decode|gateway|bench-compare` or a redis-server / valkey-server
+without such a marker would slip a process cluster into it. This plugin (registered by
+tests/conftest.py) fails such a test at the start, naming the command, in every tier.
+
+It sees what the pytest process itself starts through subprocess (asyncio's subprocesses
+included), not what those children start in turn: a script that launches `pdserve up` itself,
+as scripts/gpu_up_check.py does, still needs its marker set by hand.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+PROCESS_TIERS = ("e2e", "faults", "redis", "packaging", "deploy", "real_model")
+SERVICE_COMMANDS = {"up", "serve", "prefill", "decode", "gateway", "bench-compare"}
+SERVER_EXECUTABLES = {"redis-server", "valkey-server"}
+
+_running: pytest.Item | None = None  # the test whose set-up, call or teardown runs now
+
+
+def starts_a_service(args) -> str | None:
+    """The command line, when args start a pdserve service or a Redis server; else None."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        argv = [os.fsdecode(args)]
+    else:
+        argv = [os.fsdecode(arg) for arg in args]
+    names = [os.path.basename(arg) for arg in argv]
+    if SERVER_EXECUTABLES & set(names):  # anywhere: pdserve runs its servers behind a wrapper
+        return " ".join(argv)
+    for i, name in enumerate(names[:-1]):
+        pdserve = name == "pdserve" and (i == 0 or argv[i - 1] == "-m")
+        if pdserve and argv[i + 1] in SERVICE_COMMANDS:
+            return " ".join(argv)
+    return None
+
+
+class _TierCheckedPopen(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+        item = _running
+        if item is not None and not any(item.get_closest_marker(tier) for tier in PROCESS_TIERS):
+            command = starts_a_service(args)
+            if command is not None:
+                pytest.fail(f"{item.nodeid} starts `{command}` but has none of the markers "
+                            f"{', '.join(PROCESS_TIERS)}: mark it (e2e when unsure), so that `make test` "
+                            f"leaves it out", pytrace=False)
+        super().__init__(args, *rest, **kwargs)
+
+
+_POPEN = subprocess.Popen
+
+
+def pytest_configure(config):
+    subprocess.Popen = _TierCheckedPopen
+
+
+def pytest_unconfigure(config):
+    subprocess.Popen = _POPEN
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _running
+    _running = item
+    try:
+        return (yield)
+    finally:
+        _running = None
