@@ -76,8 +76,9 @@ class LLMEngine:
         if self.device.type == "cuda":
             from pdserve.kernels.launch_variants import warm_up_widths  # imports Triton: CUDA only
 
-            warm_up(model, self.kv_cache, config.block_size, warm_up_widths(max_blocks_per_seq, config.block_size),
-                    self.device)
+            windows = tuple({layer.self_attn.sliding_window for layer in model.model.layers})
+            warm_up(model, self.kv_cache, config.block_size,
+                    warm_up_widths(max_blocks_per_seq, config.block_size, windows), self.device)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
         self.kv_layer_listener = kv_layer_listener
         self._requests: dict[str, Request] = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-ENGINE_THREAD_NAME = "engine"  # engine/async_engine.py's thread; planner/proc_cpu.py reads it
+ENGINE_THREAD_NAME = "engine"  # engine/async_engine.py's thread
 _PR_SET_NAME = 15
 MAX_NAME_BYTES = 15
 
