@@ -93,8 +93,7 @@ def _request_output(entry: GroupEntry) -> decode_pb2.DecodeRequestOutput:
     completion = entry.outputs[0]
     output = decode_pb2.DecodeRequestOutput(
         request_id=entry.request_id, token_ids=entry.new_token_ids, num_preemptions=entry.num_preemptions)
-    if completion.logprobs is not None:
-        output.logprobs.extend(logprobs_to_proto(lp) for lp in completion.logprobs[-len(entry.new_token_ids):])
+    output.logprobs.extend(logprobs_to_proto(lp) for lp in entry.new_logprobs)
     if entry.finished:
         output.finish_reason = FINISH_REASONS[completion.finish_reason]
         if isinstance(completion.stop_reason, int):

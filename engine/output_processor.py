@@ -77,6 +77,7 @@ class OutputProcessor:
         state.num_streamed_chars += len(new_text)
         output = RequestOutput(
             request_id=request_id, prompt_token_ids=request.prompt_token_ids, outputs=[completion],
-            finished=decision is not None, new_token_ids=[token_id], new_text=new_text,
+            finished=decision is not None, new_token_ids=[token_id],
+            new_logprobs=[logprobs] if logprobs is not None else [], new_text=new_text,
             num_preemptions=request.num_preemptions)
         return output, decision

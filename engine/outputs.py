@@ -32,6 +32,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     new_token_ids: list[int] = field(default_factory=list)  # tokens added by this step
+    # Their logprobs, when asked for. Read these, not outputs[0].logprobs: the engine thread keeps
+    # appending to that list while an earlier step's output waits to be sent.
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
     new_text: str = ""  # text added by this step
     num_preemptions: int = 0
     held_block_ids: list[int] | None = None  # finished with hold_kv: blocks kept until release_kv

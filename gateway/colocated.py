@@ -71,10 +71,9 @@ class ColocatedFrontend:
 def stream_chunk(output: RequestOutput) -> StreamChunk:
     """The client-facing chunk for one engine output (its new tokens and text)."""
     completion = output.outputs[0]
-    new_logprobs = completion.logprobs[-len(output.new_token_ids):] if completion.logprobs else []
     return StreamChunk(
         request_id=output.request_id, token_ids=output.new_token_ids, text=output.new_text,
-        logprobs=[lp for lp in new_logprobs if lp is not None],
+        logprobs=output.new_logprobs,
         finish_reason=completion.finish_reason if output.finished else None,
         stop_reason=completion.stop_reason if output.finished else None,
         prompt_tokens=len(output.prompt_token_ids), completion_tokens=len(completion.token_ids))
