@@ -14,26 +14,27 @@ turns reach past them.
 """
 import pytest
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    Gemma2Config,
-    Gemma3TextConfig,
-    MistralConfig,
-    MixtralConfig,
-    Phi3Config,
-    Qwen3Config,
-    Qwen3MoeConfig,
-)
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.errors import InvalidModelError
 from pdserve.engine.rope import inverse_frequencies
+from tests.family_configs import (
+    QWEN3_MOE_LAYOUTS,
+    SHAPE,
+    VOCAB_SIZE,
+    gemma2_config,
+    gemma3_config,
+    mistral_config,
+    mixtral_config,
+    phi3_longrope_config,
+    qwen3_moe_config,
+    qwen3_sliding_config,
+)
 
-VOCAB_SIZE = 512
 PROMPT_LENGTHS = (1, 3, 17, 29, 45, 70)
-SHAPE = dict(vocab_size=VOCAB_SIZE, max_position_embeddings=1024, num_hidden_layers=2)
 BF16_LOGIT_TOL = 1.0  # as in test_greedy_matches_hf.py: a wrong token typically scores ~10 below
 
 
@@ -77,9 +78,7 @@ def test_qwen3_normalises_each_head_of_q_and_k(hf_model, hf_greedy):
 
 
 def test_qwen3_slides_the_layers_from_max_window_layers_on(hf_model, hf_greedy):
-    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
-                         head_dim=32, use_sliding_window=True, sliding_window=12, max_window_layers=1, **SHAPE)
-    model_dir = hf_model(config)
+    model_dir = hf_model(qwen3_sliding_config())
     assert ModelConfig.from_dir(model_dir).parts.sliding_layers == (1,)
     run_schedule(model_dir, hf_greedy)
 
@@ -89,17 +88,6 @@ def test_phi3_loads_its_fused_projections_as_they_are(hf_model, hf_greedy):
     config = Phi3Config(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
                         **SHAPE)
     run_schedule(hf_model(config), hf_greedy)
-
-
-def phi3_longrope_config() -> Phi3Config:
-    """Phi-4-mini's shape of LongRoPE: 3/4 of each head rotates, GQA 3, tied; an original context
-    of 32 positions within 1024."""
-    rotated_pairs = 6  # head_dim 16 * 0.75 / 2
-    return Phi3Config(hidden_size=96, intermediate_size=192, num_attention_heads=6, num_key_value_heads=2,
-                      partial_rotary_factor=0.75, tie_word_embeddings=True, original_max_position_embeddings=32,
-                      rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 4 for i in range(rotated_pairs)],
-                                    "long_factor": [2.0 + i for i in range(rotated_pairs)]},
-                      **SHAPE)
 
 
 def test_phi3_longrope_rotates_with_the_long_factors_beyond_the_original_context(hf_model, hf_greedy):
@@ -129,25 +117,6 @@ def test_a_hub_longrope_config_reads_to_transformers_frequencies():
         assert rope.attention_factor == attention_factor
 
 
-def mixtral_config() -> MixtralConfig:
-    """head_dim 16, GQA 4, 4 experts of which 2 per token; untied"""
-    return MixtralConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1,
-                         num_local_experts=4, num_experts_per_tok=2, **SHAPE)
-
-
-def qwen3_moe_config(**layout) -> Qwen3MoeConfig:
-    """head_dim 32, GQA 2, 8 experts of which 3 per token; tied"""
-    return Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=48, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=3,
-                          tie_word_embeddings=True, **{**SHAPE, **layout})
-
-
-QWEN3_MOE_LAYOUTS = [
-    dict(norm_topk_prob=True, mlp_only_layers=[1]),  # layer 1 keeps a dense MLP
-    dict(norm_topk_prob=False, decoder_sparse_step=2, num_hidden_layers=4),  # experts in layers 1 and 3
-]
-
-
 def test_mixtral_routes_each_token_to_its_renormalised_top_2_experts(hf_model, hf_greedy):
     run_schedule(hf_model(mixtral_config()), hf_greedy)
 
@@ -162,33 +131,16 @@ def test_qwen3_moe_routes_sparse_layers_and_keeps_dense_ones(hf_model, hf_greedy
 
 
 def test_mistral_attends_within_its_sliding_window(hf_model, hf_greedy):
-    # head_dim 24, GQA 2, a window of 12 positions
-    config = MistralConfig(hidden_size=96, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=24, sliding_window=12, **SHAPE)
-    model_dir = hf_model(config)
+    model_dir = hf_model(mistral_config())
     assert ModelConfig.from_dir(model_dir).parts.sliding_layers == (0, 1)
     run_schedule(model_dir, hf_greedy)
 
 
 def test_gemma2_softcaps_scores_and_logits_and_alternates_sliding_and_global_layers(hf_model, hf_greedy):
-    # head_dim 32 (not hidden / heads), GQA 2, tied; caps low enough to bind, a scalar not head_dim
-    config = Gemma2Config(hidden_size=96, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=32, query_pre_attn_scalar=20, attn_logit_softcapping=5.0,
-                          final_logit_softcapping=3.0, sliding_window=12, **{**SHAPE, "num_hidden_layers": 3})
-    model_dir = hf_model(config)
+    model_dir = hf_model(gemma2_config())
     assert ModelConfig.from_dir(model_dir).parts.sliding_layers == (0, 2)
     llm = run_schedule(model_dir, hf_greedy)
     assert_logprobs_equal_transformers(llm, model_dir)  # greedy alone cannot see the final softcap
-
-
-def gemma3_config() -> Gemma3TextConfig:
-    """head_dim 32, GQA 4, tied; 7 layers; the global layers' rope linearly scaled, the local ones' plain"""
-    return Gemma3TextConfig(
-        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-        query_pre_attn_scalar=24, sliding_window=10,
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
-        **{**SHAPE, "num_hidden_layers": 7})
 
 
 def test_gemma3_has_five_sliding_layers_to_one_global_each_with_its_rope(hf_model, hf_greedy):

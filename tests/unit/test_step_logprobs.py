@@ -25,9 +25,11 @@ def step_outputs(token_ids: list[int]):
 
 def test_each_decode_message_holds_its_own_steps_logprobs():
     messages = [_request_output(output) for output in step_outputs([7, 8, 9])]
-    assert [[(lp.token_id, lp.logprob) for lp in m.logprobs] for m in messages] == [[(7, 0.0)], [(8, -1.0)], [(9, -2.0)]]
+    assert [[(lp.token_id, lp.logprob) for lp in message.logprobs] for message in messages] == \
+        [[(7, 0.0)], [(8, -1.0)], [(9, -2.0)]]
 
 
 def test_each_colocated_chunk_holds_its_own_steps_logprobs():
     chunks = [stream_chunk(output) for output in step_outputs([7, 8, 9])]
-    assert [[(lp.token_id, lp.logprob) for lp in c.logprobs] for c in chunks] == [[(7, 0.0)], [(8, -1.0)], [(9, -2.0)]]
+    assert [[(lp.token_id, lp.logprob) for lp in chunk.logprobs] for chunk in chunks] == \
+        [[(7, 0.0)], [(8, -1.0)], [(9, -2.0)]]
