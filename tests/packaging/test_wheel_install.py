@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,9 @@ TOP_LEVEL_IGNORED = {".git", ".venv", "build", "models", ".pytest_cache", ".hypo
 STARTUP_DEADLINE_S = 240.0
 GENERATE_TIMEOUT_S = 120.0
 SHUTDOWN_DEADLINE_S = 40.0  # up's own 15 s grace, plus exit and reaping
+# The folders at the top of the repository, each installed only as pdserve.<name>.
+SOURCE_FOLDERS = ("engine", "kernels", "cluster", "prefill_svc", "decode_svc", "kvtransfer", "gateway",
+                  "bench", "planner", "checkpoints", "protos")
 
 pytestmark = [pytest.mark.packaging, pytest.mark.slow]
 
@@ -65,8 +69,15 @@ def path_without_redis_server(bin_dir: Path) -> str:
     return os.pathsep.join([str(bin_dir), *kept])
 
 
+def top_level_names(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {name.split("/")[0] for name in archive.namelist() if ".dist-info/" not in name}
+
+
 def test_a_wheel_in_a_fresh_venv_serves_with_pdserve_up(tmp_path, tiny_model):
-    bin_dir = make_venv(tmp_path / "venv", build_wheel(tmp_path / "dist"))
+    wheel = build_wheel(tmp_path / "dist")
+    assert top_level_names(wheel) == {"pdserve"}
+    bin_dir = make_venv(tmp_path / "venv", wheel)
     hide_redis_server = VALKEY_SERVER in available_servers()
     environ = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     environ.update(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
@@ -80,6 +91,10 @@ def test_a_wheel_in_a_fresh_venv_serves_with_pdserve_up(tmp_path, tiny_model):
         cwd=run_dir, env=environ, capture_output=True, text=True)
     assert imported.returncode == 0, imported.stderr
     assert Path(imported.stdout.strip()).is_relative_to(tmp_path / "venv"), imported.stdout
+    for folder in SOURCE_FOLDERS:
+        bare = subprocess.run([str(bin_dir / "python"), "-c", f"import {folder}"],
+                              cwd=run_dir, env=environ, capture_output=True, text=True)
+        assert f"No module named '{folder}'" in bare.stderr, (folder, bare.stderr)
     if hide_redis_server:
         assert shutil.which(REDIS_SERVER, path=environ["PATH"]) is None
 
