@@ -79,5 +79,5 @@ class OutputProcessor:
             request_id=request_id, prompt_token_ids=request.prompt_token_ids, outputs=[completion],
             finished=decision is not None, new_token_ids=[token_id],
             new_logprobs=[logprobs] if logprobs is not None else [], new_text=new_text,
-            num_preemptions=request.num_preemptions)
+            num_output_tokens=len(request.output_token_ids), num_preemptions=request.num_preemptions)
         return output, decision

@@ -36,5 +36,6 @@ class RequestOutput:
     # appending to that list while an earlier step's output waits to be sent.
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
     new_text: str = ""  # text added by this step
+    num_output_tokens: int = 0  # output tokens up to this step (outputs[0].token_ids keeps growing)
     num_preemptions: int = 0
     held_block_ids: list[int] | None = None  # finished with hold_kv: blocks kept until release_kv

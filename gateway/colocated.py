@@ -76,4 +76,4 @@ def stream_chunk(output: RequestOutput) -> StreamChunk:
         logprobs=output.new_logprobs,
         finish_reason=completion.finish_reason if output.finished else None,
         stop_reason=completion.stop_reason if output.finished else None,
-        prompt_tokens=len(output.prompt_token_ids), completion_tokens=len(completion.token_ids))
+        prompt_tokens=len(output.prompt_token_ids), completion_tokens=output.num_output_tokens)

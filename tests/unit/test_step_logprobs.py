@@ -1,6 +1,7 @@
 """A step's output keeps the logprobs of its own tokens after later steps: the engine thread goes
 on stepping while an output waits on the event loop to be sent, so the decode replica's message
-for a step (and the colocated gateway's chunk) must be built from that step's values alone."""
+for a step (and the colocated gateway's chunk) must be built from that step's values alone: its
+logprobs, and its count of output tokens."""
 from pdserve.decode_svc.service import _request_output
 from pdserve.engine.output_processor import OutputProcessor
 from pdserve.engine.outputs import TokenLogprobs
@@ -33,3 +34,8 @@ def test_each_colocated_chunk_holds_its_own_steps_logprobs():
     chunks = [stream_chunk(output) for output in step_outputs([7, 8, 9])]
     assert [[(lp.token_id, lp.logprob) for lp in chunk.logprobs] for chunk in chunks] == \
         [[(7, 0.0)], [(8, -1.0)], [(9, -2.0)]]
+
+
+def test_each_colocated_chunk_counts_the_tokens_up_to_its_own_step():
+    chunks = [stream_chunk(output) for output in step_outputs([7, 8, 9])]
+    assert [chunk.completion_tokens for chunk in chunks] == [1, 2, 3]
