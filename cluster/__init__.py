@@ -5,7 +5,8 @@ and their Redis) shares:
     prefix_digest, redis_client     Redis, signed entries, cached-prefix digests, bounded calls
     internal_auth                   the deployment secret every internal service asks callers for
     grpc_server, replica_server,    the server lifecycle: health, reflection, graceful drain,
-    health_probe, ports             readiness probes, a free port to start on
+    health_probe, ports,            readiness probes, a free port to start on, the loading and
+    startup_log                     ready lines an engine-serving process logs as it starts
     grpc_errors                     the error-to-status mapping, at the service edge
     protocol                        proto <-> domain conversion
     service_args, routing_policies  the common service arguments

@@ -3,6 +3,8 @@
     bind the gRPC port → build the replica (loads the model) → add its servicers → start
     → heartbeat into the registry → SERVING → ... SIGTERM → drain → stop
 
+Starting logs one line as loading begins and one once SERVING (cluster/startup_log.py).
+
 The server refuses callers without the deployment secret, and the heartbeat signs the replica's
 registry entry with it (cluster/internal_auth.py, cluster/registry.py).
 
@@ -34,6 +36,7 @@ from pdserve.cluster.prefix_digest import MAX_DIGEST_HASHES
 from pdserve.cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.service_args import internal_auth_from, replica_id_from
+from pdserve.cluster.startup_log import log_loading, log_ready
 
 logger = logging.getLogger(__name__)
 LOAD_REPORT_INTERVAL_S = 0.5
@@ -61,6 +64,8 @@ async def serve_replica(
     auth = internal_auth_from(args, kind)
     server = GrpcServer(f"{args.host}:{args.port}", service_names, auth)
     endpoint = f"{args.advertise_host or args.host}:{server.port}"
+    started_s = time.monotonic()
+    log_loading(args)
     replica = build(replica_id, endpoint, auth)
     add_servicers(replica, server.server)
     await server.start()
@@ -68,11 +73,12 @@ async def serve_replica(
     heartbeat = ReplicaHeartbeat(args.redis_url, kind, replica_id, endpoint, default_host_id(), args.device,
                                  signing_key=auth.secret)
     # Registered with its load: a replica listed with none would look full to the router.
-    heartbeat.update_load(**_load_fields(await replica.load()))
+    load = await replica.load()
+    heartbeat.update_load(**_load_fields(load))
     await heartbeat.start()
     reporter = asyncio.create_task(_report_load(heartbeat, replica))
     await server.mark_serving()
-    logger.info("%s replica %s serving on %s", kind, replica_id, endpoint)
+    log_ready(args, time.monotonic() - started_s, load, f"{kind} replica {replica_id} serving on {endpoint}")
 
     await server.wait_for_signal()
     reporter.cancel()

@@ -149,4 +149,7 @@ def replica_id_from(args: argparse.Namespace, kind: str) -> str:
 
 
 def configure_logging(level: str, name: str) -> None:
-    logging.basicConfig(level=level.upper(), format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    """Logs at `level` and above to stderr, each line naming the service; replaces the command
+    line's own set-up (pdserve.cli), which would otherwise keep --log-level from taking effect."""
+    logging.basicConfig(level=level.upper(), format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+                        force=True)

@@ -2,6 +2,10 @@
 
 aiohttp's own signal handling is off (`handle_signals=False`): the process decides its shutdown
 order, so each server here waits for SIGTERM/SIGINT itself, then cleans up in order.
+
+The access log has one line per request, in aiohttp's format, except for the machine traffic of
+`QUIET_PATHS`: health probes (`pdserve up` polls /health five times a second while it starts,
+orchestrators every few seconds) and metrics scrapes would otherwise bury the requests.
 """
 from __future__ import annotations
 
@@ -12,6 +16,17 @@ import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
+
+QUIET_PATHS = frozenset({"/health", "/metrics"})
+
+
+class RequestAccessLogger(AccessLogger):
+    """aiohttp's access log without the lines of `QUIET_PATHS`."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        if request.path not in QUIET_PATHS:
+            super().log(request, response, time)
 
 
 @contextlib.asynccontextmanager
@@ -20,7 +35,7 @@ async def serving_http(
 ) -> AsyncIterator[web.AppRunner]:
     """Serves `app` on host:port (HTTPS with `ssl_context`) inside the block; leaving it runs
     the app's cleanup."""
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, access_log_class=RequestAccessLogger)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()

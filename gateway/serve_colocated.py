@@ -1,9 +1,12 @@
-"""`pdserve serve`: one process, one engine, the OpenAI-compatible HTTP API (like `vllm serve`)."""
+"""`pdserve serve`: one process, one engine, the OpenAI-compatible HTTP API (like `vllm serve`).
+
+Starting logs a line as the engine starts loading and one once the API serves (cluster/startup_log.py).
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import time
 
 from pdserve.cluster.service_args import (
     add_engine_arguments,
@@ -14,6 +17,7 @@ from pdserve.cluster.service_args import (
     served_model_name,
     with_resolved_model,
 )
+from pdserve.cluster.startup_log import log_loading, log_ready
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.gateway.admission import Admission
@@ -23,8 +27,6 @@ from pdserve.gateway.http_api import create_app
 from pdserve.gateway.http_server import serving_http, wait_for_stop_signal
 from pdserve.gateway.metrics import GatewayMetrics
 from pdserve.gateway.tokenization import PromptBuilder
-
-logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +51,10 @@ def publish_load(metrics: GatewayMetrics, load: dict[str, int]) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     front = front_config_from(args)
+    started_s = time.monotonic()
+    log_loading(args)
     engine = LLMEngine(engine_config_from(args, detokenize=True))
+    load = engine.load()  # read before its thread starts
     async_engine = AsyncEngine(engine, asyncio.get_running_loop())
     model_name = served_model_name(args)
     metrics = GatewayMetrics(model_name)
@@ -60,8 +65,8 @@ async def serve(args: argparse.Namespace) -> None:
     app = create_app(frontend, metrics, api_keys=front.api_keys,
                      admission=Admission(front.max_pending_requests, metrics.registry, model_name))
     async with serving_http(app, args.host, args.port, front.tls.ssl_context() if front.tls else None):
-        logger.info("serving %s on %s://%s:%d/v1 (%d KV blocks, %s)", model_name, "https" if front.tls else "http",
-                    args.host, args.port, engine.allocator.num_blocks,
-                    "API keys required" if front.api_keys.required else "no API key required")
+        log_ready(args, time.monotonic() - started_s, load,
+                  f"serving on {'https' if front.tls else 'http'}://{args.host}:{args.port}/v1 "
+                  f"({'API keys required' if front.api_keys.required else 'no API key required'})")
         await wait_for_stop_signal()
     await async_engine.stop()

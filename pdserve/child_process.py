@@ -1,12 +1,14 @@
 """One child process of `pdserve up`, with its output copied into up's log.
 
 Each line a child writes (stdout and stderr merged) goes to the log prefixed with the child's
-name, and its last lines are kept for error messages. Children run in their own sessions, so a
-terminal's Ctrl-C reaches only `up`, which stops them; and they die with `up` (parent_death).
+name, and its last lines are kept for error messages; `up`'s own lines, its log records included,
+are prefixed "up". Children run in their own sessions, so a terminal's Ctrl-C reaches only `up`,
+which stops them; and they die with `up` (parent_death).
 """
 from __future__ import annotations
 
 import collections
+import logging
 import subprocess
 import threading
 import time
@@ -43,6 +45,19 @@ class UpLog:
 
     def say(self, text: str) -> None:
         self.line("up", text)
+
+
+class UpLogHandler(logging.Handler):
+    """Log records of `up`'s own process as its lines in the log: the message, after the level
+    when it is a warning or worse."""
+
+    def __init__(self, log: UpLog):
+        super().__init__()
+        self._log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        self._log.say(level + record.getMessage())
 
 
 class Child:

@@ -8,13 +8,14 @@ answers with its own pid, and dies with the process that started it (parent_deat
 port given it takes a free one; if the server exits at once (another process took that port
 before it could bind), it tries a fresh port, up to three in all. With a password it refuses
 clients that do not authenticate (`requirepass`, from a config file only its owner reads, never
-from argv); `url` then carries it (redis://:password@host:port/0). A `launcher` prefixes the
-server's command line, to run it elsewhere (in a network namespace, say) where this process still
-reaches it at `host`.
+from argv); `url` then carries it (redis://:password@host:port/0), and `without_password` gives
+a URL fit to print. A `launcher` prefixes the server's command line, to run it elsewhere (in a
+network namespace, say) where this process still reaches it at `host`.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -34,6 +35,13 @@ _PROBE_TIMEOUT_S = 0.25  # one probe; a slow answer is simply asked again
 
 REDIS_SERVER = "redis-server"
 VALKEY_SERVER = "valkey-server"
+_USERINFO_PASSWORD = re.compile(r"(?<=://)([^/:@]*):[^/]*@")  # up to the host's @, as urllib splits it
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
+def without_password(url: str) -> str:
+    """`url` with its password, as userinfo or as a `password` query parameter, shown as ***."""
+    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1:***@", url))
 
 
 class RedisStartError(RuntimeError):

@@ -9,10 +9,16 @@ Up means: every child's gRPC health says SERVING and the gateway's HTTP /health 
 (it sees live replicas), within one startup deadline. A child that exits before then aborts the
 start, showing its last output lines. Then the endpoints are printed to stdout.
 
+The log (stderr) reads one line per process and stage: up's own (fetching or converting the
+model, each child started), then each replica's loading and ready lines (cluster/startup_log.py)
+and the gateway's; health probes leave no access-log lines (gateway/http_server.py).
+
 Security: `up` makes a fresh deployment secret (internal calls and registry entries carry it,
 cluster/internal_auth.py) and, for its own Redis, a password; children get both, and the Redis
-URL, in their environment, never on argv, where any local user reads them. Replicas bind to
-loopback only; the gateway alone listens on --host.
+URL, in their environment, never on argv, where any local user reads them. Neither is ever
+printed: the Redis URL is shown without its password, and the whole URL of our own Redis is in
+a file only its owner reads, named in the endpoints. Replicas bind to loopback only; the gateway
+alone listens on --host.
 
 Invariant: while `up` runs, so does the deployment, and nothing outlives `up`. A child that
 dies is restarted and everything else keeps serving (see supervisor: what restarts how, and
@@ -26,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -46,10 +53,10 @@ from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.checkpoints.errors import CheckpointError
 from pdserve.checkpoints.model_ref import ResolvedModel, resolve_model
 from pdserve.gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
-from pdserve.child_process import ChildSpec, UpLog
+from pdserve.child_process import ChildSpec, UpLog, UpLogHandler
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
 from pdserve.gpu_placement import PlacementError, place_replicas
-from pdserve.redis_process import RedisStartError, start_redis
+from pdserve.redis_process import RedisStartError, start_redis, without_password
 from pdserve.supervisor import Slot, StopRequested, Supervisor, UpError
 
 LOOPBACK = "127.0.0.1"
@@ -87,19 +94,26 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
     stop = threading.Event()
     previous_handlers = {signum: signal.signal(signum, lambda *_: stop.set())
                          for signum in (signal.SIGINT, signal.SIGTERM)}
-    run_dir = Path(tempfile.mkdtemp(prefix="pdserve-up-"))
-    supervisor = Supervisor(UpLog(log), config.startup_timeout_s)
+    run_dir = Path(tempfile.mkdtemp(prefix="pdserve-up-"))  # its owner's alone
+    up_log = UpLog(log)
+    supervisor = Supervisor(up_log, config.startup_timeout_s)
+    own_logs = logging.getLogger("pdserve")  # this process's (fetching the model, say), as up's lines
+    own_logs.addHandler(log_handler := UpLogHandler(up_log))
+    own_logs.propagate = False
     try:
         config = placed_on_gpus(config, _cuda_device_count() if config.device == "cuda" else 0)
         _check_port_free(config.host, config.grpc_port, "--grpc-port")
         _check_port_free(config.host, config.http_port, "--http-port")
         model = resolve_model(config.model, os.environ)  # once: the children get its folder
-        redis_url, redis_shown = config.redis_url, config.redis_url
-        if redis_url is None:
+        if config.redis_url is not None:
+            redis_url, redis_shown = config.redis_url, without_password(config.redis_url)
+        else:
             supervisor.redis = redis = start_redis(data_dir=run_dir / "redis", timeout_s=_REDIS_START_TIMEOUT_S,
                                                    password=secrets.token_hex(16))
-            # Shown to whoever started `up` (its stdout), to inspect the deployment with.
-            redis_url, redis_shown = redis.url, f"{redis.url}  ({redis.server})"
+            redis_url = redis.url
+            # For whoever started `up`, to inspect the deployment with: the password in a file, not on screen.
+            url_file = _write_private(run_dir / "redis-url", redis_url)
+            redis_shown = f"{without_password(redis_url)}  ({redis.server}; the URL with its password: {url_file})"
         for slot in child_slots(config, model, redis_url, secrets.token_hex(32)):
             supervisor.start(slot)
         supervisor.wait_ready(time.monotonic() + config.startup_timeout_s, stop)
@@ -120,6 +134,8 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         log.write("pdserve up: stopping\n")
         supervisor.stop(config.shutdown_timeout_s)
         shutil.rmtree(run_dir, ignore_errors=True)
+        own_logs.removeHandler(log_handler)
+        own_logs.propagate = True
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
 
@@ -211,7 +227,7 @@ def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis: str)
         f"  gateway gRPC     {grpc_target}  (pdserve.v1.Gateway)\n"
         f"  OpenAI HTTP      {http_base}/v1\n"
         f"  Redis            {redis}\n"
-        f"  model            {model_dir}\n"
+        f"  model            {model_id}  ({model_dir})\n"
         f"  replicas         {config.num_prefill} prefill, {config.num_decode} decode "
         f"on {_devices_text(config)}, transport {config.transport}\n"
         f"Try:\n"
@@ -225,6 +241,13 @@ def _devices_text(config: UpConfig) -> str:
         return config.device
     return (f"cuda (prefill on GPUs {','.join(map(str, config.prefill_gpus))}, "
             f"decode on GPUs {','.join(map(str, config.decode_gpus))})")
+
+
+def _write_private(path: Path, text: str) -> Path:
+    """Writes `text` to a new file at `path` that only its owner may read."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
+        file.write(text + "\n")
+    return path
 
 
 def _cuda_device_count() -> int:

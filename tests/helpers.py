@@ -1,6 +1,7 @@
 """Process helpers shared by the tests that start real processes: a free loopback port, whether a
 pid still runs, a process's children from /proc, polling until a condition holds, and waiting for
-`pdserve up` to print its endpoints or for a server's health route to answer.
+`pdserve up` to print its endpoints (and reading its own Redis's URL from them) or for a server's
+health route to answer.
 
 Import them as `from tests.helpers import free_port` (the suite runs with --import-mode=importlib,
 under which `tests` is a namespace package rooted at this folder, as tests/faults and tests/deploy
@@ -9,6 +10,7 @@ already use it).
 from __future__ import annotations
 
 import queue
+import re
 import subprocess
 import threading
 import time
@@ -98,6 +100,14 @@ def wait_for_endpoints(process: subprocess.Popen, timeout_s: float) -> str:
         if line.startswith(UP_READY_LINE):
             return "".join(printed)
     raise AssertionError(f"pdserve up printed no endpoints within {timeout_s} s")
+
+
+def up_redis_url(endpoints: str) -> str:
+    """The URL, password included, of the Redis `pdserve up` started: its endpoints show the URL
+    without the password and name the file, readable by its owner alone, that holds all of it."""
+    url_file = Path(re.search(r"the URL with its password: (\S+)\)", endpoints).group(1))
+    assert url_file.stat().st_mode & 0o077 == 0, f"{url_file} is readable by others"
+    return url_file.read_text().strip()
 
 
 def wait_for_health(process: subprocess.Popen, url: str, timeout_s: float) -> None:

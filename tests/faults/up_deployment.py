@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.helpers import children_of, free_port, is_alive, wait_for_endpoints
+from tests.helpers import children_of, free_port, is_alive, up_redis_url, wait_for_endpoints
 
 STARTUP_DEADLINE_S = 300.0
 STOP_DEADLINE_S = 60.0
@@ -92,8 +91,8 @@ def start_up(tmp_path: Path, model_dir: str, *flags: str) -> Up:
     except AssertionError as not_up:
         stop_up(up)
         raise AssertionError(f"{not_up}:\n{up.log()[-5000:]}") from None
-    if match := re.search(r"redis://\S+", endpoints):
-        up.redis_url = match.group(0)
+    if "the URL with its password" in endpoints:  # up's own Redis, not one given with --redis-url
+        up.redis_url = up_redis_url(endpoints)
     return up
 
 
