@@ -1,8 +1,11 @@
 """scripts/gpu_check.sh, checked where no GPU is: it parses, it runs every step the GPU path needs
 under its own timeout, every script it calls takes the flags it is given, and the checks that
 have a CPU mode pass in it. What the steps measure on a GPU is not proven here."""
+import contextlib
+import io
 import json
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -44,12 +47,25 @@ def test_every_python_step_accepts_its_flags(command):
     if command[0] == "-m":
         return  # pytest
     script, *flags = command
-    parser_help = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=120)
-    assert parser_help.returncode == 0, parser_help.stderr
+    parser_help = script_help(ROOT / script)
     for flag in flags:
         if flag.startswith("--"):
-            assert flag in parser_help.stdout, (script, flag)
+            assert flag in parser_help, (script, flag)
+
+
+def script_help(script: Path) -> str:
+    """What `python SCRIPT --help` prints, run in this process: every script parses its flags
+    before anything else, so a fresh interpreter for each (seconds of imports) adds nothing; the
+    tests below run two of them as scripts."""
+    argv, path = sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = [str(script), "--help"], [str(script.parent)]  # as `python SCRIPT` sets them
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed, pytest.raises(SystemExit) as exited:
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    assert exited.value.code in (0, None), printed.getvalue()
+    return printed.getvalue()
 
 
 def test_the_roofline_script_runs_on_a_tiny_shape_on_cpu():
