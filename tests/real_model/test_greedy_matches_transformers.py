@@ -11,19 +11,12 @@ cost of one forward per prompt instead of a generation loop.
 import pytest
 import torch
 
-from pdserve.engine.sampling_params import SamplingParams
 from tests.checkpoints.tokenizer_texts import CHAT, TEXTS
-from tests.real_model.conftest import MAX_TOKENS, generation_eos_ids
+from tests.real_model.conftest import generation_eos_ids
 
 pytestmark = pytest.mark.real_model
 
 LOGPROB_TOL = 1e-3  # float32 on both sides; what remains is summation order
-
-
-@pytest.fixture(scope="module")
-def engine_outputs(smollm2_llm, prompts):
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=1)
-    return [output.outputs[0] for output in smollm2_llm.generate(prompts, params, use_tqdm=False)]
 
 
 @pytest.fixture(scope="module")

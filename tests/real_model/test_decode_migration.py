@@ -1,0 +1,74 @@
+"""A decode migration on the real SmolLM2-135M-Instruct gives the tokens of an uninterrupted run.
+
+tests/faults/test_decode_migration.py on the real model and real text: two decode replicas, a
+prefill and a gateway as real processes; greedy and seeded sampled streams (penalties and
+min_tokens included) run once unharmed, then again while the decode replica serving the first is
+killed with SIGKILL mid-stream. Its requests re-prefill their prompt and streamed tokens on the
+prefill and carry on on the survivor: no stream fails, every token equals the unharmed run's,
+logprobs agree to LOGPROB_TOL (the resumed KV is computed in other batches), and every KV block
+comes back.
+"""
+import asyncio
+import secrets
+
+import pytest
+
+from pdserve.redis_process import start_redis
+from pdserve.v1 import common_pb2, gateway_pb2
+from tests.e2e.conftest import Cluster
+from tests.faults.conftest import StreamRun, migrations, request_info
+from tests.faults.test_decode_migration import kill_mid_stream
+
+pytestmark = pytest.mark.real_model
+
+NUM_TOKENS = 64
+KILL_AFTER_TOKENS = 8
+LOGPROB_TOL = 1e-3  # float32; what differs is the batches the KV was computed in
+REPLICA_FLAGS = ("--num-gpu-blocks", "256")  # 4,096 tokens each, for four streams of at most 250
+
+
+@pytest.fixture(scope="module")
+def cluster(smollm2_dir, tmp_path_factory):
+    with start_redis(data_dir=tmp_path_factory.mktemp("redis")) as redis_server:
+        cluster = Cluster(str(smollm2_dir), tmp_path_factory.mktemp("cluster"), redis_server.url, secrets.token_hex(32))
+        try:
+            for kind, name, flags in (("decode", "d0", REPLICA_FLAGS), ("decode", "d1", REPLICA_FLAGS),
+                                      ("prefill", "p0", REPLICA_FLAGS), ("gateway", "gw", ())):
+                cluster.start(kind, name, *flags)
+            cluster.wait_ready()
+            yield cluster
+        finally:
+            cluster.stop()
+            for service in cluster.services:
+                print(f"--- {service.name}\n{service.log_tail()}")
+
+
+def stream_request(request_id: str, prompt_ids: list[int], sampled: bool) -> gateway_pb2.GenerateRequest:
+    """Greedy, or seeded sampling with every logits processor that reads the tokens so far."""
+    params = (common_pb2.SamplingParams(temperature=0.9, top_p=0.95, seed=1234, presence_penalty=0.8,
+                                        frequency_penalty=0.4, repetition_penalty=1.3, min_tokens=32)
+              if sampled else common_pb2.SamplingParams(temperature=0))
+    params.max_tokens, params.ignore_eos, params.logprobs = NUM_TOKENS, True, 1
+    return gateway_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=gateway_pb2.TokenIds(ids=prompt_ids),
+                                       params=params)
+
+
+def test_a_killed_decode_replicas_streams_carry_on_with_the_tokens_of_an_unharmed_run(cluster, corpus_ids):
+    prompts = [corpus_ids[start:start + n] for start, n in ((0, 40), (300, 120), (700, 185), (1200, 77))]
+    requests = lambda prefix: [stream_request(f"{prefix}-{i}", prompt, sampled=i % 2 == 1)  # noqa: E731
+                               for i, prompt in enumerate(prompts)]
+    reference = asyncio.run(StreamRun(cluster.gateway.endpoint, requests("ref")).run())
+    assert [outcome.error for outcome in reference] == [None] * len(prompts)
+
+    run = StreamRun(cluster.gateway.endpoint, requests("r"))
+    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "r-0", min_tokens=KILL_AFTER_TOKENS)))
+
+    assert [outcome.error for outcome in outcomes] == [None] * len(prompts)
+    assert any(outcome.arrival_s[-1] > run.killed_s for outcome in outcomes)  # the kill was mid-stream
+    assert migrations(cluster).get("decode_unavailable", 0) >= 1
+    assert request_info(cluster, "r-0").decode_replica != run.victim  # r-0 itself moved
+    for i, (outcome, want) in enumerate(zip(outcomes, reference)):
+        assert outcome.token_ids == want.token_ids, f"stream {i} differs from the unharmed run"
+        assert outcome.logprobs == pytest.approx(want.logprobs, abs=LOGPROB_TOL)
+        assert outcome.last.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    cluster.assert_all_kv_free()
