@@ -35,7 +35,7 @@ def test_static_colocated_and_disaggregated_load_the_asked_dtype(dtype):
     assert parse_static(system_spec("static", options(dtype)).argv).dtype == dtype
     assert parse_pdserve(system_spec("colocated", options(dtype)).argv).dtype == dtype
     disaggregated = parse_pdserve(system_spec("disaggregated", options(dtype)).argv)
-    assert (disaggregated.model, disaggregated.dtype) == (Path("/models/tiny"), dtype)
+    assert (disaggregated.model, disaggregated.dtype) == ("/models/tiny", dtype)
 
 
 def test_vllm_gets_the_dtype_and_prefix_caching_after_the_peer_scripts_own(tmp_path):
