@@ -20,6 +20,11 @@ Kinds, as in `vllm bench serve`:
   prompt, turns 1..t-1 with their answers (random ids standing in for what the model said), and
   user turn t; it asks for that turn's answer length. Requests go turn by turn: every
   conversation's first turn, then every second turn, and so on.
+- "words": distinct prose-like prompts of `input_len` ± `range_ratio` words each (not tokens),
+  every word drawn at random from the tokenizer's whole-word vocabulary entries (`WORD_MIN_CHARS`+
+  letters after a leading space), so no two prompts share a prefix and each tokenizes to about
+  one token a word; every request asks for exactly `output_len` tokens. Needs a tokenizer; the
+  request carries the text and its token ids.
 - "jsonl": one JSON object per line, {"prompt": str} or {"prompt_token_ids": [int]}, and
   "output_len" (the `output_len` argument when absent); the first `num_prompts` lines, in order.
 """
@@ -35,14 +40,15 @@ import numpy as np
 
 from pdserve.bench.errors import BenchConfigError
 
-DATASET_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn", "jsonl")
-RANDOM_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn")
+DATASET_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn", "words", "jsonl")
+RANDOM_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn", "words")
 LONG_PROMPT_FRACTION = 0.1
 LONG_PROMPT_SCALE = 8
 PROMPT_HEAVY_INPUT_LENS = (40, 550)  # tokens, both ends included
 HEAVY_TAIL_SIGMA = 0.9
 HEAVY_TAIL_MAX_OVER_MEDIAN = 8
 MULTI_TURN_TURNS = 4
+WORD_MIN_CHARS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,8 @@ def make_dataset(kind: str, *, num_prompts: int, seed: int, input_len: int = 102
     if input_len < 1 or output_len < 1 or prefix_len < 0:
         raise BenchConfigError("input_len and output_len must be at least 1, prefix_len at least 0")
     rng = np.random.default_rng(seed)
+    if kind == "words":
+        return _word_prompts(rng, tokenizer, input_len, output_len, range_ratio, num_prompts)
     token_pool = _token_pool(tokenizer, vocab_size)
     input_lens = _input_lens(kind, rng, input_len, range_ratio, num_prompts)
     output_lens = _output_lens(kind, rng, output_len, range_ratio, num_prompts)
@@ -106,6 +114,30 @@ def _multi_turn_prompts(rng: np.random.Generator, token_pool: np.ndarray, prefix
         prompts.append(list(history))
         history += rng.choice(token_pool, size=answer_len).tolist()
     return prompts
+
+
+def _word_prompts(rng: np.random.Generator, tokenizer: Any, num_words: int, output_len: int, range_ratio: float,
+                  num_prompts: int) -> list[BenchRequest]:
+    if tokenizer is None:
+        raise BenchConfigError("the words dataset needs a tokenizer")
+    words = _word_pool(tokenizer)
+    requests = []
+    for count in _uniform_lens(rng, num_words, range_ratio, num_prompts).tolist():
+        text = " ".join(rng.choice(words, size=count)).capitalize() + "."
+        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        requests.append(BenchRequest(prompt=text, prompt_token_ids=token_ids, output_len=output_len))
+    return requests
+
+
+def _word_pool(tokenizer: Any) -> np.ndarray:  # [num_words] of str
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    decoded = (tokenizer.convert_tokens_to_string([piece]) for piece in pieces)
+    words = sorted({text.strip() for text in decoded
+                    if text.startswith(" ") and text[1:].isalpha() and text[1:].islower()
+                    and len(text) > WORD_MIN_CHARS})
+    if not words:
+        raise BenchConfigError("the tokenizer's vocabulary has no whole-word entries")
+    return np.array(words)
 
 
 def _token_pool(tokenizer: Any, vocab_size: int | None) -> np.ndarray:  # [num_allowed_ids]

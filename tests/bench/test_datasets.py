@@ -1,6 +1,6 @@
 """Datasets: lengths as asked, the seed fixes the prompts, "mixed" has its long minority,
 "prompt-heavy" its spread of prompts, "heavy-tailed" its long tail of outputs, "multi-turn"
-resends each chat's history; jsonl parses."""
+resends each chat's history, "words" draws distinct prompts of whole words; jsonl parses."""
 import json
 
 import numpy as np
@@ -64,6 +64,23 @@ def test_with_a_tokenizer_each_request_also_carries_its_text_and_no_special_ids(
     for request in requests:
         assert request.prompt == tokenizer.decode(request.prompt_token_ids)
         assert not special_ids & set(request.prompt_token_ids)
+
+
+def test_words_prompts_count_words_within_the_range_are_distinct_and_tokenized(tiny_model):
+    from pdserve.engine.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model())
+    requests = make_dataset("words", num_prompts=40, seed=3, input_len=20, output_len=8, range_ratio=0.5,
+                            tokenizer=tokenizer)
+    assert all(10 <= len(request.prompt.split()) <= 30 for request in requests)
+    assert len({request.prompt.split()[0] for request in requests}) > 20  # no shared prefix
+    assert {request.output_len for request in requests} == {8}
+    for request in requests:
+        assert request.prompt_token_ids == tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+    assert requests == make_dataset("words", num_prompts=40, seed=3, input_len=20, output_len=8, range_ratio=0.5,
+                                    tokenizer=tokenizer)
+    with pytest.raises(BenchConfigError, match="needs a tokenizer"):
+        make_dataset("words", num_prompts=1, seed=0, vocab_size=100)
 
 
 def test_random_needs_a_tokenizer_or_a_vocab_size():

@@ -5,7 +5,9 @@ dtype x GQA ratio x block size x head dim: rows (a, b, a+b mod 3, a+2b mod 3) fo
 Every value of every axis appears three times and every pair of values from two different axes
 appears exactly once, in 9 runs instead of the 81 of the full product.
 
-A test that takes `sliding_window` and `logit_softcap` arguments runs once per row of MASKINGS.
+A test that takes `sliding_window` and `logit_softcap` arguments runs once per row of MASKINGS;
+one that takes both those and `kernel_case` runs once per (dtype, masking) pair, on the dtype's
+three cases in turn (MASKED_CASES: 12 runs, where the full product with the L9 rows would be 36).
 
 A paged batch scatters each sequence's blocks over a shuffled block pool, leaves every cache slot
 that no token was written to as NaN, and pads block tables with -1, so a kernel that reads
@@ -86,10 +88,21 @@ PAIRWISE_CASES = [
 ]
 
 
+MASKED_CASES = [
+    (PAIRWISE_CASES[3 * a + m % 3], *masking)  # PAIRWISE_CASES[3a:3a+3] are dtype a's rows
+    for a in range(3)
+    for m, masking in enumerate(MASKINGS)
+]
+
+
 def pytest_generate_tests(metafunc):
-    if "kernel_case" in metafunc.fixturenames:
+    masked = {"sliding_window", "logit_softcap"} <= set(metafunc.fixturenames)
+    if masked and "kernel_case" in metafunc.fixturenames:
+        metafunc.parametrize("kernel_case, sliding_window, logit_softcap", MASKED_CASES,
+                             ids=[f"{case}-{masking_id(masking)}" for case, *masking in MASKED_CASES])
+    elif "kernel_case" in metafunc.fixturenames:
         metafunc.parametrize("kernel_case", PAIRWISE_CASES, ids=str)
-    if {"sliding_window", "logit_softcap"} <= set(metafunc.fixturenames):
+    elif masked:
         metafunc.parametrize("sliding_window, logit_softcap", MASKINGS, ids=[masking_id(m) for m in MASKINGS])
 
 
