@@ -10,7 +10,8 @@ first, as transformers renames them.
 
 The model is built on the meta device and its parameters are the checkpoint's tensors, each
 read, cast to the target dtype and moved to the target device one at a time: no parameter is
-ever materialised in the default dtype, so loading needs the weights' memory and no more.
+ever materialised in the default dtype, so loading needs the weights' memory and no more. On
+CPU the Linear layers then trade their weights for oneDNN-packed copies (engine/cpu_linear.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.cpu_linear import pack_linear_layers, packs
 from pdserve.engine.errors import InvalidModelError
 from pdserve.engine.model import CausalLM
 
@@ -50,7 +52,10 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    if packs(dtype, device):
+        pack_linear_layers(model)
+    return model
 
 
 def _read_safetensors(model_dir: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
