@@ -1,4 +1,5 @@
-"""`pdserve bench`: flags shaped like `vllm bench serve`, one run or a request-rate sweep.
+"""`pdserve bench`: flags shaped like `vllm bench serve`, one run or a request-rate sweep against a
+running server; `pdserve bench goodput` (bench/goodput.py) starts the systems it measures itself.
 
 Results go to stdout as markdown; with `--result-dir DIR` also to `DIR/<label>.json` (the
 result's `to_json_dict()`), `DIR/<label>.md` and `DIR/<label>_latency_cdf.png`, and for a sweep
@@ -13,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from pdserve.bench import goodput
 from pdserve.bench.backend_base import BackendError
 from pdserve.bench.backends import BACKENDS
 from pdserve.bench.datasets import DATASET_KINDS, make_dataset
@@ -31,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("server")
     target.add_argument("--backend", choices=BACKENDS, default="openai",
                         help="pdserve-grpc: the gateway's gRPC API; openai: /v1/completions (default)")
-    target.add_argument("--target", required=True,
-                        help="HOST:PORT for pdserve-grpc, a base URL such as http://127.0.0.1:8000/v1 for openai")
+    target.add_argument("--target",
+                        help="(required) HOST:PORT for pdserve-grpc, a base URL such as http://127.0.0.1:8000/v1 for openai")
     target.add_argument("--model", help="model id for openai (default: the first of GET /v1/models)")
     target.add_argument("--metrics-url", help="a Prometheus /metrics URL to scrape before, during and after")
     data = parser.add_argument_group("dataset")
@@ -66,9 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--result-dir", type=Path, help="write JSON, markdown and PNG plots here")
     out.add_argument("--label", help="name of the run and its files (default BACKEND-DATASET)")
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    modes = parser.add_subparsers(dest="mode", metavar="MODE")
+    goodput_parser = modes.add_parser("goodput", help="start each system and find its goodput under SLOs")
+    goodput.add_arguments(goodput_parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "goodput":
+        return goodput.run(args)
+    if args.target is None:
+        raise SystemExit("pdserve bench: --target is required (or run `pdserve bench goodput`)")
+    return run_against_target(args)
+
+
+def run_against_target(args: argparse.Namespace) -> int:
     try:
         config = BenchConfig(
             backend=args.backend, target=args.target, model=args.model, request_rate=args.request_rate,

@@ -102,7 +102,7 @@ def compute_metrics(records: list[RequestRecord], duration_s: float,
     total_output = sum(record.output_len for record in done)
     goodput = None
     if goodput_slos_ms:
-        num_good = sum(_meets(record, goodput_slos_ms) for record in done)
+        num_good = sum(meets_slos(record, goodput_slos_ms) for record in done)
         goodput = num_good / duration_s
     latencies = {
         "ttft": LatencySummary.of([record.ttft_s for record in done]),
@@ -120,7 +120,7 @@ def compute_metrics(records: list[RequestRecord], duration_s: float,
         max_concurrent_requests=_max_concurrency(records), latencies=latencies)
 
 
-def _meets(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
+def meets_slos(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
     measured_s = {"ttft": record.ttft_s, "tpot": tpot_s(record), "e2el": record.e2el_s}
     return all(measured_s[key] * 1000.0 <= limit_ms for key, limit_ms in slos_ms.items())
 

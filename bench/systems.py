@@ -5,8 +5,8 @@ Every system is one OpenAI-compatible HTTP server on loopback, started as its ow
     static          python -m bench.static_server --model DIR --port P --dtype D  (padded HF generate)
     colocated       python -m pdserve serve --model DIR --port P --dtype D        (continuous batching)
     colocated-nocache  the same with --no-enable-prefix-caching
-    disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P --dtype D --decode M
-                    (its own Redis, 1 prefill, M decode (--decode-replicas, default 1), the
+    disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P --dtype D --prefill N --decode M
+                    (its own Redis, N prefill and M decode replicas (default 1 each), the
                     gateway; the gateway's HTTP front; on two or more server CPUs, each replica
                     pinned to its share)
     disaggregated-load  the same with --routing load (the gateway ignores prefix caches)
@@ -137,6 +137,7 @@ class SystemOptions:
     vllm_startup_timeout_s: float
     dtype: str = "float32"  # one of DTYPES: what every system loads the weights in
     num_decode_replicas: int = 1  # of the disaggregated systems
+    num_prefill_replicas: int = 1  # of the disaggregated systems
 
 
 def system_spec(name: str, options: SystemOptions) -> SystemSpec:
@@ -163,10 +164,11 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
         return SystemSpec(name, (python, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(free_port(LOOPBACK)), "--http-port", str(port),
                                  "--startup-timeout-s", str(options.startup_timeout_s), *dtype,
+                                 "--prefill", str(options.num_prefill_replicas),
                                  "--decode", str(options.num_decode_replicas), "--routing", routing),
                           port, options.startup_timeout_s,
-                          f"pdserve up: gateway ({routing} routing) + 1 prefill + {options.num_decode_replicas} "
-                          "decode + Redis, KV over shared memory")
+                          f"pdserve up: gateway ({routing} routing) + {options.num_prefill_replicas} prefill + "
+                          f"{options.num_decode_replicas} decode + Redis, KV over shared memory")
     if name == "vllm":
         if options.vllm_script is None:
             raise SystemUnavailable("no --peer-vllm script given")

@@ -1,0 +1,38 @@
+"""`pdserve bench goodput` end to end: two real systems started once each, searched over rates,
+stopped; the JSON, markdown and attainment plot written."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+NUM_PROMPTS = 4
+
+
+def test_goodput_of_two_systems_side_by_side(tiny_model, tmp_path):
+    result_dir = tmp_path / "goodput"
+    completed = subprocess.run(
+        [sys.executable, "-m", "pdserve", "bench", "goodput", "--model", tiny_model(),
+         "--systems", "colocated,disaggregated", "--rates", "1,4", "--num-prompts", str(NUM_PROMPTS),
+         "--input-len", "12", "--output-len", "4", "--num-warmup-prompts", "1", "--slo", "ttft:60000",
+         "tpot:60000", "--result-dir", str(result_dir)],
+        capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.strip() == str(result_dir / "goodput.json")
+
+    combined = json.loads((result_dir / "goodput.json").read_text())
+    assert list(combined["systems"]) == ["colocated", "disaggregated"]
+    for name, entry in combined["systems"].items():
+        assert entry["status"] == "ok", entry.get("reason")
+        (search,) = entry["repeats"]
+        assert [point["request_rate"] for point in search["points"]] == [1.0, 4.0]
+        for point in search["points"]:
+            assert point["attainment"] == 1.0, (name, point)  # a minute per token: every request meets it
+            assert (point["figures"]["completed"], point["figures"]["failed"]) == (NUM_PROMPTS, 0)
+        assert (entry["goodput"], entry["at_least"]) == (4.0, True)
+    markdown = (result_dir / "goodput.md").read_text()
+    assert "| colocated | ≥ 4 |" in markdown and "## disaggregated" in markdown
+    assert (result_dir / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (result_dir / "logs" / "disaggregated.log").stat().st_size > 0
