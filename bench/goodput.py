@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -64,6 +65,7 @@ class GoodputConfig:
     range_ratio: float
     seed: int
     num_warmup_prompts: int
+    num_idle_prompts: int
     dtype: str
     num_prefill_replicas: int
     num_decode_replicas: int
@@ -75,14 +77,15 @@ class GoodputConfig:
     result_dir: Path
 
     def workload_dict(self) -> dict:
-        keys = ("dataset", "num_prompts", "input_len", "output_len", "range_ratio", "seed", "num_warmup_prompts",
+        keys = ("dataset", "num_prompts", "input_len", "output_len", "range_ratio", "seed", "num_warmup_prompts", "num_idle_prompts",
                 "dtype", "num_prefill_replicas", "num_decode_replicas", "slos_ms", "target_attainment", "rates",
                 "bisect_steps", "repeats")
         return {key: getattr(self, key) for key in keys}
 
 
 def point_seed(config: GoodputConfig, rate: float, repeat: int) -> int:
-    """The dataset seed of a point; the warm-up takes the one of rate 0 in the repeat after the last."""
+    """The dataset seed of a point; the warm-up and the idle run take those of rate 0 in the two
+    repeats after the last."""
     return config.seed + 1_000_003 * repeat + round(rate * 1000)
 
 
@@ -93,6 +96,31 @@ def summarize(result: BenchResult, rate: float, slos_ms: dict[str, float]) -> Po
             "median_tpot_ms", "p99_tpot_ms", "p99_itl_ms")
     return Point(rate, attainment(result.records, slos_ms),
                  {**{key: figures[key] for key in keep}, "max_itl_ms": max(gaps_ms, default=0.0)})
+
+
+IDLE_SERVER_PARTS = {  # the server's histograms (pdserve's names follow vLLM's) -> what the report calls them
+    "time_to_first_token_seconds": "server_ttft_ms",
+    "request_queue_time_seconds": "server_queue_ms",
+    "request_prefill_time_seconds": "server_prefill_ms",
+    "kv_transfer_seconds": "kv_transfer_ms",
+}
+
+
+def idle_parts(result: BenchResult) -> dict[str, float | None]:
+    """Means over a run of one request at a time, in ms: TTFT at the client and at the server,
+    the server's queue (arrival to the prefilling engine) and prefill (from there to the first
+    token) times, the KV transfer, and the first token to the second."""
+    done = [record for record in result.records if record.success]
+    parts: dict[str, float | None] = {
+        "client_ttft_ms": 1000 * statistics.fmean(record.ttft_s for record in done) if done else None,
+        "second_token_ms": 1000 * statistics.fmean(record.itl_s[0] for record in done if record.itl_s)
+        if any(record.itl_s for record in done) else None}
+    histograms = (result.server or {}).get("histograms", {})
+    for name, part in IDLE_SERVER_PARTS.items():
+        series = [figures for key, figures in histograms.items() if key.split("{")[0].split(":")[-1] == name]
+        count = sum(figures["count"] for figures in series)
+        parts[part] = 1000 * sum(figures["sum"] for figures in series) / count if count else None
+    return parts
 
 
 def run_system(name: str, config: GoodputConfig, tokenizer) -> dict:
@@ -109,17 +137,24 @@ def run_system(name: str, config: GoodputConfig, tokenizer) -> dict:
         model_id = system.wait_ready()
         logger.info("%s is up (%s); warming up", name, spec.description)
 
-        def bench(rate: float, label: str, num_prompts: int, seed: int) -> BenchResult:
+        def bench(rate: float, label: str, num_prompts: int, seed: int, **options) -> BenchResult:
             """`num_prompts` requests of the dataset drawn with `seed`, arriving at `rate` (also seeded)."""
             prompts = make_dataset(config.dataset, num_prompts=num_prompts, seed=seed, input_len=config.input_len,
                                    output_len=config.output_len, range_ratio=config.range_ratio, tokenizer=tokenizer)
             bench_config = BenchConfig(backend="openai", target=spec.base_url, model=model_id, request_rate=rate,
                                        seed=seed, goodput_slos_ms=config.slos_ms, timeout_s=config.request_timeout_s,
-                                       label=label)
+                                       label=label, **options)
             return asyncio.run(run_benchmark(bench_config, prompts, progress=False))
 
         if config.num_warmup_prompts:
-            bench(float("inf"), f"{name}-warmup", config.num_warmup_prompts, point_seed(config, 0.0, config.repeats))
+            bench(math.inf, f"{name}-warmup", config.num_warmup_prompts, point_seed(config, 0.0, config.repeats))
+        idle = None
+        if config.num_idle_prompts:  # one request at a time: TTFT and its parts with nothing queued
+            idle = idle_parts(bench(math.inf, f"{name}-idle", config.num_idle_prompts,
+                                    point_seed(config, 0.0, config.repeats + 1), max_concurrency=1,
+                                    metrics_url=spec.metrics_url))
+            logger.info("%s at idle: %s", name, ", ".join(f"{key} {value:.0f}" for key, value in idle.items()
+                                                          if value is not None))
         repeats = []
         for repeat in range(config.repeats):
             def measure(rate: float) -> Point:
@@ -144,7 +179,7 @@ def run_system(name: str, config: GoodputConfig, tokenizer) -> dict:
     finally:
         system.stop()
     found = [entry["goodput"] or 0.0 for entry in repeats]
-    return {"status": "ok", "description": spec.description, "goodput": statistics.median(found),
+    return {"status": "ok", "description": spec.description, "idle": idle, "goodput": statistics.median(found),
             "at_least": all(entry["at_least"] for entry in repeats), "goodput_per_repeat": found, "repeats": repeats}
 
 
@@ -194,6 +229,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-warmup-prompts", type=int, default=4)
+    parser.add_argument("--num-idle-prompts", type=int, default=8,
+                        help="requests sent one at a time before the search, for TTFT at idle and its parts")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--prefill-replicas", type=int, default=1, metavar="N", help="of disaggregated (default 1)")
     parser.add_argument("--decode-replicas", type=int, default=1, metavar="M", help="of disaggregated (default 1)")
@@ -225,7 +262,8 @@ def config_from(args: argparse.Namespace) -> GoodputConfig:
         model_dir=resolve_model(args.model, os.environ).model_dir.resolve(), systems=systems, slos_ms=slos_ms,
         target_attainment=args.attainment, rates=args.rates, bisect_steps=args.bisect_steps, repeats=args.repeats,
         dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
-        range_ratio=args.range_ratio, seed=args.seed, num_warmup_prompts=args.num_warmup_prompts, dtype=args.dtype,
+        range_ratio=args.range_ratio, seed=args.seed, num_warmup_prompts=args.num_warmup_prompts,
+        num_idle_prompts=args.num_idle_prompts, dtype=args.dtype,
         num_prefill_replicas=args.prefill_replicas, num_decode_replicas=args.decode_replicas,
         pinning=Pinning(args.server_cpus or cpus, args.client_cpus or cpus), vllm_script=args.peer_vllm,
         startup_timeout_s=args.startup_timeout_s, vllm_startup_timeout_s=args.vllm_startup_timeout_s,

@@ -46,6 +46,7 @@ def render_markdown(combined: dict) -> str:
         per_repeat = ", ".join(_bound(search["goodput"] or 0.0, search["at_least"]) for search in entry["repeats"])
         lines.append(f"| {name} | {_bound(entry['goodput'], entry['at_least'])} | {per_repeat} | "
                      + " | ".join(ratios) + " |")
+    lines += _idle_table(systems)
     lines += ["", "A goodput of 0: even the lowest rate missed the target; ≥ R: the highest rate measured, R, met it "
               "(so a ratio involving it is a bound, not a measure).", ""]
     for name in _measured(systems):
@@ -84,6 +85,25 @@ def plot_attainment(combined: dict, path: Path) -> Path:
     figure.suptitle(f"{combined['model']['dir']}, {workload['dtype']}: SLO attainment ({slos})")
     figure.savefig(path, dpi=100)
     return path
+
+
+IDLE_COLUMNS = (("client_ttft_ms", "TTFT at the client"), ("server_ttft_ms", "TTFT at the server"),
+                ("server_queue_ms", "queue (to the prefilling engine)"), ("server_prefill_ms", "prefill (to its first token)"),
+                ("kv_transfer_ms", "KV hand-off"), ("second_token_ms", "first to second token"))
+
+
+def _idle_table(systems: dict) -> list[str]:
+    """Means in ms over requests sent one at a time; "—" where a server does not report a part."""
+    rows = [(name, systems[name]["idle"]) for name in _measured(systems) if systems[name].get("idle")]
+    if not rows:
+        return []
+    lines = ["", "At idle (one request at a time, means in ms; the server's parts from its /metrics):", "",
+             "| system | " + " | ".join(title for _, title in IDLE_COLUMNS) + " |",
+             "|---|" + "---|" * len(IDLE_COLUMNS)]
+    for name, idle in rows:
+        cells = ["—" if idle.get(key) is None else f"{idle[key]:.0f}" for key, _ in IDLE_COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _bound(goodput: float, at_least: bool) -> str:

@@ -174,7 +174,7 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
             raise SystemUnavailable("no --peer-vllm script given")
         if not options.vllm_script.is_file():
             raise SystemUnavailable(f"peer script {options.vllm_script} not found")
-        return SystemSpec(name, (str(options.vllm_script), "serve", model, str(port), *dtype,
+        return SystemSpec(name, (str(options.vllm_script.resolve()), "serve", model, str(port), *dtype,
                                  "--enable-prefix-caching"),
                           port, options.vllm_startup_timeout_s,
                           "vLLM CPU build, OpenAI server, prefix caching on")
@@ -190,8 +190,10 @@ class RunningSystem:
         self._shutdown_timeout_s = shutdown_timeout_s
         env = {**os.environ, **pinning.server_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         with open(log_path, "wb") as log:
+            # Run from the log's folder: `python -m` puts the working directory first on sys.path, and
+            # a repository checkout there (its kernels/, bench/) would shadow the peer's own imports.
             self._process = subprocess.Popen(
-                spec.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                spec.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
                 start_new_session=True, preexec_fn=pinned_child_setup(pinning.server_cpus))
 
     @property

@@ -24,11 +24,19 @@ import torch
 from torch import nn
 
 from pdserve import kernels
+from pdserve.kernels import cpu_layer_ops
 from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.rope import RotaryEmbedding, apply_rotary
 
 ACTIVATIONS = {"silu": nn.functional.silu, "gelu_tanh": partial(nn.functional.gelu, approximate="tanh")}
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rope on x [num_tokens, num_heads, head_dim]: in place by the compiled CPU op where it serves,
+    else out of place (engine/rope.py)."""
+    rotated = cpu_layer_ops.rotary_(x, cos, sin)
+    return apply_rotary(x, cos, sin) if rotated is None else rotated
 
 
 class RMSNorm(nn.Module):
@@ -39,6 +47,9 @@ class RMSNorm(nn.Module):
         self.adds_one = adds_one
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compiled = cpu_layer_ops.rms_norm(x, self.weight, self.eps, self.adds_one)
+        if compiled is not None:
+            return compiled
         # Normalised in fp32 (one fused op), then as Hugging Face does it: Llama rounds back and
         # scales by w; Gemma scales by (1 + w) in fp32 and rounds last.
         normalized = nn.functional.rms_norm(x.float(), self.weight.shape, eps=self.eps)
@@ -80,7 +91,7 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:  # each head normalised over head_dim, before rope
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
 

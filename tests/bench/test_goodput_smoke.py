@@ -1,5 +1,5 @@
 """`pdserve bench goodput` end to end: two real systems started once each, searched over rates,
-stopped; the JSON, markdown and attainment plot written."""
+stopped; TTFT at idle split into the servers' parts; the JSON, markdown and attainment plot written."""
 import json
 import subprocess
 import sys
@@ -16,7 +16,7 @@ def test_goodput_of_two_systems_side_by_side(tiny_model, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "pdserve", "bench", "goodput", "--model", tiny_model(),
          "--systems", "colocated,disaggregated", "--rates", "1,4", "--num-prompts", str(NUM_PROMPTS),
-         "--input-len", "12", "--output-len", "4", "--num-warmup-prompts", "1", "--slo", "ttft:60000",
+         "--input-len", "12", "--output-len", "4", "--num-warmup-prompts", "1", "--num-idle-prompts", "2", "--slo", "ttft:60000",
          "tpot:60000", "--result-dir", str(result_dir)],
         capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -32,7 +32,11 @@ def test_goodput_of_two_systems_side_by_side(tiny_model, tmp_path):
             assert point["attainment"] == 1.0, (name, point)  # a minute per token: every request meets it
             assert (point["figures"]["completed"], point["figures"]["failed"]) == (NUM_PROMPTS, 0)
         assert (entry["goodput"], entry["at_least"]) == (4.0, True)
+        idle = entry["idle"]
+        assert 0 < idle["server_ttft_ms"] <= idle["client_ttft_ms"], idle
+        assert idle["server_queue_ms"] >= 0 and idle["server_prefill_ms"] > 0 and idle["second_token_ms"] > 0
+    assert combined["systems"]["disaggregated"]["idle"]["kv_transfer_ms"] > 0
     markdown = (result_dir / "goodput.md").read_text()
-    assert "| colocated | ≥ 4 |" in markdown and "## disaggregated" in markdown
+    assert "| colocated | ≥ 4 |" in markdown and "## disaggregated" in markdown and "At idle" in markdown
     assert (result_dir / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (result_dir / "logs" / "disaggregated.log").stat().st_size > 0

@@ -64,6 +64,22 @@ def test_matches_reference(libraries, paged_batch, assert_close_for_dtype, case)
 
 
 @pytest.mark.parametrize(
+    "case", [KernelCase(dtype, queries_per_kv, 16, head_dim) for dtype in cpu_decode_attention.KV_DTYPE_FLAGS
+             for queries_per_kv, head_dim in ((4, 40), (2, 48), (16, 64), (1, 256))],
+    ids=str)
+def test_shapes_off_and_at_the_edges_of_the_vector_path_match_reference(libraries, paged_batch,
+                                                                         assert_close_for_dtype, case):
+    """Built with AVX-512, head dims that are multiples of 16 with at most 8 query heads per kv head
+    take the vector passes: 40, 48 and 16 heads per kv head take the portable ones, 256 the widest."""
+    context_lens = [1, 21, 16 * 9 + 5]
+    batch = paged_batch(context_lens, [1] * len(context_lens), case, device="cpu")
+
+    out, expected = decode_both(libraries[case.dtype], batch)
+
+    assert_close_for_dtype(out, expected)
+
+
+@pytest.mark.parametrize(
     "case", [KernelCase(*axes, head_dim=64) for axes in itertools.product(
         cpu_decode_attention.KV_DTYPE_FLAGS, QUERIES_PER_KV, BLOCK_SIZES)],
     ids=str)

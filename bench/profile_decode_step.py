@@ -1,0 +1,157 @@
+"""Where one decode step of the engine spends its time, against the step's memory roofline.
+
+    python -m pdserve.bench.profile_decode_step                         # SmolLM2, float32, batch 8
+    python -m pdserve.bench.profile_decode_step --dtype bfloat16 --batch-sizes 1,8,16 --threads 1
+
+`--batch-sizes` sequences, each with a `--context-len`-token prompt, are prefilled, then
+`--steps` decode steps run through `LLMEngine.step` (scheduling, input preparation, the forward,
+the LM head, sampling, output processing). Each part is timed by wrapping it on this run's
+objects: the Linear layers (LM head apart), decode attention and KV writes inside the forward;
+"other in the forward" is the rest of it (norms, rope, activations, residual adds, Python and
+dispatch between them); "step bookkeeping" is the step less the runner.
+
+The roofline is what a step must read once, the weights (the LM head's too) and every
+sequence's K and V, divided by this core's read bandwidth (a float32 sum over a buffer far larger
+than the caches, on the same threads): a step can be no faster.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+from pdserve import kernels
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.cpu_linear import PackedLinear
+
+READ_BUFFER_BYTES = 1 << 30
+
+
+class PartTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, owner: object, attribute: str, part: str) -> None:
+        inner = getattr(owner, attribute)
+        had_own = attribute in vars(owner)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.perf_counter() - start
+
+        setattr(owner, attribute, timed)
+        self._undo.append(lambda: setattr(owner, attribute, inner) if had_own else delattr(owner, attribute))
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def read_gbps(num_iters: int = 5) -> float:
+    buffer = torch.ones(READ_BUFFER_BYTES // 4, dtype=torch.float32)
+    buffer.sum()
+    start = time.perf_counter()
+    for _ in range(num_iters):
+        buffer.sum()
+    return READ_BUFFER_BYTES * num_iters / (time.perf_counter() - start) / 1e9
+
+
+def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: float) -> dict:
+    engine = llm.engine
+    vocab = engine.model_config.vocab_size
+    generator = torch.Generator().manual_seed(batch_size)
+    waiting = {f"b{batch_size}-{i}" for i in range(batch_size)}
+    for request_id in waiting:
+        prompt = torch.randint(0, vocab, (context_len,), generator=generator).tolist()
+        engine.add_request(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=num_steps + 4,
+                                                              ignore_eos=True))
+    while waiting:  # the prefills, up to every request's first token
+        waiting -= {output.request_id for output in engine.step()}
+    model = engine.runner.model
+    timer = PartTimer()
+    timer.wrap(engine, "step", "step")
+    timer.wrap(engine.runner, "run", "runner")
+    timer.wrap(model, "forward", "forward")
+    timer.wrap(model, "compute_logits", "LM head")
+    timer.wrap(kernels, "decode_attention", "decode attention")
+    timer.wrap(kernels, "store_kv", "KV writes")
+    timer.wrap(PackedLinear if isinstance(model.lm_head, PackedLinear) else torch.nn.Linear, "forward", "linear")
+    for _ in range(num_steps):
+        engine.step()
+    timer.undo()
+    while engine.has_unfinished_requests():
+        engine.step()
+    seconds = {part: value / num_steps for part, value in timer.seconds.items()}
+    seconds["linear"] -= seconds["LM head"]  # the LM head is a Linear layer too
+    kv_bytes = batch_size * (context_len + num_steps / 2) * engine.kv_spec.bytes_per_block / engine.config.block_size
+    inner = seconds["linear"] + seconds["decode attention"] + seconds["KV writes"]
+    return {
+        "batch_size": batch_size, "step_ms": 1e3 * seconds["step"],
+        "parts_ms": {
+            "linear layers": 1e3 * seconds["linear"],
+            "decode attention": 1e3 * seconds["decode attention"],
+            "KV writes": 1e3 * seconds["KV writes"],
+            "other in the forward": 1e3 * (seconds["forward"] - inner),
+            "LM head (sampling rows)": 1e3 * seconds["LM head"],
+            "sampling and input preparation": 1e3 * (seconds["runner"] - seconds["forward"] - seconds["LM head"]),
+            "step bookkeeping": 1e3 * (seconds["step"] - seconds["runner"]),
+        },
+        "weight_mb": _weight_bytes(model) / 1e6, "kv_mb": kv_bytes / 1e6,
+        "roofline_ms": 1e3 * (_weight_bytes(model) + kv_bytes) / (gbps * 1e9),
+    }
+
+
+def _weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a step reads: every parameter, and each packed Linear weight (the LM head included,
+    even where it shares the embedding's values; the embedding itself is read a row per token)."""
+    packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    total = sum(m.in_features * m.out_features for m in packed) * _dtype_bytes(model)
+    embedding = model.model.embed_tokens.weight
+    params = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
+    if not packed:  # plain Linear layers are parameters already; a tied LM head reads the embedding once
+        params += embedding.numel() * embedding.element_size() * model.config.tie_word_embeddings
+    return total + params
+
+
+def _dtype_bytes(model: torch.nn.Module) -> int:
+    return model.model.embed_tokens.weight.element_size()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="what `pdserve up --model` takes (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch-sizes", default="1,8,16")
+    parser.add_argument("--context-len", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    import os
+
+    from pdserve.checkpoints.model_ref import resolve_model
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model_dir = resolve_model(args.model, os.environ).model_dir
+    llm = LLM(str(model_dir), dtype=args.dtype, kv_cache_bytes=2 << 30, enable_prefix_caching=False)
+    gbps = read_gbps()
+    print(f"{model_dir.name}, {args.dtype}, {torch.get_num_threads()} thread(s), context {args.context_len}, "
+          f"read bandwidth {gbps:.1f} GB/s")
+    for batch_size in (int(size) for size in args.batch_sizes.split(",")):
+        result = profile(llm, batch_size, args.context_len, args.steps, gbps)
+        print(f"batch {batch_size}: step {result['step_ms']:.1f} ms; roofline {result['roofline_ms']:.1f} ms "
+              f"(weights {result['weight_mb']:.0f} MB + KV {result['kv_mb']:.0f} MB), "
+              f"{result['step_ms'] / result['roofline_ms']:.2f}x of it")
+        for part, value_ms in result["parts_ms"].items():
+            print(f"  {part:<34} {value_ms:6.1f} ms  {100 * value_ms / result['step_ms']:5.1f} %")
+
+
+if __name__ == "__main__":
+    main()

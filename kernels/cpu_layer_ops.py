@@ -1,0 +1,66 @@
+"""A decoder layer's elementwise ops on CPU, compiled: `csrc/cpu_layer_ops.c` (RMSNorm and the
+rotary embedding), one pass over memory each where torch takes four to six. Built on
+first use (kernels/cpu_build.py) once per dtype, float32 and bfloat16.
+
+On one core of a 2-vCPU Xeon, SmolLM2's shapes: a 400-token RMSNorm takes ~0.6 ms in torch and
+its rope ~1 ms in float32; across 30 layers that is a quarter of a prefill. Each function here
+returns None when it cannot serve its arguments (another device or dtype, a non-contiguous
+tensor, no compiler, `PDSERVE_CPU_KERNELS=0`): the caller runs its torch code then. Results
+equal torch's but for summation order (the C code rounds bfloat16 where torch's ops do).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from pdserve.kernels import cpu_build
+
+SOURCE_NAME = "cpu_layer_ops.c"
+DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DBFLOAT16",)}
+_POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
+
+
+@functools.cache
+def load(dtype: torch.dtype) -> ctypes.CDLL | None:
+    if not cpu_build.enabled() or dtype not in DTYPE_FLAGS:
+        return None
+    library = cpu_build.load_library(SOURCE_NAME, DTYPE_FLAGS[dtype])
+    if library is None:
+        return None
+    library.rms_norm.argtypes = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_float, ctypes.c_int32]
+    library.rotary.argtypes = [_POINTER] * 3 + [_INT64] * 5
+    for function in (library.rms_norm, library.rotary):
+        function.restype = None
+    return library
+
+
+def _library(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    first = tensors[0]
+    if first.device.type != "cpu" or any(t.dtype != first.dtype or not t.is_contiguous() for t in tensors[1:]):
+        return None
+    return load(first.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, adds_one: bool) -> torch.Tensor | None:
+    """x [..., hidden] normalised and scaled by weight [hidden] (Gemma: by 1 + weight)."""
+    library = _library(x, weight)
+    if library is None or not x.is_contiguous():
+        return None
+    out = torch.empty_like(x)
+    hidden = x.shape[-1]
+    library.rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.numel() // hidden, hidden, eps, adds_one)
+    return out
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """x [num_tokens, num_heads, head_dim], its heads contiguous within a token (a view into the
+    fused qkv projection will do), rotated in place by cos, sin [num_tokens, 1, rotary_dim]."""
+    library = _library(x, cos, sin)
+    num_tokens, num_heads, head_dim = x.shape
+    if library is None or x.stride(2) != 1 or x.stride(1) != head_dim:
+        return None
+    library.rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), num_tokens, x.stride(0), num_heads, head_dim,
+                   cos.shape[-1])
+    return x

@@ -1,0 +1,86 @@
+"""The compiled CPU layer ops equal the torch code they replace: RMSNorm (Llama's and Gemma's
+rounding) and rope over full and partial rotary dims, in place on a view into a fused projection,
+in float32 and bfloat16 (bit for bit there, both rounding after every op); anything they cannot
+serve falls back to torch."""
+import pytest
+import torch
+
+from pdserve.engine.model import RMSNorm, rotate
+from pdserve.engine.rope import apply_rotary
+from pdserve.kernels import cpu_layer_ops
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def compiled(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu_layer_ops.load.cache_clear()
+    if cpu_layer_ops.load(torch.float32) is None:
+        pytest.skip("no C compiler: the compiled CPU ops are unavailable")
+    yield
+    cpu_layer_ops.load.cache_clear()
+
+
+def torch_rms_norm(x, weight, eps, adds_one):
+    normalized = torch.nn.functional.rms_norm(x.float(), weight.shape, eps=eps)
+    if adds_one:
+        return (normalized * (1.0 + weight.float())).to(x.dtype)
+    return weight * normalized.to(x.dtype)
+
+
+def assert_equal_for(dtype, out, expected):
+    if dtype == torch.bfloat16:
+        # The same roundings; the float32 sum of squares may differ in its last bit and move one
+        # element across a bfloat16 rounding edge.
+        assert (out != expected).float().mean() < 0.01
+        torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+    else:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("adds_one", [False, True])
+@pytest.mark.parametrize("num_rows", [1, 37])
+def test_rms_norm_equals_torch(dtype, adds_one, num_rows):
+    torch.manual_seed(num_rows)
+    x = (torch.randn(num_rows, 96) * 3).to(dtype)
+    weight = torch.randn(96).to(dtype)
+    out = cpu_layer_ops.rms_norm(x, weight, 1e-6, adds_one)
+    assert out is not None and out.dtype == dtype
+    assert_equal_for(dtype, out, torch_rms_norm(x, weight, 1e-6, adds_one))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (128, 128), (80, 40), (32, 16)])
+def test_rope_in_place_on_a_fused_projection_equals_torch(dtype, head_dim, rotary_dim):
+    torch.manual_seed(head_dim)
+    num_tokens, num_heads, num_kv_heads = 19, 4, 2
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim).to(dtype)
+    angles = torch.randn(num_tokens, 1, rotary_dim // 2)
+    cos, sin = (torch.cat((f(angles), f(angles)), dim=-1).to(dtype) for f in (torch.cos, torch.sin))
+    q = qkv[:, :num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    expected_q, expected_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim:]
+    v_before = v.clone()
+
+    assert cpu_layer_ops.rotary_(q, cos, sin) is q and cpu_layer_ops.rotary_(k, cos, sin) is k
+    assert_equal_for(dtype, q, expected_q)
+    assert_equal_for(dtype, k, expected_k)
+    assert torch.equal(v, v_before)
+
+
+def test_what_the_ops_cannot_serve_falls_back_to_torch(monkeypatch):
+    x = torch.randn(4, 8, 32)
+    transposed = x.transpose(0, 1)
+    assert cpu_layer_ops.rms_norm(transposed, torch.ones(32), 1e-6, False) is None
+    assert cpu_layer_ops.rms_norm(x.half(), torch.ones(32).half(), 1e-6, False) is None
+    norm = RMSNorm(32, 1e-6)
+    torch.testing.assert_close(norm(transposed), torch_rms_norm(transposed, norm.weight, 1e-6, False))
+    cos, sin = torch.ones(4, 1, 32), torch.zeros(4, 1, 32)
+    assert cpu_layer_ops.rotary_(x[:, ::2], cos, sin) is None  # heads not contiguous
+    monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
+    cpu_layer_ops.load.cache_clear()
+    assert cpu_layer_ops.rms_norm(x, torch.ones(32), 1e-6, False) is None
+    torch.testing.assert_close(rotate(x.clone(), cos, sin), x)  # torch's rope: cos 1, sin 0
