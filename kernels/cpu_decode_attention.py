@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from pdserve.kernels import cpu_build
+from pdserve.kernels.cpu_build import enabled, load_library
 
 SOURCE_NAME = "paged_decode_attention.c"
 KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",)}
@@ -24,9 +24,9 @@ KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",)}
 @functools.cache
 def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
     """The kernel for a pool of `dtype`, built on first use."""
-    if not cpu_build.enabled() or dtype not in KV_DTYPE_FLAGS:
+    if not enabled() or dtype not in KV_DTYPE_FLAGS:
         return None
-    library = cpu_build.load_library(SOURCE_NAME, KV_DTYPE_FLAGS[dtype])
+    library = load_library(SOURCE_NAME, KV_DTYPE_FLAGS[dtype])
     if library is None:
         return None
     function = library.paged_decode_attention

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from pdserve.kernels import cpu_build
+from pdserve.kernels.cpu_build import enabled, load_library
 
 SOURCE_NAME = "cpu_layer_ops.c"
 DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DBFLOAT16",)}
@@ -24,9 +24,9 @@ _POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
 
 @functools.cache
 def load(dtype: torch.dtype) -> ctypes.CDLL | None:
-    if not cpu_build.enabled() or dtype not in DTYPE_FLAGS:
+    if not enabled() or dtype not in DTYPE_FLAGS:
         return None
-    library = cpu_build.load_library(SOURCE_NAME, DTYPE_FLAGS[dtype])
+    library = load_library(SOURCE_NAME, DTYPE_FLAGS[dtype])
     if library is None:
         return None
     library.rms_norm.argtypes = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_float, ctypes.c_int32]
