@@ -48,7 +48,19 @@ clean:
 PEER_VLLM ?=
 PEER_ARG = $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
 BENCH_COMPARE = $(BIN)/pdserve bench-compare $(PEER_ARG)
-.PHONY: bench
+.PHONY: bench bench-goodput
+
+# BENCHMARKS.md's headline, on the real model (SmolLM2-135M-Instruct) and both cores: goodput under
+# TTFT <= 2 s and TPOT <= 150 ms, bfloat16 (two searches a system) then float32, pdserve colocated
+# and disaggregated beside vLLM; then the engines alone, offline, on the same model.
+bench-goodput: install
+	$(BIN)/pdserve bench goodput $(PEER_ARG) --dtype bfloat16 --rates 1,2,3,4,5,6.5,8 --repeats 2 \
+		--result-dir bench/results/goodput_bf16
+	$(BIN)/pdserve bench goodput $(PEER_ARG) --dtype float32 --rates 0.5,0.8,1.2,1.6,2.2,3,4 \
+		--result-dir bench/results/goodput_fp32
+	$(BIN)/python -m pdserve.bench.offline_compare $(PEER_ARG) --model "$$($(BIN)/pdserve model fetch)" \
+		--cpus 0,1 --num-prompts 64 --output-len 64 --num-runs 2 --result-dir bench/results/offline_smollm2
+
 bench: install
 	$(BENCH_COMPARE) --dataset random --num-prompts 128 --input-len 128 --output-len 128 \
 		--max-concurrency 32 --result-dir bench/results/saturation

@@ -59,7 +59,8 @@ class GoodputConfig:
     bisect_steps: int
     repeats: int
     dataset: str
-    num_prompts: int  # per point
+    num_prompts: int  # per point, at least
+    duration_s: float  # of arrivals per point, at least: max(num_prompts, rate * duration_s) requests
     input_len: int
     output_len: int
     range_ratio: float
@@ -77,9 +78,9 @@ class GoodputConfig:
     result_dir: Path
 
     def workload_dict(self) -> dict:
-        keys = ("dataset", "num_prompts", "input_len", "output_len", "range_ratio", "seed", "num_warmup_prompts", "num_idle_prompts",
-                "dtype", "num_prefill_replicas", "num_decode_replicas", "slos_ms", "target_attainment", "rates",
-                "bisect_steps", "repeats")
+        keys = ("dataset", "num_prompts", "duration_s", "input_len", "output_len", "range_ratio", "seed",
+                "num_warmup_prompts", "num_idle_prompts", "dtype", "num_prefill_replicas", "num_decode_replicas",
+                "slos_ms", "target_attainment", "rates", "bisect_steps", "repeats")
         return {key: getattr(self, key) for key in keys}
 
 
@@ -87,6 +88,12 @@ def point_seed(config: GoodputConfig, rate: float, repeat: int) -> int:
     """The dataset seed of a point; the warm-up and the idle run take those of rate 0 in the two
     repeats after the last."""
     return config.seed + 1_000_003 * repeat + round(rate * 1000)
+
+
+def point_size(config: GoodputConfig, rate: float) -> int:
+    """Requests at `rate`: enough that arrivals last `duration_s`, so a high rate runs long enough
+    for queues to build as they would in a steady stream (40 requests at 5 req/s last 8 s)."""
+    return max(config.num_prompts, math.ceil(rate * config.duration_s))
 
 
 def summarize(result: BenchResult, rate: float, slos_ms: dict[str, float]) -> Point:
@@ -158,7 +165,7 @@ def run_system(name: str, config: GoodputConfig, tokenizer) -> dict:
         repeats = []
         for repeat in range(config.repeats):
             def measure(rate: float) -> Point:
-                result = bench(rate, f"{name}-r{repeat}-rate{rate:g}", config.num_prompts,
+                result = bench(rate, f"{name}-r{repeat}-rate{rate:g}", point_size(config, rate),
                                point_seed(config, rate, repeat))
                 point = summarize(result, rate, config.slos_ms)
                 logger.info("%s repeat %d: %.3g req/s: %.0f %% met the SLOs (TTFT p50 %.0f ms p99 %.0f ms, "
@@ -216,14 +223,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SLOs every request must meet (default: ttft:2000 tpot:150)")
     parser.add_argument("--attainment", type=float, default=0.9,
                         help="fraction of requests that must meet the SLOs (default 0.9)")
-    parser.add_argument("--rates", type=parse_rates, default=[0.25, 0.35, 0.5, 0.7, 1.0], metavar="R1,R2,...",
-                        help="request rates to climb, req/s (default 0.25,0.35,0.5,0.7,1)")
+    parser.add_argument("--rates", type=parse_rates, default=[0.5, 1, 2, 3, 4, 5, 6.5, 8], metavar="R1,R2,...",
+                        help="request rates to climb, req/s (default 0.5,1,2,3,4,5,6.5,8)")
     parser.add_argument("--bisect-steps", type=int, default=1,
                         help="runs between the last rate met and the first missed (default 1)")
     parser.add_argument("--repeats", type=int, default=1, help="searches per system, each with other prompts")
     parser.add_argument("--dataset", choices=RANDOM_KINDS, default="words",
                         help="default words: distinct prompts of --input-len ± --range-ratio words")
-    parser.add_argument("--num-prompts", type=int, default=60, help="requests per rate (default 60)")
+    parser.add_argument("--num-prompts", type=int, default=40, help="requests per rate, at least (default 40)")
+    parser.add_argument("--duration-s", type=float, default=30.0,
+                        help="seconds of arrivals per rate, at least: more requests at high rates (default 30)")
     parser.add_argument("--input-len", type=int, default=300)
     parser.add_argument("--range-ratio", type=float, default=0.5)
     parser.add_argument("--output-len", type=int, default=64)
@@ -252,8 +261,8 @@ def config_from(args: argparse.Namespace) -> GoodputConfig:
         raise BenchConfigError(f"--systems must name distinct systems from {','.join(SYSTEMS)}, got {args.systems!r}")
     if not 0 < args.attainment <= 1:
         raise BenchConfigError(f"--attainment must be in (0, 1], got {args.attainment}")
-    if args.bisect_steps < 0 or args.repeats < 1 or args.num_prompts < 1:
-        raise BenchConfigError("--bisect-steps must be >= 0, --repeats and --num-prompts >= 1")
+    if args.bisect_steps < 0 or args.repeats < 1 or args.num_prompts < 1 or args.duration_s < 0:
+        raise BenchConfigError("--bisect-steps and --duration-s must be >= 0, --repeats and --num-prompts >= 1")
     slos_ms = parse_slos(args.slo)
     if not slos_ms:
         raise BenchConfigError("goodput needs at least one --slo")
@@ -261,9 +270,9 @@ def config_from(args: argparse.Namespace) -> GoodputConfig:
     return GoodputConfig(
         model_dir=resolve_model(args.model, os.environ).model_dir.resolve(), systems=systems, slos_ms=slos_ms,
         target_attainment=args.attainment, rates=args.rates, bisect_steps=args.bisect_steps, repeats=args.repeats,
-        dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
-        range_ratio=args.range_ratio, seed=args.seed, num_warmup_prompts=args.num_warmup_prompts,
-        num_idle_prompts=args.num_idle_prompts, dtype=args.dtype,
+        dataset=args.dataset, num_prompts=args.num_prompts, duration_s=args.duration_s, input_len=args.input_len,
+        output_len=args.output_len, range_ratio=args.range_ratio, seed=args.seed,
+        num_warmup_prompts=args.num_warmup_prompts, num_idle_prompts=args.num_idle_prompts, dtype=args.dtype,
         num_prefill_replicas=args.prefill_replicas, num_decode_replicas=args.decode_replicas,
         pinning=Pinning(args.server_cpus or cpus, args.client_cpus or cpus), vllm_script=args.peer_vllm,
         startup_timeout_s=args.startup_timeout_s, vllm_startup_timeout_s=args.vllm_startup_timeout_s,

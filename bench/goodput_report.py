@@ -30,7 +30,8 @@ def render_markdown(combined: dict) -> str:
         f"Goodput: the highest request rate at which at least {workload['target_attainment']:.0%} of requests meet "
         f"{slos}. Workload: {workload['dataset']} prompts ({workload['input_len']} ± "
         f"{workload['range_ratio']:.0%}), {workload['output_len']} output tokens, Poisson arrivals, "
-        f"{workload['num_prompts']} requests a rate, fresh prompts at each; {workload['repeats']} repeat(s). "
+        f"at each rate at least {workload['num_prompts']} requests and {workload['duration_s']:g} s of arrivals, "
+        f"fresh prompts each time; {workload['repeats']} search(es) a system. "
         f"Servers on CPUs {combined['pinning']['server_cpus']}, client on {combined['pinning']['client_cpus']}; "
         f"{combined['date']}.",
         "",
@@ -88,7 +89,8 @@ def plot_attainment(combined: dict, path: Path) -> Path:
 
 
 IDLE_COLUMNS = (("client_ttft_ms", "TTFT at the client"), ("server_ttft_ms", "TTFT at the server"),
-                ("server_queue_ms", "queue (to the prefilling engine)"), ("server_prefill_ms", "prefill (to its first token)"),
+                ("server_queue_ms", "queue (to the prefilling engine)"),
+                ("server_prefill_ms", "prefill (to its first token)"),
                 ("kv_transfer_ms", "KV hand-off"), ("second_token_ms", "first to second token"))
 
 

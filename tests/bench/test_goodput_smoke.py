@@ -16,8 +16,8 @@ def test_goodput_of_two_systems_side_by_side(tiny_model, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "pdserve", "bench", "goodput", "--model", tiny_model(),
          "--systems", "colocated,disaggregated", "--rates", "1,4", "--num-prompts", str(NUM_PROMPTS),
-         "--input-len", "12", "--output-len", "4", "--num-warmup-prompts", "1", "--num-idle-prompts", "2", "--slo", "ttft:60000",
-         "tpot:60000", "--result-dir", str(result_dir)],
+         "--input-len", "12", "--output-len", "4", "--duration-s", "0", "--num-warmup-prompts", "1",
+         "--num-idle-prompts", "2", "--slo", "ttft:60000", "tpot:60000", "--result-dir", str(result_dir)],
         capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.strip() == str(result_dir / "goodput.json")
