@@ -1,5 +1,7 @@
 """The files of a `pdserve bench goodput` run: goodput.json, goodput.md and goodput.png.
 
+    python -m pdserve.bench.goodput_report RESULT_DIR     # redraws the markdown and the plot from the JSON
+
 The markdown states each system's goodput (the median over repeats, each repeat's beside it), its
 ratio to every other system's, and every measured point; the plot draws attainment against
 request rate, one line per system and repeat, with the target as a horizontal line.
@@ -83,7 +85,7 @@ def plot_attainment(combined: dict, path: Path) -> Path:
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     slos = ", ".join(f"{key.upper()} ≤ {value:g} ms" for key, value in workload["slos_ms"].items())
-    figure.suptitle(f"{combined['model']['dir']}, {workload['dtype']}: SLO attainment ({slos})")
+    figure.suptitle(f"{combined['model']['dir']}, {workload['dtype']}\nrequests meeting {slos}", fontsize=10)
     figure.savefig(path, dpi=100)
     return path
 
@@ -118,3 +120,10 @@ def _measured(systems: dict) -> list[str]:
 
 def _ratio(value: float, other: float) -> str:
     return f"{value / other:.2f}x" if other else ("—" if not value else "∞")
+
+
+if __name__ == "__main__":
+    import sys
+
+    result_dir = Path(sys.argv[1])
+    write_report(json.loads((result_dir / JSON_NAME).read_text()), result_dir)
