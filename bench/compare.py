@@ -45,6 +45,7 @@ from pdserve.bench.systems import (
     cpu_list_text,
     default_pinning,
     parse_cpu_list,
+    parse_systems,
     pin_this_process,
     system_spec,
 )
@@ -292,13 +293,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> CompareConfig:
-    from pdserve.bench.errors import BenchConfigError
     from pdserve.checkpoints.tiny_model_cache import cache_root, ensure_tiny_model
 
-    systems = tuple(name.strip() for name in args.systems.split(",") if name.strip())
-    unknown = [name for name in systems if name not in SYSTEMS]
-    if unknown or not systems or len(set(systems)) != len(systems):
-        raise BenchConfigError(f"--systems must name distinct systems from {','.join(SYSTEMS)}, got {args.systems!r}")
+    systems = parse_systems(args.systems)
     pinning = default_pinning(os.sched_getaffinity(0))
     pinning = Pinning(args.server_cpus or pinning.server_cpus, args.client_cpus or pinning.client_cpus)
     return CompareConfig(

@@ -43,6 +43,7 @@ from pdserve.bench.systems import (
     SystemStartError,
     SystemUnavailable,
     parse_cpu_list,
+    parse_systems,
     pin_this_process,
     system_spec,
 )
@@ -256,9 +257,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace) -> GoodputConfig:
     from pdserve.checkpoints.model_ref import resolve_model
 
-    systems = tuple(name.strip() for name in args.systems.split(",") if name.strip())
-    if not systems or any(name not in SYSTEMS for name in systems) or len(set(systems)) != len(systems):
-        raise BenchConfigError(f"--systems must name distinct systems from {','.join(SYSTEMS)}, got {args.systems!r}")
+    systems = parse_systems(args.systems)
     if not 0 < args.attainment <= 1:
         raise BenchConfigError(f"--attainment must be in (0, 1], got {args.attainment}")
     if args.bisect_steps < 0 or args.repeats < 1 or args.num_prompts < 1 or args.duration_s < 0:

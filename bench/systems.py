@@ -36,6 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdserve.bench.errors import BenchConfigError
 from pdserve.cluster.health_probe import probe_http
 from pdserve.cluster.ports import free_port
 from pdserve.engine.errors import PdserveError
@@ -96,6 +97,14 @@ def default_pinning(available_cpus: set[int]) -> Pinning:
     if len(cpus) == 1:
         return Pinning(tuple(cpus), tuple(cpus))
     return Pinning(tuple(cpus[1:]), (cpus[0],))
+
+
+def parse_systems(text: str) -> tuple[str, ...]:
+    """ "colocated,vllm" -> ("colocated", "vllm"): distinct names from SYSTEMS, in the order given."""
+    systems = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not systems or any(name not in SYSTEMS for name in systems) or len(set(systems)) != len(systems):
+        raise BenchConfigError(f"--systems must name distinct systems from {','.join(SYSTEMS)}, got {text!r}")
+    return systems
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
