@@ -22,9 +22,12 @@
  * run in parallel under OpenMP.
  *
  * Built with AVX-512, for a head_dim of 16, 32, 64, 80, 96, 128 or 256 and at most 8 query heads
- * per kv head, the two passes are vectorised by hand: scoring takes one query head at a time, its
- * row in registers, and sums up to 16 keys' products in one transposing tree; weighing widens
- * each value row once for its kv head's whole group of query heads. A bfloat16 pool with
+ * per kv head, the two passes are vectorised by hand: scoring takes 16 keys at a time, scores
+ * every query head against them (its row in registers) and sums each head's 16 products in one
+ * transposing tree; weighing widens each value row once for its kv head's whole group of query
+ * heads. Both request the block two places ahead in the sequence's reading order (K, then V),
+ * a part at a time between their arithmetic: without that, a core waits on each block's first
+ * lines and reads the pool at half its streaming rate. A bfloat16 pool with
  * AVX512-BF16 multiplies query and key pairs in bfloat16 (the query is bfloat16 before the
  * caller widens it, so nothing is rounded) and sums in float32. Only the summation order differs
  * from the portable passes.
@@ -93,6 +96,36 @@ static float dot(const float *restrict a, const kv_t *restrict b, int64_t n) {
 static int64_t block_end(int64_t start, int64_t context_len, int64_t block_size) {
     const int64_t end = (start / block_size + 1) * block_size;
     return end < context_len ? end : context_len;
+}
+
+#define PREFETCH_AHEAD 2  /* blocks of a sequence's reading order between a prefetch and its use */
+
+/* A cache line requested ahead of use. GCC deletes a loop of nothing but __builtin_prefetch, so on
+ * x86 the instruction is written out. */
+static inline void prefetch_line(const char *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*p));
+#else
+    __builtin_prefetch(p);
+#endif
+}
+
+/* A sequence is read in one order: its K blocks from key_start's, then its V blocks. This requests
+ * part `part` of `parts` of the block PREFETCH_AHEAD places after position start's block of K (or
+ * of V when is_value) in that order. */
+static inline void prefetch_ahead(const kv_t *k_cache, const kv_t *v_cache, const int32_t *block_table, int64_t key_start,
+                                  int64_t context_len, int64_t start, int is_value, Shape shape, int64_t part,
+                                  int64_t parts) {
+    const int64_t first = key_start / shape.block_size;
+    const int64_t count = (context_len + shape.block_size - 1) / shape.block_size - first;
+    const int64_t order = start / shape.block_size - first + is_value * count + PREFETCH_AHEAD;
+    if (order >= 2 * count) return;
+    const int64_t block_len = shape.block_size * shape.num_kv_heads * shape.head_dim;
+    const kv_t *block = order < count ? k_cache + block_table[first + order] * block_len
+                                      : v_cache + block_table[first + order - count] * block_len;
+    const int64_t lines = block_len * (int64_t)sizeof(kv_t) / 64;
+    for (int64_t line = part * lines / parts; line < (part + 1) * lines / parts; line++)
+        prefetch_line((const char *)block + 64 * line);
 }
 
 /* scores[j * num_keys + t - key_start] = the (softcapped) score of query head j against key t, for
@@ -186,57 +219,70 @@ static inline __m512 sum_lanes16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
-/* score_keys for head_dim = 16 * chunks; inlined with a constant chunks, the query row stays in
- * registers, and up to 16 keys of a block are scored together. */
+/* score_keys for head_dim = 16 * chunks; inlined with a constant chunks. Keys are taken 16 at a
+ * time, every query head scored against them before the next 16, so K streams front to back in
+ * one pass; a head's 16 sums reduce in one transposing tree. */
 static inline __attribute__((always_inline)) void score_keys_x16(
-    float *restrict scores, const float *restrict query, const kv_t *restrict k_cache, const int32_t *restrict block_table,
-    int64_t key_start, int64_t context_len, Shape shape, float scale, float logit_softcap, const int64_t chunks) {
+    float *restrict scores, const float *restrict query, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
+    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape, float scale,
+    float logit_softcap, const int64_t chunks) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
     const __m512 scales = _mm512_set1_ps(scale);
-    for (int64_t j = 0; j < shape.num_heads; j++) {
-        __m512 q[16];
-        for (int64_t c = 0; c < chunks; c++) q[c] = _mm512_loadu_ps(query + j * head_dim + 16 * c);
-#if defined(KV_BFLOAT16) && defined(__AVX512BF16__)
-        __m512bh q_pairs[8];  /* the query back in bfloat16 (exact: a bfloat16 query, widened by the caller) */
-        for (int64_t c = 0; c + 1 < chunks; c += 2) q_pairs[c / 2] = _mm512_cvtne2ps_pbh(q[c + 1], q[c]);
-#endif
-        float *restrict row = scores + j * num_keys - key_start;  /* row[t]: key t's score */
-        for (int64_t start = key_start, end; start < context_len; start = end) {
-            end = block_end(start, context_len, shape.block_size);
-            const kv_t *key = k_cache + block_table[start / shape.block_size] * block_stride
-                              + (start % shape.block_size) * token_stride + j / group_size * head_dim;
-            for (int64_t t = start; t < end; t += 16) {
-                const int64_t n = end - t < 16 ? end - t : 16;
+    for (int64_t start = key_start, end; start < context_len; start = end) {
+        end = block_end(start, context_len, shape.block_size);
+        const kv_t *block_keys = k_cache + block_table[start / shape.block_size] * block_stride
+                                 + (start % shape.block_size) * token_stride;
+        for (int64_t t = start; t < end; t += 16) {
+            const int64_t n = end - t < 16 ? end - t : 16;
+            const kv_t *tile = block_keys + (t - start) * token_stride;  /* n keys, every kv head */
+            for (int64_t j = 0; j < shape.num_heads; j++) {
+                if (t == start)  /* a ninth of a block ahead per query head (of SmolLM2's nine) */
+                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, start, 0, shape, j,
+                                   shape.num_heads);
+                const kv_t *head_keys = tile + j / group_size * head_dim;
+                const float *q_row = query + j * head_dim;
                 __m512 sums[16];
+#if defined(KV_BFLOAT16) && defined(__AVX512BF16__)
+                if (chunks % 2 == 0) {  /* bfloat16 pairs multiplied and summed in float32 */
+                    __m512bh q_pairs[8];  /* the query back in bfloat16 (exact: widened from bfloat16 by the caller) */
+                    for (int64_t c = 0; c < chunks / 2; c++)
+                        q_pairs[c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q_row + 32 * c + 16), _mm512_loadu_ps(q_row + 32 * c));
+                    for (int64_t i = 0; i < 16; i++) {
+                        sums[i] = _mm512_setzero_ps();
+                        if (i >= n) continue;
+                        for (int64_t c = 0; c < chunks / 2; c++)
+                            sums[i] = _mm512_dpbf16_ps(sums[i], q_pairs[c],
+                                                       (__m512bh)_mm512_loadu_si512(head_keys + i * token_stride + 32 * c));
+                    }
+                    _mm512_mask_storeu_ps(scores + j * num_keys + t - key_start, (__mmask16)((1u << n) - 1),
+                                          _mm512_mul_ps(scales, sum_lanes16(sums)));
+                    continue;
+                }
+#endif
+                __m512 q[16];
+                for (int64_t c = 0; c < chunks; c++) q[c] = _mm512_loadu_ps(q_row + 16 * c);
                 for (int64_t i = 0; i < 16; i++) {
                     sums[i] = _mm512_setzero_ps();
                     if (i >= n) continue;
-#if defined(KV_BFLOAT16) && defined(__AVX512BF16__)
-                    if (chunks % 2 == 0) {  /* bfloat16 pairs multiplied and summed in float32 */
-                        for (int64_t c = 0; c < chunks / 2; c++)
-                            sums[i] = _mm512_dpbf16_ps(sums[i], q_pairs[c], (__m512bh)_mm512_loadu_si512(key + 32 * c));
-                        key += token_stride;
-                        continue;
-                    }
-#endif
-                    for (int64_t c = 0; c < chunks; c++) sums[i] = _mm512_fmadd_ps(q[c], kv_load16(key + 16 * c), sums[i]);
-                    key += token_stride;
+                    for (int64_t c = 0; c < chunks; c++)
+                        sums[i] = _mm512_fmadd_ps(q[c], kv_load16(head_keys + i * token_stride + 16 * c), sums[i]);
                 }
-                _mm512_mask_storeu_ps(row + t, (__mmask16)((1u << n) - 1), _mm512_mul_ps(scales, sum_lanes16(sums)));
+                _mm512_mask_storeu_ps(scores + j * num_keys + t - key_start, (__mmask16)((1u << n) - 1),
+                                      _mm512_mul_ps(scales, sum_lanes16(sums)));
             }
         }
-        if (logit_softcap > 0.0f)
-            for (int64_t t = key_start; t < context_len; t++) row[t] = logit_softcap * tanhf(row[t] / logit_softcap);
     }
+    if (logit_softcap > 0.0f)
+        for (int64_t i = 0; i < shape.num_heads * num_keys; i++) scores[i] = logit_softcap * tanhf(scores[i] / logit_softcap);
 }
 
 /* weigh_values for head_dim = 16 * chunks: each kv head's value row is widened once per key for
  * every query head of its group, whose output rows accumulate in sums (registers or L1). */
 static inline __attribute__((always_inline)) void weigh_values_x16(
-    float *restrict out, const float *restrict probs, const kv_t *restrict v_cache, const int32_t *restrict block_table,
-    int64_t key_start, int64_t context_len, Shape shape, const int64_t chunks) {
+    float *restrict out, const float *restrict probs, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
+    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape, const int64_t chunks) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
@@ -249,6 +295,9 @@ static inline __attribute__((always_inline)) void weigh_values_x16(
                                 + (start % shape.block_size) * token_stride + h * head_dim;
             end = block_end(start, context_len, shape.block_size);
             for (int64_t t = start; t < end; t++, value += token_stride) {
+                if (h == 0)  /* a block ahead over the block's keys, on the first kv head's pass */
+                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, start, 1, shape, t - start,
+                                   end - start);
                 __m512 row[16];
                 for (int64_t c = 0; c < chunks; c++) row[c] = kv_load16(value + 16 * c);
                 for (int64_t g = 0; g < group_size; g++) {
@@ -273,10 +322,10 @@ static void attend(float *restrict out, float *restrict scores, const float *res
     switch (shape.head_dim % 16 == 0 && group_size <= MAX_GROUP_X16 ? shape.head_dim / 16 : 0) {
 #define ATTEND_X16(CHUNKS)                                                                                       \
     case CHUNKS:                                                                                                  \
-        score_keys_x16(scores, query, k_cache, block_table, key_start, context_len, shape, scale, logit_softcap, \
+        score_keys_x16(scores, query, k_cache, v_cache, block_table, key_start, context_len, shape, scale, logit_softcap, \
                        CHUNKS);                                                                                  \
         softmax_rows(scores, shape.num_heads, num_keys);                                                         \
-        weigh_values_x16(out, scores, v_cache, block_table, key_start, context_len, shape, CHUNKS);              \
+        weigh_values_x16(out, scores, k_cache, v_cache, block_table, key_start, context_len, shape, CHUNKS);              \
         return;
         ATTEND_X16(1) ATTEND_X16(2) ATTEND_X16(4) ATTEND_X16(5) ATTEND_X16(6) ATTEND_X16(8) ATTEND_X16(16)
 #undef ATTEND_X16
