@@ -46,7 +46,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.adds_one = adds_one
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """rms_norm(x); given the residual stream, (rms_norm(residual + x), residual + x), the sum
+        written into residual where the compiled op serves."""
+        if residual is None:
+            return self._normalize(x)
+        compiled = cpu_layer_ops.add_rms_norm(x, residual, self.weight, self.eps, self.adds_one)
+        if compiled is not None:
+            return compiled, residual
+        residual = residual + x
+        return self._normalize(residual), residual
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         compiled = cpu_layer_ops.rms_norm(x, self.weight, self.eps, self.adds_one)
         if compiled is not None:
             return compiled
@@ -116,9 +127,13 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.activation = ACTIVATIONS[config.parts.activation]
+        self.is_silu = config.parts.activation == "silu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.is_silu and (fused := cpu_layer_ops.silu_and_mul(gate_up)) is not None:
+            return self.down_proj(fused)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.activation(gate) * up)
 
 
@@ -187,12 +202,16 @@ class DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = make_norm(config) if post_norms else None
         self.mlp = SparseMoE(config) if moe is not None and layer in moe.layers else MLP(config)
 
-    def forward(self, x, cos, sin, kv_cache, attn):
+    def forward(self, x, residual, cos, sin, kv_cache, attn):
+        """The layer's input is x + residual (residual None in the first layer: x alone); returns its
+        output the same way, as (x, residual), so that each residual add is done by the norm after it."""
+        x, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos, sin, kv_cache, attn)
         if self.pre_feedforward_layernorm is None:  # Llama: post_attention_layernorm is the MLP's input norm
-            x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
-            return x + self.mlp(self.post_attention_layernorm(x))
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            x, residual = self.post_attention_layernorm(x, residual)
+            return self.mlp(x), residual
+        x, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(x), residual)
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 
 class DecoderModel(nn.Module):
@@ -230,12 +249,13 @@ class CausalLM(nn.Module):
             x = x * torch.tensor(self.config.hidden_size ** 0.5).to(x.dtype)
         rope = self.rotary(positions, x.dtype)  # cos, sin: [num_tokens, 1, rotary_dim] each
         local_rope = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
+        residual = None
         for i, layer in enumerate(self.model.layers):
             cos, sin = local_rope if i in parts.sliding_layers else rope
-            x = layer(x, cos, sin, kv_cache[i], attn)
+            x, residual = layer(x, residual, cos, sin, kv_cache[i], attn)
             if on_layer_done is not None:
                 on_layer_done(i)
-        return self.model.norm(x)
+        return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()  # [num_rows, vocab_size]

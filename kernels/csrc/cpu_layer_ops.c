@@ -1,18 +1,25 @@
-/* A decoder layer's elementwise ops for CPU, one pass over memory each: RMSNorm and the rotary
- * embedding (rotate-half). Tensors hold float32, or bfloat16 when built with -DBFLOAT16;
+/* A decoder layer's elementwise ops for CPU, one pass over memory each: RMSNorm (alone, or after
+ * the residual add), the rotary embedding (rotate-half) and the gated MLP's SiLU-and-multiply. Tensors hold float32, or bfloat16 when built with -DBFLOAT16;
  * arithmetic is float32, and a bfloat16 build rounds where the Hugging Face modules round (after
  * each torch op), so both agree with them to the last bit but for summation order.
  *
  * Layouts (contiguous, row-major):
  *   rms_norm      out, x [num_rows, hidden]; weight [hidden]
+ *   add_rms_norm  out, residual, x [num_rows, hidden]; residual += x in place, then normalised
  *   rotary        x [num_tokens, num_heads, head_dim] with rows token_stride apart (a view into
  *                 the fused qkv projection), rotated in place over each head's first rotary_dim;
  *                 cos, sin [num_tokens, rotary_dim]
- * (SiLU-and-multiply stays torch's: it divides per element, and on the CPUs measured a vector
- * division costs several times what the rest of it does, in C as in torch.)
+ *   silu_and_mul  out [num_rows, width]; gate_up [num_rows, 2 * width], gate then up
+ * SiLU's division is a vector division in torch, which costs several times the rest of SiLU on the
+ * CPUs measured; with AVX-512 this takes an approximate reciprocal and one Newton step instead
+ * (within 2 float32 ulp of the quotient), and e^x by a polynomial (within 1e-7 relative).
  */
 #include <math.h>
 #include <stdint.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #ifdef BFLOAT16
 typedef uint16_t elem_t;
@@ -55,6 +62,18 @@ void rms_norm(elem_t *out, const elem_t *x, const elem_t *weight, int64_t num_ro
     }
 }
 
+/* residual = residual + x, rounded to the dtype as torch's add rounds it; out = rms_norm(residual). */
+void add_rms_norm(elem_t *out, elem_t *residual, const elem_t *x, const elem_t *weight, int64_t num_rows, int64_t hidden,
+                  float eps, int32_t adds_one) {
+    for (int64_t r = 0; r < num_rows; r++) {
+        elem_t *restrict sum_row = residual + r * hidden;
+        const elem_t *restrict x_row = x + r * hidden;
+#pragma omp simd
+        for (int64_t i = 0; i < hidden; i++) sum_row[i] = store(load(sum_row[i]) + load(x_row[i]));
+    }
+    rms_norm(out, residual, weight, num_rows, hidden, eps, adds_one);
+}
+
 static inline __attribute__((always_inline)) void rotate_rows(
     elem_t *x, const elem_t *cos, const elem_t *sin, int64_t num_tokens, int64_t token_stride, int64_t num_heads,
     int64_t head_dim, const int64_t half) {
@@ -82,5 +101,89 @@ void rotary(elem_t *x, const elem_t *cos, const elem_t *sin, int64_t num_tokens,
         case 64: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 32); return;
         case 128: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 64); return;
         default: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, rotary_dim / 2);
+    }
+}
+
+/* silu(g) = g / (1 + e^-g), rounded as torch's silu rounds it; scalar, for what the vectors leave. */
+static inline float silu(float g) { return rounded(g / (1.0f + expf(-g))); }
+
+#ifdef __AVX512F__
+static inline __m512 load16(const elem_t *p) {
+#ifdef BFLOAT16
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+#else
+    return _mm512_loadu_ps(p);
+#endif
+}
+
+#ifdef BFLOAT16
+/* Each lane's bfloat16 (to nearest even, NaN kept quiet) in its low 16 bits. */
+static inline __m512i bfloat16_bits(__m512 x) {
+#ifdef __AVX512BF16__
+    return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));  /* (flushing denormals, as no model's values are) */
+#endif
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i top = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_or_epi32(top, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+}
+#endif
+
+/* Each lane rounded to the dtype and stored. */
+static inline void store16(elem_t *p, __m512 x) {
+#ifdef BFLOAT16
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(bfloat16_bits(x)));
+#else
+    _mm512_storeu_ps(p, x);
+#endif
+}
+
+/* Each lane as the dtype holds it. */
+static inline __m512 rounded16(__m512 x) {
+#ifdef BFLOAT16
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bfloat16_bits(x), 16));
+#else
+    return x;
+#endif
+}
+
+/* e^x lane by lane: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6 polynomial, times 2^n.
+ * Inputs are clamped to [-87, 88], where e^x is a normal float32. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* silu(g) for 16 lanes: g times the reciprocal of 1 + e^-g, by rcp14 and one Newton step. */
+static inline __m512 silu16(__m512 g) {
+    const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+    __m512 r = _mm512_rcp14_ps(d);
+    r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+    return _mm512_mul_ps(g, r);
+}
+#endif
+
+/* out = silu(gate) * up, rounded after each op as torch rounds act(gate) * up. */
+void silu_and_mul(elem_t *out, const elem_t *gate_up, int64_t num_rows, int64_t width) {
+    for (int64_t r = 0; r < num_rows; r++) {
+        const elem_t *restrict gate = gate_up + r * 2 * width, *restrict up = gate + width;
+        elem_t *restrict out_row = out + r * width;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        for (; i + 16 <= width; i += 16)
+            store16(out_row + i, _mm512_mul_ps(rounded16(silu16(load16(gate + i))), load16(up + i)));
+#endif
+        for (; i < width; i++) out_row[i] = store(silu(load(gate[i])) * load(up[i]));
     }
 }

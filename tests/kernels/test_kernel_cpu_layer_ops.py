@@ -1,7 +1,8 @@
 """The compiled CPU layer ops equal the torch code they replace: RMSNorm (Llama's and Gemma's
-rounding) and rope over full and partial rotary dims, in place on a view into a fused projection,
-in float32 and bfloat16 (bit for bit there, both rounding after every op); anything they cannot
-serve falls back to torch."""
+rounding), alone and after the residual add, rope over full and partial rotary dims, in place on a
+view into a fused projection, and SiLU-and-multiply over widths the vectors do and do not divide,
+in float32 and bfloat16 (bit for bit there but at rounding edges, both rounding after every op);
+anything they cannot serve falls back to torch."""
 import pytest
 import torch
 
@@ -52,6 +53,30 @@ def test_rms_norm_equals_torch(dtype, adds_one, num_rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("adds_one", [False, True])
+def test_add_rms_norm_sums_into_the_residual_then_normalizes(dtype, adds_one):
+    torch.manual_seed(7)
+    x, residual = (torch.randn(2, 37, 96) * 3).to(dtype), (torch.randn(2, 37, 96) * 3).to(dtype)
+    weight = torch.randn(96).to(dtype)
+    expected_sum = residual + x
+    out = cpu_layer_ops.add_rms_norm(x, residual, weight, 1e-6, adds_one)
+    assert out is not None and out.dtype == dtype
+    assert torch.equal(residual, expected_sum)
+    assert_equal_for(dtype, out, torch_rms_norm(expected_sum, weight, 1e-6, adds_one))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [1536, 100, 7])
+def test_silu_and_mul_equals_torch(dtype, width):
+    torch.manual_seed(width)
+    gate_up = (torch.randn(23, 2 * width) * 4).to(dtype)
+    gate, up = gate_up.split(width, dim=-1)
+    out = cpu_layer_ops.silu_and_mul(gate_up)
+    assert out is not None and out.shape == (23, width) and out.dtype == dtype
+    assert_equal_for(dtype, out, torch.nn.functional.silu(gate) * up)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (128, 128), (80, 40), (32, 16)])
 def test_rope_in_place_on_a_fused_projection_equals_torch(dtype, head_dim, rotary_dim):
     torch.manual_seed(head_dim)
@@ -78,6 +103,11 @@ def test_what_the_ops_cannot_serve_falls_back_to_torch(monkeypatch):
     assert cpu_layer_ops.rms_norm(x.half(), torch.ones(32).half(), 1e-6, False) is None
     norm = RMSNorm(32, 1e-6)
     torch.testing.assert_close(norm(transposed), torch_rms_norm(transposed, norm.weight, 1e-6, False))
+    residual = torch.randn(8, 4, 32)
+    normed, summed = norm(transposed, residual.clone())  # x not contiguous: torch's add, then norm
+    torch.testing.assert_close(summed, residual + transposed)
+    torch.testing.assert_close(normed, torch_rms_norm(residual + transposed, norm.weight, 1e-6, False))
+    assert cpu_layer_ops.silu_and_mul(x.transpose(1, 2)) is None
     cos, sin = torch.ones(4, 1, 32), torch.zeros(4, 1, 32)
     assert cpu_layer_ops.rotary_(x[:, ::2], cos, sin) is None  # heads not contiguous
     monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
