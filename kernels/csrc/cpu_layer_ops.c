@@ -41,72 +41,6 @@ static inline elem_t store(float x) { return x; }
 /* A value as the tensor's dtype holds it: what a torch op between two others leaves. */
 static inline float rounded(float x) { return load(store(x)); }
 
-/* out = normalize(x) * weight (Llama: the normalised row rounded to the dtype, then times weight,
- * rounded) or normalize(x) * (1 + weight) (Gemma: in float32, rounded once). */
-void rms_norm(elem_t *out, const elem_t *x, const elem_t *weight, int64_t num_rows, int64_t hidden, float eps,
-              int32_t adds_one) {
-    for (int64_t r = 0; r < num_rows; r++) {
-        const elem_t *restrict row = x + r * hidden;
-        elem_t *restrict out_row = out + r * hidden;
-        float sum_squares = 0.0f;
-#pragma omp simd reduction(+ : sum_squares)
-        for (int64_t i = 0; i < hidden; i++) sum_squares += load(row[i]) * load(row[i]);
-        const float inv_rms = 1.0f / sqrtf(sum_squares / (float)hidden + eps);
-        if (adds_one) {
-#pragma omp simd
-            for (int64_t i = 0; i < hidden; i++) out_row[i] = store(load(row[i]) * inv_rms * (1.0f + load(weight[i])));
-        } else {
-#pragma omp simd
-            for (int64_t i = 0; i < hidden; i++) out_row[i] = store(load(weight[i]) * rounded(load(row[i]) * inv_rms));
-        }
-    }
-}
-
-/* residual = residual + x, rounded to the dtype as torch's add rounds it; out = rms_norm(residual). */
-void add_rms_norm(elem_t *out, elem_t *residual, const elem_t *x, const elem_t *weight, int64_t num_rows, int64_t hidden,
-                  float eps, int32_t adds_one) {
-    for (int64_t r = 0; r < num_rows; r++) {
-        elem_t *restrict sum_row = residual + r * hidden;
-        const elem_t *restrict x_row = x + r * hidden;
-#pragma omp simd
-        for (int64_t i = 0; i < hidden; i++) sum_row[i] = store(load(sum_row[i]) + load(x_row[i]));
-    }
-    rms_norm(out, residual, weight, num_rows, hidden, eps, adds_one);
-}
-
-static inline __attribute__((always_inline)) void rotate_rows(
-    elem_t *x, const elem_t *cos, const elem_t *sin, int64_t num_tokens, int64_t token_stride, int64_t num_heads,
-    int64_t head_dim, const int64_t half) {
-    for (int64_t t = 0; t < num_tokens; t++) {
-        const elem_t *restrict c = cos + t * 2 * half, *restrict s = sin + t * 2 * half;
-        for (int64_t h = 0; h < num_heads; h++) {
-            elem_t *restrict head = x + t * token_stride + h * head_dim;
-#pragma omp simd
-            for (int64_t i = 0; i < half; i++) {
-                const float x1 = load(head[i]), x2 = load(head[i + half]);
-                head[i] = store(rounded(x1 * load(c[i])) + rounded(-x2 * load(s[i])));
-                head[i + half] = store(rounded(x2 * load(c[i + half])) + rounded(x1 * load(s[i + half])));
-            }
-        }
-    }
-}
-
-/* x = x * cos + rotate_half(x) * sin over each head's first rotary_dim, rotate_half(x) being
- * (-x2, x1) for the halves x1, x2; each product and the sum rounded as torch rounds them. The
- * common rotary dims get a loop of constant length (unrolled, no remainder). */
-void rotary(elem_t *x, const elem_t *cos, const elem_t *sin, int64_t num_tokens, int64_t token_stride,
-            int64_t num_heads, int64_t head_dim, int64_t rotary_dim) {
-    switch (rotary_dim) {
-        case 32: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 16); return;
-        case 64: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 32); return;
-        case 128: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 64); return;
-        default: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, rotary_dim / 2);
-    }
-}
-
-/* silu(g) = g / (1 + e^-g), rounded as torch's silu rounds it; scalar, for what the vectors leave. */
-static inline float silu(float g) { return rounded(g / (1.0f + expf(-g))); }
-
 #ifdef __AVX512F__
 static inline __m512 load16(const elem_t *p) {
 #ifdef BFLOAT16
@@ -147,7 +81,85 @@ static inline __m512 rounded16(__m512 x) {
     return x;
 #endif
 }
+#endif
 
+/* out = normalize(x) * weight (Llama: the normalised row rounded to the dtype, then times weight,
+ * rounded) or normalize(x) * (1 + weight) (Gemma: in float32, rounded once). */
+void rms_norm(elem_t *out, const elem_t *x, const elem_t *weight, int64_t num_rows, int64_t hidden, float eps,
+              int32_t adds_one) {
+    for (int64_t r = 0; r < num_rows; r++) {
+        const elem_t *restrict row = x + r * hidden;
+        elem_t *restrict out_row = out + r * hidden;
+        float sum_squares = 0.0f;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        __m512 sums = _mm512_setzero_ps();
+        for (; i + 16 <= hidden; i += 16) sums = _mm512_fmadd_ps(load16(row + i), load16(row + i), sums);
+        sum_squares = _mm512_reduce_add_ps(sums);
+#endif
+        for (; i < hidden; i++) sum_squares += load(row[i]) * load(row[i]);
+        const float inv_rms = 1.0f / sqrtf(sum_squares / (float)hidden + eps);
+        i = 0;
+#ifdef __AVX512F__
+        const __m512 inv_rms16 = _mm512_set1_ps(inv_rms), ones = _mm512_set1_ps(1.0f);
+        for (; i + 16 <= hidden; i += 16) {
+            const __m512 normalized = _mm512_mul_ps(load16(row + i), inv_rms16), w = load16(weight + i);
+            store16(out_row + i, adds_one ? _mm512_mul_ps(normalized, _mm512_add_ps(ones, w))
+                                          : _mm512_mul_ps(w, rounded16(normalized)));
+        }
+#endif
+        for (; i < hidden; i++)
+            out_row[i] = adds_one ? store(load(row[i]) * inv_rms * (1.0f + load(weight[i])))
+                                  : store(load(weight[i]) * rounded(load(row[i]) * inv_rms));
+    }
+}
+
+/* residual = residual + x, rounded to the dtype as torch's add rounds it; out = rms_norm(residual). */
+void add_rms_norm(elem_t *out, elem_t *residual, const elem_t *x, const elem_t *weight, int64_t num_rows, int64_t hidden,
+                  float eps, int32_t adds_one) {
+    int64_t i = 0;
+    const int64_t size = num_rows * hidden;
+#ifdef __AVX512F__
+    for (; i + 16 <= size; i += 16) store16(residual + i, _mm512_add_ps(load16(residual + i), load16(x + i)));
+#endif
+    for (; i < size; i++) residual[i] = store(load(residual[i]) + load(x[i]));
+    rms_norm(out, residual, weight, num_rows, hidden, eps, adds_one);
+}
+
+static inline __attribute__((always_inline)) void rotate_rows(
+    elem_t *x, const elem_t *cos, const elem_t *sin, int64_t num_tokens, int64_t token_stride, int64_t num_heads,
+    int64_t head_dim, const int64_t half) {
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const elem_t *restrict c = cos + t * 2 * half, *restrict s = sin + t * 2 * half;
+        for (int64_t h = 0; h < num_heads; h++) {
+            elem_t *restrict head = x + t * token_stride + h * head_dim;
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                const float x1 = load(head[i]), x2 = load(head[i + half]);
+                head[i] = store(rounded(x1 * load(c[i])) + rounded(-x2 * load(s[i])));
+                head[i + half] = store(rounded(x2 * load(c[i + half])) + rounded(x1 * load(s[i + half])));
+            }
+        }
+    }
+}
+
+/* x = x * cos + rotate_half(x) * sin over each head's first rotary_dim, rotate_half(x) being
+ * (-x2, x1) for the halves x1, x2; each product and the sum rounded as torch rounds them. The
+ * common rotary dims get a loop of constant length (unrolled, no remainder). */
+void rotary(elem_t *x, const elem_t *cos, const elem_t *sin, int64_t num_tokens, int64_t token_stride,
+            int64_t num_heads, int64_t head_dim, int64_t rotary_dim) {
+    switch (rotary_dim) {
+        case 32: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 16); return;
+        case 64: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 32); return;
+        case 128: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, 64); return;
+        default: rotate_rows(x, cos, sin, num_tokens, token_stride, num_heads, head_dim, rotary_dim / 2);
+    }
+}
+
+/* silu(g) = g / (1 + e^-g), rounded as torch's silu rounds it; scalar, for what the vectors leave. */
+static inline float silu(float g) { return rounded(g / (1.0f + expf(-g))); }
+
+#ifdef __AVX512F__
 /* e^x lane by lane: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6 polynomial, times 2^n.
  * Inputs are clamped to [-87, 88], where e^x is a normal float32. */
 static inline __m512 exp16(__m512 x) {
