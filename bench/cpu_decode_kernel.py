@@ -1,10 +1,14 @@
 """The compiled CPU decode attention kernel against the torch reference, on one batch shape.
 
-Not a test: it times both on the same random paged batch (blocks scattered over the pool) and
-prints the best of `--repeats` for each, after checking they agree.
+Not a test: it times both on the same random paged batch (blocks scattered over the pool, as a
+pool that has served a while holds them) and prints the best of `--repeats` for each, after
+checking they agree. `--num-layers` gives each layer a pool of its own and attends over every one
+per repeat, as a decode step does, so that the reads come from memory rather than the caches.
 
     python -m bench.cpu_decode_kernel                                  # serving-like: 32 seqs, 129-256
     python -m bench.cpu_decode_kernel --num-seqs 64 --min-context 128 --max-context 700
+    python -m bench.cpu_decode_kernel --dtype bfloat16 --num-layers 30 --num-kv-heads 3 --num-heads 9 \\
+        --head-dim 64 --min-context 300 --max-context 560                # SmolLM2's decode step, batch 32
 """
 from __future__ import annotations
 
@@ -16,23 +20,29 @@ import torch
 from pdserve.kernels import cpu_decode_attention
 from pdserve.kernels.reference import decode_attention_reference
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 
 def random_batch(num_seqs, min_context, max_context, num_blocks, block_size, num_kv_heads, num_heads, head_dim,
-                 seed):
+                 seed, dtype=torch.float32, num_layers=1):
+    """(query, [(k_cache, v_cache)] * num_layers, block_tables, context_lens, scale); num_blocks
+    None: twice the blocks the batch needs."""
     generator = torch.Generator().manual_seed(seed)
-    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.randn(cache_shape, generator=generator), torch.randn(cache_shape, generator=generator)
     context_lens = torch.randint(min_context, max_context + 1, (num_seqs,), generator=generator, dtype=torch.int32)
+    blocks_needed = [-(-context_len // block_size) for context_len in context_lens.tolist()]
+    num_blocks = num_blocks or 2 * sum(blocks_needed)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = [tuple(torch.randn(cache_shape, generator=generator).to(dtype) for _ in range(2))
+              for _ in range(num_layers)]
     max_blocks = -(-max_context // block_size)
     block_tables = torch.full((num_seqs, max_blocks), -1, dtype=torch.int32)
     free_blocks = torch.randperm(num_blocks, generator=generator)
     used = 0
-    for seq, context_len in enumerate(context_lens.tolist()):
-        needed = -(-context_len // block_size)
+    for seq, needed in enumerate(blocks_needed):
         block_tables[seq, :needed] = free_blocks[used:used + needed].to(torch.int32)
         used += needed
-    query = torch.randn((num_seqs, num_heads, head_dim), generator=generator)
-    return query, k_cache, v_cache, block_tables, context_lens, head_dim ** -0.5
+    query = torch.randn((num_seqs, num_heads, head_dim), generator=generator).to(dtype)
+    return query, caches, block_tables, context_lens, head_dim ** -0.5
 
 
 def best_ms(fn, repeats: int) -> float:
@@ -50,29 +60,41 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=32)
     parser.add_argument("--min-context", type=int, default=129)
     parser.add_argument("--max-context", type=int, default=256)
-    parser.add_argument("--num-blocks", type=int, default=8192, help="pool size (the tiny model's default)")
+    parser.add_argument("--num-blocks", type=int, default=None, help="pool size (default: twice what the batch needs)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-heads", type=int, default=4)
     parser.add_argument("--num-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="of the query and the pool")
+    parser.add_argument("--num-layers", type=int, default=1, help="pools attended per repeat, one per layer")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (the kernel uses as many)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    library = cpu_decode_attention.load()
+    dtype = DTYPES[args.dtype]
+    library = cpu_decode_attention.load(dtype)
     if library is None:
         raise SystemExit("the compiled kernel is unavailable (no C compiler, or PDSERVE_CPU_KERNELS=0)")
-    inputs = random_batch(args.num_seqs, args.min_context, args.max_context, args.num_blocks, args.block_size,
-                          args.num_kv_heads, args.num_heads, args.head_dim, args.seed)
-    compiled = cpu_decode_attention.decode_attention(library, *inputs)
-    torch.testing.assert_close(compiled, decode_attention_reference(*inputs), atol=1e-4, rtol=1e-4)
+    query, caches, *rest = random_batch(
+        args.num_seqs, args.min_context, args.max_context, args.num_blocks, args.block_size, args.num_kv_heads,
+        args.num_heads, args.head_dim, args.seed, dtype, args.num_layers)
+    compiled = cpu_decode_attention.decode_attention(library, query, *caches[0], *rest)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(compiled, decode_attention_reference(query, *caches[0], *rest), atol=tolerance,
+                               rtol=tolerance)
 
-    compiled_ms = best_ms(lambda: cpu_decode_attention.decode_attention(library, *inputs), args.repeats)
-    reference_ms = best_ms(lambda: decode_attention_reference(*inputs), args.repeats)
-    print(f"{args.num_seqs} sequences, contexts {args.min_context}-{args.max_context}, {args.threads} thread(s), "
-          f"best of {args.repeats}")
-    print(f"compiled  {compiled_ms:7.3f} ms")
+    def attend_all(attend):
+        for k_cache, v_cache in caches:
+            attend(query, k_cache, v_cache, *rest)
+
+    compiled_ms = best_ms(lambda: attend_all(lambda *a: cpu_decode_attention.decode_attention(library, *a)),
+                          args.repeats)
+    reference_ms = best_ms(lambda: attend_all(decode_attention_reference), args.repeats)
+    kv_bytes = 2 * args.num_layers * int(rest[1].sum()) * args.num_kv_heads * args.head_dim * query.element_size()
+    print(f"{args.num_seqs} sequences, contexts {args.min_context}-{args.max_context}, {args.dtype}, "
+          f"{args.num_layers} layer(s), {args.threads} thread(s), best of {args.repeats}")
+    print(f"compiled  {compiled_ms:7.3f} ms  ({kv_bytes / compiled_ms / 1e6:.1f} GB/s of K and V)")
     print(f"reference {reference_ms:7.3f} ms  ({reference_ms / compiled_ms:.1f}x the compiled kernel's time)")
 
 

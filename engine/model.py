@@ -11,6 +11,9 @@ sides of attention and MLP and its scaled embeddings, sliding-window layers (wit
 in Gemma 3), softcaps on attention scores and logits, the MLP's activation, and a mixture of
 experts in place of the dense MLP.
 
+Layers hand on the residual stream as a pair (x, residual) whose sum it is, so each residual add
+is done by the RMSNorm after it (in one pass with it on CPU: kernels/cpu_layer_ops.py).
+
 q/k/v and gate/up projections are fused into one matmul each, and each MoE layer's experts are
 stacked into one tensor per projection; `weights.py` packs the Hugging Face tensors into them.
 Parameter names otherwise follow the Hugging Face checkpoint.
