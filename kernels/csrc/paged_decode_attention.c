@@ -238,7 +238,7 @@ static inline __attribute__((always_inline)) void score_keys_x16(
             const int64_t n = end - t < 16 ? end - t : 16;
             const kv_t *tile = block_keys + (t - start) * token_stride;  /* n keys, every kv head */
             for (int64_t j = 0; j < shape.num_heads; j++) {
-                if (t == start)  /* a ninth of a block ahead per query head (of SmolLM2's nine) */
+                if (t == start)  /* a block ahead, one part per query head */
                     prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, start, 0, shape, j,
                                    shape.num_heads);
                 const kv_t *head_keys = tile + j / group_size * head_dim;
