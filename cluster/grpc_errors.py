@@ -14,7 +14,7 @@ import logging
 
 import grpc
 
-from pdserve.engine.errors import (
+from pdserve.protocol.errors import (
     AbortedError,
     InvalidRequestError,
     NotFoundError,

@@ -45,7 +45,7 @@ from redis.exceptions import RedisError
 from pdserve.cluster.prefix_digest import digest_key, encode_digest
 from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis, state_store_errors
 from pdserve.cluster.registry_signing import sign_entry, verified_fields
-from pdserve.engine.errors import InvalidConfigError
+from pdserve.protocol.errors import InvalidConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -59,13 +59,14 @@ async def serve_replica(
     service_names: list[str],
     build: Callable[[str, str, InternalAuth], Replica],  # (replica_id, endpoint, auth) -> replica
     add_servicers: Callable[[Replica, grpc.aio.Server], None],
+    model_text: str,  # how the startup lines name the engine (engine_args.model_text)
 ) -> None:
     replica_id = replica_id_from(args, kind)
     auth = internal_auth_from(args, kind)
     server = GrpcServer(f"{args.host}:{args.port}", service_names, auth)
     endpoint = f"{args.advertise_host or args.host}:{server.port}"
     started_s = time.monotonic()
-    log_loading(args)
+    log_loading(model_text, args.device)
     replica = build(replica_id, endpoint, auth)
     add_servicers(replica, server.server)
     await server.start()
@@ -78,7 +79,7 @@ async def serve_replica(
     await heartbeat.start()
     reporter = asyncio.create_task(_report_load(heartbeat, replica))
     await server.mark_serving()
-    log_ready(args, time.monotonic() - started_s, load, f"{kind} replica {replica_id} serving on {endpoint}")
+    log_ready(model_text, time.monotonic() - started_s, load, f"{kind} replica {replica_id} serving on {endpoint}")
 
     await server.wait_for_signal()
     reporter.cancel()

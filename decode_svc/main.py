@@ -6,8 +6,8 @@ import asyncio
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
-from pdserve.cluster.service_args import (add_replica_arguments, bind_cpus, configure_logging, engine_config_from,
-                                          with_resolved_model)
+from pdserve.cluster.service_args import add_replica_arguments, configure_logging, served_model_name, with_resolved_model
+from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
 from pdserve.decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from pdserve.decode_svc.service import DecodeService
 from pdserve.kvtransfer.receiver import KVReceiver
@@ -21,6 +21,7 @@ SERVICE_NAMES = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_replica_arguments(parser, "decode")
+    add_engine_arguments(parser)
     parser.add_argument("--reservation-timeout-s", type=float, default=30.0,
                         help="release reserved KV blocks that receive no KV (or no generate command) in time")
     parser.add_argument("--max-reserved-fraction-per-caller", type=_fraction, default=0.5,
@@ -47,7 +48,8 @@ async def serve(args: argparse.Namespace) -> None:
         decode_pb2_grpc.add_DecodeServicer_to_server(DecodeService(replica), server)
         KVReceiver(replica.pool, replica.layout, replica).add_to_server(server)
 
-    await serve_replica(args, "decode", SERVICE_NAMES, build, add_servicers)
+    await serve_replica(args, "decode", SERVICE_NAMES, build, add_servicers,
+                        model_text(args, served_model_name(args)))
 
 
 def _fraction(text: str) -> float:

@@ -27,8 +27,7 @@ import enum
 import hmac
 from dataclasses import dataclass
 
-from pdserve.engine.errors import NotFoundError, PreconditionError, ResourceExhaustedError
-from pdserve.kvtransfer.errors import WriteTokenError
+from pdserve.protocol.errors import NotFoundError, PreconditionError, ResourceExhaustedError, WriteTokenError
 
 
 class ReservationState(enum.Enum):

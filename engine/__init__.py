@@ -12,6 +12,6 @@ def __getattr__(name: str):
         from pdserve.engine.llm import LLM
         return LLM
     if name == "SamplingParams":
-        from pdserve.engine.sampling_params import SamplingParams
+        from pdserve.protocol.sampling_params import SamplingParams
         return SamplingParams
     raise AttributeError(f"module 'pdserve.engine' has no attribute {name!r}")

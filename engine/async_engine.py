@@ -8,7 +8,7 @@ unfinished and otherwise sleeps on the command queue, so an idle replica burns n
 
 Invariant: every command's future is resolved (result or exception), and every stream sees its
 request's outputs in order, ending with one that has `finished=True` or with an exception item
-(`RequestAbortedError`, `EngineDeadError`), unless the stream is closed first. A request in a
+(`AbortedError`, `EngineDeadError`), unless the stream is closed first. A request in a
 group sees the same sequence as entries of the group's lists (its failure as a
 `RequestFailure`; the engine's death as an exception item of the group).
 """
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdserve.engine.device_guard import bind_thread
-from pdserve.engine.errors import AbortedError, UnavailableError
+from pdserve.protocol.errors import AbortedError, UnavailableError
 from pdserve.engine.output_group import GroupEntry, OutputGroup
-from pdserve.engine.outputs import RequestOutput
+from pdserve.protocol.outputs import RequestOutput
 from pdserve.engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
 
 if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gateway's gRPC edge)
@@ -36,10 +36,6 @@ T = TypeVar("T")
 
 class EngineDeadError(UnavailableError, RuntimeError):
     """The engine thread stopped after an unexpected error; the replica must be restarted."""
-
-
-class RequestAbortedError(AbortedError, RuntimeError):
-    """Put on a request's stream when it is aborted while someone reads it."""
 
 
 class AsyncEngine:
@@ -79,9 +75,9 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> bool:
         """Aborts the request (or drops its reservation / held KV); a reader of its stream gets
-        `RequestAbortedError` instead of waiting for outputs that will never come."""
+        `AbortedError` instead of waiting for outputs that will never come."""
         aborted = await self.call(lambda engine: engine.abort_request(request_id))
-        error = RequestAbortedError(f"request {request_id} was aborted")
+        error = AbortedError(f"request {request_id} was aborted")
         if (stream := self._streams.get(request_id)) is not None:
             stream.put_nowait(error)
         if (group := self._groups.get(request_id)) is not None:

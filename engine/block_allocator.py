@@ -22,16 +22,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from pdserve.engine.block_hash import BlockHash
-from pdserve.engine.errors import ResourceExhaustedError
+from pdserve.protocol.kv_blocks import BlockHash, num_blocks_for
+from pdserve.protocol.errors import ResourceExhaustedError
 
 
 class OutOfBlocksError(ResourceExhaustedError):
     """The pool has fewer free blocks than the allocation needs."""
-
-
-def num_blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
 
 
 class BlockAllocator:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.engine.errors import InvalidModelError
+from pdserve.protocol.errors import InvalidModelError
 from pdserve.engine.families import FAMILIES, SUPPORTED_ARCHITECTURES, Family
 from pdserve.engine.rope_config import RopeConfig, read_ropes
 

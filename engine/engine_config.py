@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdserve.engine.errors import InvalidConfigError
+from pdserve.protocol.errors import InvalidConfigError
 
 if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
     import torch

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.errors import PdserveError
+from pdserve.protocol.errors import PdserveError
 
 
 class KVCacheMismatchError(PdserveError, ValueError):

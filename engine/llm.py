@@ -7,8 +7,8 @@ from tqdm import tqdm
 
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.outputs import RequestOutput
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.outputs import RequestOutput
+from pdserve.protocol.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 

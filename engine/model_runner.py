@@ -23,7 +23,7 @@ from pdserve import kernels
 from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.block_table import BlockTable
 from pdserve.engine.model import CausalLM
-from pdserve.engine.outputs import TokenLogprobs
+from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.sampler import sample
 from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling
 from pdserve.engine.scheduler import ScheduledChunk, SchedulerOutput

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from pdserve.engine.outputs import RequestOutput
+from pdserve.protocol.outputs import RequestOutput
 
 
 @dataclass(frozen=True, slots=True)

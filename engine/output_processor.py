@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.engine.detokenizer import IncrementalDetokenizer
-from pdserve.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from pdserve.protocol.detokenizer import IncrementalDetokenizer
+from pdserve.protocol.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from pdserve.engine.request import Request
-from pdserve.engine.stop import StopDecision, check_stop
+from pdserve.protocol.stop import StopDecision, check_stop
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pdserve.engine.block_hash import BlockHash, extend_block_hashes
-from pdserve.engine.errors import IllegalTransitionError
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.kv_blocks import BlockHash, extend_block_hashes
+from pdserve.protocol.errors import IllegalTransitionError
+from pdserve.protocol.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

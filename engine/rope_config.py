@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pdserve.engine.errors import InvalidModelError
+from pdserve.protocol.errors import InvalidModelError
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ import torch
 
 from pdserve.engine.logits_processors import apply_logits_processors
 from pdserve.engine.noise import exponential_noise
-from pdserve.engine.outputs import TokenLogprobs
+from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.sampling_inputs import SamplingInputs
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.engine.noise import row_key
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 
 _INT64_FIELDS = ("random_rows", "row_keys", "top_k", "adjusted_rows", "stop_slots", "bias_slots",
                  "penalised_rows", "output_slots", "prompt_slots", "logprob_rows")

@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
-from pdserve.engine.errors import InvalidModelError
+from pdserve.protocol.errors import InvalidModelError
 from pdserve.engine.model import CausalLM
 
 _PACKED = {

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 
 from pdserve.engine.kv_cache import KVCacheMismatchError, KVCacheSpec
-from pdserve.kvtransfer.errors import TransferError
+from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout, check_layout
 from pdserve.kvtransfer.target import KVTarget
 

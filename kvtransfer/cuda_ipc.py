@@ -35,7 +35,7 @@ import torch
 
 from pdserve.engine.device_guard import resolve_device
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.pool import KVPool

@@ -36,7 +36,7 @@ from pdserve.engine.device_guard import on_device
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.base import TransferResult, validate_send
 from pdserve.kvtransfer.chunk_wire import MalformedChunk, ReceivedChunk, encode_chunk
-from pdserve.kvtransfer.errors import TransferError
+from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient, Refusal

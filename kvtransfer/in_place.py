@@ -27,8 +27,8 @@ import torch
 from pdserve.engine.device_guard import on_device
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.base import TransferResult, validate_send
-from pdserve.kvtransfer.choice import transport_name
-from pdserve.kvtransfer.errors import TransferError
+from pdserve.protocol.transport_choice import transport_name
+from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient
 from pdserve.kvtransfer.target import KVTarget

@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdserve.kvtransfer.errors import LayoutMismatchError
+from pdserve.protocol.errors import LayoutMismatchError
 
 if TYPE_CHECKING:
     from pdserve.engine.kv_cache import KVCacheSpec

@@ -17,10 +17,9 @@ from typing import Protocol
 
 import grpc
 
-from pdserve.engine.errors import NotFoundError, PreconditionError
+from pdserve.protocol.errors import NotFoundError, PreconditionError, LayoutMismatchError, WriteTokenError
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.chunk_wire import decode_chunk_or_malformed
-from pdserve.kvtransfer.errors import LayoutMismatchError, WriteTokenError
 from pdserve.kvtransfer.grpc_stream import receive_push
 from pdserve.kvtransfer.layout import KVLayout, check_layout
 from pdserve.kvtransfer.pool import KVPool

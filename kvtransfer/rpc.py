@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from pdserve.kvtransfer.errors import TransferError
+from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.wire import layout_to_proto

@@ -21,7 +21,7 @@ from multiprocessing import shared_memory
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.target import KVTarget

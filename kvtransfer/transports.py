@@ -11,8 +11,8 @@ import torch
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer import cuda_ipc, grpc_stream, shm
 from pdserve.kvtransfer.base import KVSender
-from pdserve.kvtransfer.choice import transport_name
-from pdserve.kvtransfer.errors import TransportUnavailableError
+from pdserve.protocol.transport_choice import transport_name
+from pdserve.protocol.errors import TransportUnavailableError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.rpc import ChannelFactory

@@ -11,7 +11,7 @@ start, showing its last output lines. Then the endpoints are printed to stdout.
 
 The log (stderr) reads one line per process and stage: up's own (fetching or converting the
 model, each child started), then each replica's loading and ready lines (cluster/startup_log.py)
-and the gateway's; health probes leave no access-log lines (gateway/http_server.py).
+and the gateway's; health probes leave no access-log lines (gateway/front/http_server.py).
 
 Security: `up` makes a fresh deployment secret (internal calls and registry entries carry it,
 cluster/internal_auth.py) and, for its own Redis, a password; children get both, and the Redis
@@ -52,7 +52,7 @@ from pdserve.cluster.ports import free_port
 from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.checkpoints.errors import CheckpointError
 from pdserve.checkpoints.model_ref import ResolvedModel, resolve_model
-from pdserve.gateway.api_keys import ENV_VAR as API_KEY_ENV_VAR
+from pdserve.gateway.front.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.child_process import ChildSpec, UpLog, UpLogHandler
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
 from pdserve.gpu_placement import PlacementError, place_replicas

@@ -6,8 +6,8 @@ import asyncio
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
-from pdserve.cluster.service_args import (add_replica_arguments, bind_cpus, configure_logging, engine_config_from,
-                                          with_resolved_model)
+from pdserve.cluster.service_args import add_replica_arguments, configure_logging, served_model_name, with_resolved_model
+from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from pdserve.prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
 from pdserve.prefill_svc.service import PrefillService
@@ -17,6 +17,7 @@ SERVICE_NAMES = [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_replica_arguments(parser, "prefill")
+    add_engine_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,4 +37,5 @@ async def serve(args: argparse.Namespace) -> None:
     def add_servicers(replica: PrefillReplica, server) -> None:
         prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillService(replica), server)
 
-    await serve_replica(args, "prefill", SERVICE_NAMES, build, add_servicers)
+    await serve_replica(args, "prefill", SERVICE_NAMES, build, add_servicers,
+                        model_text(args, served_model_name(args)))

@@ -27,8 +27,8 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import model_id
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.outputs import TokenLogprobs
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.outputs import TokenLogprobs
+from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.kvtransfer.base import KVSender, TransferResult
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.target import KVTarget

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pdserve.cluster.grpc_errors import grpc_errors
-from pdserve.cluster.protocol import FINISH_REASONS, logprobs_to_proto, params_from_proto
+from pdserve.cluster.proto_convert import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from pdserve.kvtransfer.base import TransferResult
 from pdserve.kvtransfer.wire import target_from_proto
 from pdserve.v1 import prefill_pb2, prefill_pb2_grpc

@@ -28,7 +28,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Writes a tiny random-weight model folder once per distinct spec and returns its path."""
-    from pdserve.checkpoints.tiny_model import write_tiny_model
+    from pdserve.checkpoints.tiny.model import write_tiny_model
 
     written = {}
 
@@ -52,8 +52,8 @@ def hf_model(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdserve.checkpoints.tiny_model import TinyModelSpec, generation_config, random_weights
-    from pdserve.checkpoints.tiny_tokenizer import write_tiny_tokenizer
+    from pdserve.checkpoints.tiny.model import TinyModelSpec, generation_config, random_weights
+    from pdserve.checkpoints.tiny.tokenizer import write_tiny_tokenizer
 
     written = {}
 

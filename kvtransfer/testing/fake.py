@@ -14,8 +14,7 @@ import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.base import TransferResult, validate_send
-from pdserve.engine.errors import PdserveError
-from pdserve.kvtransfer.errors import TransferError
+from pdserve.protocol.errors import PdserveError, TransferError
 from pdserve.kvtransfer.layout import KVLayout, check_layout
 from pdserve.kvtransfer.receiver import ReservationView
 from pdserve.kvtransfer.target import KVTarget

@@ -26,8 +26,7 @@ import grpc
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.engine.errors import NotFoundError
-from pdserve.kvtransfer.errors import TransportUnavailableError, WriteTokenError
+from pdserve.protocol.errors import NotFoundError, TransportUnavailableError, WriteTokenError
 from pdserve.kvtransfer.grpc_stream import DEFAULT_MAX_CHUNK_BYTES
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.receiver import KVReceiver

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from pdserve.checkpoints.gguf_convert import ensure_converted
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from tests.checkpoints.conftest import GGUF_VARIANTS
 from tests.checkpoints.tokenizer_texts import CHAT, TEXTS
 

@@ -97,7 +97,7 @@ def test_the_system_is_redis_gateway_prefill_and_decode(services):
 @pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
 def test_each_service_runs_its_cli_subcommand_with_flags_the_parser_accepts(services, name):
     args = parse_service(services[name])
-    assert args.service == {"gateway": "pdserve.gateway.main", "prefill": "pdserve.prefill_svc.main", "decode": "pdserve.decode_svc.main"}[name]
+    assert args.service == {"gateway": "pdserve.gateway.disaggregated.main", "prefill": "pdserve.prefill_svc.main", "decode": "pdserve.decode_svc.main"}[name]
     assert args.redis_url == "redis://:redis-pw@redis:6379/0"
     assert str(args.model) == "/models/model"
     assert {"redis": {"condition": "service_healthy"}} == services[name]["depends_on"]

@@ -260,7 +260,7 @@ def test_model_flag_is_the_model_mount(objects):
 
 
 def test_probes_hit_served_ports_and_health_names(objects):
-    from pdserve.gateway.http_api import OPEN_PATHS
+    from pdserve.gateway.front.http_api import OPEN_PATHS
 
     for component in PDSERVE_COMPONENTS:
         container = main_container(deployments(objects)[component])

@@ -13,7 +13,7 @@ import redis
 import torch
 
 from pdserve.cluster.prefix_digest import DEFAULT_REFRESH_S, decode_digest, digest_key, num_cached_blocks
-from pdserve.engine.block_hash import block_hashes
+from pdserve.protocol.kv_blocks import block_hashes
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 

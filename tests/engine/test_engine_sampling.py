@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pdserve.engine import LLM, SamplingParams
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.protocol.errors import InvalidRequestError
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.errors import InvalidModelError
+from pdserve.protocol.errors import InvalidModelError
 from pdserve.engine.rope import inverse_frequencies
 from tests.family_configs import (
     QWEN3_MOE_LAYOUTS,

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 
 MODELS = {
     "llama": dict(arch="llama", rope_scaling="llama3"),  # head_dim 32, GQA 2

@@ -8,7 +8,7 @@ import pytest
 
 from pdserve.engine import SamplingParams
 from pdserve.engine.engine_config import EngineConfig
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.protocol.errors import InvalidRequestError
 from pdserve.engine.llm_engine import LLMEngine
 
 

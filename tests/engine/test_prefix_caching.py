@@ -9,7 +9,7 @@ import torch
 
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 
 SYSTEM_PROMPT_TOKENS = 200
 BLOCK_SIZE = 16

@@ -20,7 +20,7 @@ import redis
 
 from pdserve.bench.kv_transfer import NETNS_GRPC_PATH
 from pdserve.cluster.registry import default_host_id
-from pdserve.kvtransfer.choice import transport_name
+from pdserve.protocol.transport_choice import transport_name
 from pdserve.redis_process import start_redis
 from pdserve.v1 import common_pb2, gateway_pb2_grpc
 from tests.e2e.conftest import Cluster

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from pdserve.engine.errors import InvalidRequestError
-from pdserve.engine.outputs import TokenLogprobs
-from pdserve.gateway.frontend_types import GenerateInput, StreamChunk, UnavailableError
-from pdserve.gateway.http_api import create_app
-from pdserve.gateway.metrics import GatewayMetrics
+from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.outputs import TokenLogprobs
+from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk, UnavailableError
+from pdserve.gateway.front.http_api import create_app
+from pdserve.gateway.front.metrics import GatewayMetrics
 
 MODEL = "fake-model"
 MAX_MODEL_LEN = 4096

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pdserve.gateway.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
-from pdserve.gateway.api_keys import ApiKeys
-from pdserve.gateway.service import GatewayService
+from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
+from pdserve.gateway.front.api_keys import ApiKeys
+from pdserve.gateway.front.grpc_service import GatewayService
 from pdserve.v1 import common_pb2, gateway_pb2
 
 from .conftest import MODEL, FakeFrontend
@@ -136,6 +136,11 @@ def test_http_refuses_the_request_naming_the_field_then_serves_a_good_one(server
     assert server.request("POST", row.path, json_body=good).status == 200
 
 
+class NoRecords:
+    async def get(self, request_id: str) -> None:
+        return None
+
+
 @pytest.fixture
 def grpc_gateway():
     """The Gateway service on a loopback port, over the same fake frontend as the HTTP tests;
@@ -148,8 +153,8 @@ def grpc_gateway():
 
     async def start() -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server()
-        GatewayService(frontend, ApiKeys(()), Admission(DEFAULT_MAX_PENDING_REQUESTS, CollectorRegistry(), MODEL)
-                       ).add_to_server(server)
+        GatewayService(frontend, NoRecords(), ApiKeys(()),
+                       Admission(DEFAULT_MAX_PENDING_REQUESTS, CollectorRegistry(), MODEL)).add_to_server(server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port

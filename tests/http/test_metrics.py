@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdserve.gateway.metrics import GatewayMetrics, RequestTimeline
+from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:

@@ -3,7 +3,7 @@ streamed and whole, with logprobs, usage and the vLLM extras."""
 import openai
 import pytest
 
-from pdserve.gateway.openai_protocol import COMPLETION_DEFAULT_MAX_TOKENS
+from pdserve.gateway.front.openai_protocol import COMPLETION_DEFAULT_MAX_TOKENS
 
 MODEL = "fake-model"
 MAX_MODEL_LEN = 4096

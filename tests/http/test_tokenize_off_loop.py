@@ -2,7 +2,7 @@
 a 1 MiB prompt, /health still answers."""
 import threading
 
-from pdserve.gateway.tokenization import PromptBuilder
+from pdserve.gateway.front.tokenization import PromptBuilder
 
 PROMPT_CHARS = 2**20
 TOKENIZER_DEADLINE_S = 10.0

@@ -2,8 +2,8 @@
 only where it can work (never a quiet fallback)."""
 import pytest
 
-from pdserve.kvtransfer.choice import choose_transport, validate_forced
-from pdserve.kvtransfer.errors import TransportUnavailableError
+from pdserve.protocol.transport_choice import choose_transport, validate_forced
+from pdserve.protocol.errors import TransportUnavailableError
 from pdserve.v1 import common_pb2
 
 SHM, GRPC, CUDA_IPC = common_pb2.TRANSPORT_SHM, common_pb2.TRANSPORT_GRPC, common_pb2.TRANSPORT_CUDA_IPC

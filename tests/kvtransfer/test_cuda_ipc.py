@@ -9,7 +9,7 @@ import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.cuda_ipc import CudaIpcKVPool, OpenedPools, PoolExport, target_fields
-from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.target import KVTarget

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.engine.errors import NotFoundError
-from pdserve.kvtransfer.errors import LayoutMismatchError, TransferError, WriteTokenError
+from pdserve.protocol.errors import NotFoundError, LayoutMismatchError, TransferError, WriteTokenError
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.testing.fake import FakeKVReceiver, FakeKVSender

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.kvtransfer.errors import TransferError, TransportUnavailableError
+from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.kvtransfer.in_place import copy_blocks
 from pdserve.kvtransfer.shm import SHM_DIR, map_shared_pool
 from pdserve.kvtransfer.transports import create_kv_pool, target_fields

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
+from pdserve.protocol.errors import LayoutMismatchError, TransferError, TransportUnavailableError
 from pdserve.kvtransfer.grpc_stream import GrpcSender
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.shm import SHM_DIR, map_shared_pool

@@ -84,7 +84,7 @@ def prompts(corpus_ids) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def engine_outputs(smollm2_llm, prompts):
     """The engine's float32 greedy completion of each prompt, MAX_TOKENS tokens with their logprobs."""
-    from pdserve.engine.sampling_params import SamplingParams
+    from pdserve.protocol.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=1)
     return [output.outputs[0] for output in smollm2_llm.generate(prompts, params, use_tqdm=False)]

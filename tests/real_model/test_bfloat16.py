@@ -19,7 +19,7 @@ import pytest
 
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from tests.real_model.conftest import MAX_TOKENS
 
 pytestmark = pytest.mark.real_model

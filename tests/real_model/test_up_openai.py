@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from pdserve.checkpoints.default_model import DEFAULT_MODEL_ID
 from pdserve.cluster.ports import free_port
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
 

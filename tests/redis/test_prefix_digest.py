@@ -6,7 +6,7 @@ import pytest
 
 from pdserve.cluster.prefix_digest import MAX_DIGEST_HASHES, PrefixDigests, decode_digest, encode_digest, num_cached_blocks
 from pdserve.cluster.redis_client import connect_redis
-from pdserve.engine.block_hash import block_hashes
+from pdserve.protocol.kv_blocks import block_hashes
 from tests.redis.test_registry import heartbeat, wait_until
 
 pytestmark = pytest.mark.redis

@@ -13,7 +13,7 @@ import redis
 
 from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat
-from pdserve.engine.errors import InvalidConfigError
+from pdserve.protocol.errors import InvalidConfigError
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.redis

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from pdserve.cluster.redis_client import connect_redis
-from pdserve.engine.errors import IllegalTransitionError
-from pdserve.gateway.request_state import RequestState
-from pdserve.gateway.request_store import RequestExistsError, RequestNotFoundError, RequestStore
+from pdserve.protocol.errors import IllegalTransitionError
+from pdserve.gateway.front.request_state import RequestState
+from pdserve.gateway.disaggregated.request_store import RequestExistsError, RequestNotFoundError, RequestStore
 
 pytestmark = pytest.mark.redis
 

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from pdserve.cluster.redis_client import connect_redis
-from pdserve.gateway.request_state import RequestState
-from pdserve.gateway.request_store import RequestStore
+from pdserve.gateway.front.request_state import RequestState
+from pdserve.gateway.disaggregated.request_store import RequestStore
 
 pytestmark = pytest.mark.redis
 

@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio.client import Pipeline
 
 from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis
-from pdserve.gateway.request_state import RequestState
-from pdserve.gateway.request_store import RequestStore
+from pdserve.gateway.front.request_state import RequestState
+from pdserve.gateway.disaggregated.request_store import RequestStore
 from pdserve.redis_process import start_redis
 
 pytestmark = pytest.mark.redis

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis
-from pdserve.gateway.request_state import RequestState
-from pdserve.gateway.request_store import RequestStore
+from pdserve.gateway.front.request_state import RequestState
+from pdserve.gateway.disaggregated.request_store import RequestStore
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.redis

@@ -6,7 +6,7 @@ import torch
 
 from pdserve.engine import sampler
 from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.engine.staging import stage
 
 CPU = torch.device("cpu")

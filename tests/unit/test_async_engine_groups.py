@@ -5,9 +5,10 @@ import asyncio
 import pytest
 import torch
 
-from pdserve.engine.async_engine import AsyncEngine, EngineDeadError, RequestAbortedError
+from pdserve.engine.async_engine import AsyncEngine, EngineDeadError
+from pdserve.protocol.errors import AbortedError
 from pdserve.engine.output_group import OutputGroup, RequestFailure
-from pdserve.engine.outputs import CompletionOutput, RequestOutput
+from pdserve.protocol.outputs import CompletionOutput, RequestOutput
 
 DEADLINE_S = 5.0
 
@@ -94,7 +95,7 @@ def test_an_abort_ends_a_group_member_with_a_failure_entry():
 
     entries = asyncio.run(go())
     failure = next(entry for entry in entries if isinstance(entry, RequestFailure))
-    assert failure.request_id == "a" and isinstance(failure.error, RequestAbortedError)
+    assert failure.request_id == "a" and isinstance(failure.error, AbortedError)
 
 
 def test_a_dead_engine_ends_every_group_and_fails_later_calls():

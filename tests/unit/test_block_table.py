@@ -11,7 +11,7 @@ import torch
 from pdserve.engine.block_allocator import BlockAllocator
 from pdserve.engine.block_table import BlockTable
 from pdserve.engine.request import Request, RequestStatus
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.engine.scheduler import Scheduler, SchedulerOutput
 
 BLOCK_SIZE = 4

@@ -34,7 +34,7 @@ def test_service_subcommands_accept_their_services_flags():
     assert (args.port, args.reservation_timeout_s) == (7, 3.0)
     args = cli.build_parser().parse_args(
         ["gateway", "--model", "/m", "--redis-url", "redis://r:6379/0", "--transport", "shm"])
-    assert (args.service, args.transport) == ("pdserve.gateway.main", "shm")
+    assert (args.service, args.transport) == ("pdserve.gateway.disaggregated.main", "shm")
 
 
 def test_up_defaults_are_one_prefill_one_decode_on_cpu_with_the_standard_gateway_ports():
@@ -130,7 +130,7 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
 
 
 def test_up_gives_each_api_key_to_the_gateway_only_and_never_on_a_command_line(tmp_path, monkeypatch):
-    from pdserve.gateway.api_keys import ENV_VAR
+    from pdserve.gateway.front.api_keys import ENV_VAR
     from pdserve.up import UpConfig, child_slots
 
     monkeypatch.delenv(ENV_VAR, raising=False)

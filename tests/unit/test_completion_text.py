@@ -1,7 +1,7 @@
 """The gateway's completion text: it trusts the replica's finish reason for token-based ends
 (EOS, stop tokens, max_tokens) and finds stop strings itself, never streaming past one."""
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.gateway.completion_text import CompletionText, SampledToken
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.disaggregated.completion_text import CompletionText, SampledToken
 
 
 def ids(tokenizer, text: str) -> list[int]:

@@ -1,7 +1,7 @@
 """`pdserve up` on CPU gives each replica its own cores when there are enough."""
 import pytest
 
-from pdserve.cluster.service_args import parse_cpu_list
+from pdserve.engine.engine_args import parse_cpu_list
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
 
 

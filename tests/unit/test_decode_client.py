@@ -7,10 +7,10 @@ import asyncio
 import grpc
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.gateway.backend_errors import BackendError, SessionBrokenError
-from pdserve.gateway.replica_clients import DecodeClient, Timeouts
+from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.disaggregated.backend_errors import BackendError, SessionBrokenError
+from pdserve.gateway.disaggregated.replica_clients import DecodeClient, Timeouts
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
 DEADLINE_S = 5.0

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from pdserve.engine.detokenizer import IncrementalDetokenizer
+from pdserve.protocol.detokenizer import IncrementalDetokenizer
 
 CORPUS = [
     "Hello world, the quick brown fox jumps over the lazy dog.",

@@ -9,17 +9,17 @@ import grpc
 import pytest
 
 from pdserve.cluster.redis_client import StateStoreUnavailableError
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.gateway.backend_errors import BackendError
-from pdserve.gateway.completion_text import CompletionText, SampledToken
-from pdserve.gateway.frontend_types import UnavailableError
-from pdserve.gateway.decode_session import DecodeStep
-from pdserve.gateway.backend_errors import SessionBrokenError
-from pdserve.gateway.disaggregated_request import DisaggregatedRequest, Route
-from pdserve.gateway.metrics import GatewayMetrics
-from pdserve.gateway.migration import MigrationLimitError, Migrations
-from pdserve.gateway.replica_clients import KVTransferDone
-from pdserve.gateway.request_state import RequestState
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.disaggregated.backend_errors import BackendError
+from pdserve.gateway.disaggregated.completion_text import CompletionText, SampledToken
+from pdserve.gateway.front.frontend_types import UnavailableError
+from pdserve.gateway.disaggregated.decode_session import DecodeStep
+from pdserve.gateway.disaggregated.backend_errors import SessionBrokenError
+from pdserve.gateway.disaggregated.request import DisaggregatedRequest, Route
+from pdserve.gateway.front.metrics import GatewayMetrics
+from pdserve.gateway.disaggregated.migration import MigrationLimitError, Migrations
+from pdserve.gateway.disaggregated.replica_clients import KVTransferDone
+from pdserve.gateway.front.request_state import RequestState
 from pdserve.v1 import common_pb2
 
 S = RequestState

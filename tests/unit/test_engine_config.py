@@ -3,7 +3,7 @@ checkpoint on a GPU."""
 import pytest
 
 from pdserve.engine.engine_config import EngineConfig, resolve_dtype
-from pdserve.engine.errors import InvalidConfigError
+from pdserve.protocol.errors import InvalidConfigError
 
 
 @pytest.mark.parametrize("checkpoint, device, expected", [

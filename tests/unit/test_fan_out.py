@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.gateway.fan_out import choice_inputs, merge
-from pdserve.gateway.frontend_types import GenerateInput, StreamChunk
+from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.front.fan_out import choice_inputs, merge
+from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk
 
 
 def prompt(text: str, seed: int | None = None) -> GenerateInput:

@@ -5,10 +5,10 @@ import argparse
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pdserve.engine.errors import InvalidConfigError, InvalidRequestError
-from pdserve.gateway.admission import Admission, OverloadedError
-from pdserve.gateway.api_keys import ANONYMOUS, ApiKeys, UnauthenticatedError, api_keys_from
-from pdserve.gateway.front_config import add_front_arguments, front_config_from
+from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
+from pdserve.gateway.front.admission import Admission, OverloadedError
+from pdserve.gateway.front.api_keys import ANONYMOUS, ApiKeys, UnauthenticatedError, api_keys_from
+from pdserve.gateway.front.front_config import add_front_arguments, front_config_from
 
 
 def test_no_key_configured_serves_everyone_as_one_anonymous_caller():

@@ -3,7 +3,7 @@ loading its model folder's tokenizer and config. The colocated server needs the 
 import subprocess
 import sys
 
-GATEWAY_MODULES = ("pdserve.gateway.main", "pdserve.gateway.service", "pdserve.gateway.http_api", "pdserve.gateway.disaggregated")
+GATEWAY_MODULES = ("pdserve.gateway.disaggregated.main", "pdserve.gateway.front.grpc_service", "pdserve.gateway.front.http_api", "pdserve.gateway.disaggregated.frontend")
 
 
 def torch_loaded_after(code: str) -> bool:
@@ -20,11 +20,20 @@ def test_loading_the_gateways_model_folder_loads_no_torch(tiny_model):
     model_dir = tiny_model()
     code = (
         "from pdserve.engine.config import ModelConfig\n"
-        "from pdserve.engine.tokenizer import load_tokenizer\n"
-        "from pdserve.gateway.tokenization import PromptBuilder\n"
+        "from pdserve.protocol.tokenizer import load_tokenizer\n"
+        "from pdserve.gateway.front.tokenization import PromptBuilder\n"
         f"config = ModelConfig.from_dir({model_dir!r})\n"
         f"prompts = PromptBuilder(load_tokenizer({model_dir!r}), {model_dir!r}, config.vocab_size, 64)\n"
         "prompts.tokenizer.decode(prompts.tokenizer.encode('hello'))\n"
         "prompts.tokenizer.apply_chat_template([{'role': 'user', 'content': 'hi'}], add_generation_prompt=True)\n"
+    )
+    assert not torch_loaded_after(code)
+
+
+def test_resolving_the_tiny_model_writes_it_in_a_child_and_loads_no_torch(tmp_path):
+    code = (
+        "from pdserve.checkpoints.model_ref import resolve_model\n"
+        f"resolved = resolve_model('tiny', {{'XDG_CACHE_HOME': {str(tmp_path)!r}}})\n"
+        "assert (resolved.model_dir / 'model.safetensors').is_file(), resolved\n"
     )
     assert not torch_loaded_after(code)

@@ -5,13 +5,13 @@ import pytest
 
 from pdserve.cluster.grpc_errors import status_for
 from pdserve.decode_svc.reservations import ReservationError
-from pdserve.engine.async_engine import EngineDeadError, RequestAbortedError
+from pdserve.engine.async_engine import EngineDeadError
 from pdserve.engine.block_allocator import OutOfBlocksError
-from pdserve.engine.errors import InvalidConfigError, InvalidRequestError, PdserveError, PreconditionError
-from pdserve.gateway.backend_errors import BackendError
-from pdserve.gateway.frontend_types import UnavailableError
-from pdserve.gateway.request_store import RequestExistsError, RequestNotFoundError
-from pdserve.kvtransfer.errors import LayoutMismatchError, TransferError, TransportUnavailableError
+from pdserve.protocol.errors import (AbortedError, InvalidConfigError, InvalidRequestError, LayoutMismatchError,
+                                     PdserveError, PreconditionError, TransferError, TransportUnavailableError)
+from pdserve.gateway.disaggregated.backend_errors import BackendError
+from pdserve.gateway.front.frontend_types import UnavailableError
+from pdserve.gateway.disaggregated.request_store import RequestExistsError, RequestNotFoundError
 
 Code = grpc.StatusCode
 
@@ -27,7 +27,7 @@ Code = grpc.StatusCode
     (TransferError, Code.UNAVAILABLE),
     (EngineDeadError, Code.UNAVAILABLE),
     (UnavailableError, Code.UNAVAILABLE),
-    (RequestAbortedError, Code.ABORTED),
+    (AbortedError, Code.ABORTED),
     (TimeoutError, Code.DEADLINE_EXCEEDED),
     (RequestNotFoundError, Code.NOT_FOUND),
 ])

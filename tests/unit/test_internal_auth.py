@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from pdserve.cluster.service_args import add_internal_auth_arguments, internal_auth_from
-from pdserve.engine.errors import InvalidConfigError
+from pdserve.protocol.errors import InvalidConfigError
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -72,7 +72,8 @@ def test_a_missing_or_forged_fingerprint_is_refused():
 
 
 def test_layout_target_and_transport_choice_import_neither_torch_nor_grpc():
-    code = "import sys, kvtransfer.layout, kvtransfer.target, kvtransfer.choice; print('torch' in sys.modules, 'grpc' in sys.modules)"
+    code = ("import sys, pdserve.kvtransfer.layout, pdserve.kvtransfer.target, pdserve.protocol.transport_choice; "
+            "print('torch' in sys.modules, 'grpc' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.split() == ["False", "False"]
 

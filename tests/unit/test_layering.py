@@ -1,21 +1,30 @@
-"""The package graph is a DAG from the command line down to the kernels.
+"""The package graph is a DAG from the command line down to the shared vocabulary, and the
+gateway can never reach torch.
 
     pdserve                            the command line and the local supervisor
     pdserve.planner                    capacity planning: profiles, simulation, xPyD recommendation
-    pdserve.bench                      benchmarks and their baseline servers
+    pdserve.bench                      benchmarks: load client, systems, reports
+    pdserve.gateway.colocated          `pdserve serve`: the public front over one in-process engine
     pdserve.gateway  .prefill_svc  .decode_svc   the services; none imports another
     pdserve.cluster                    what every process of a deployment shares
     pdserve.kvtransfer
+    pdserve.checkpoints.tiny           the tiny random model's writer (heavy; run as a child process)
     pdserve.checkpoints                what --model names, resolved to a local HF folder (.gguf, hub cache, default, tiny)
     pdserve.engine
     pdserve.kernels
+    pdserve.protocol                   the request's vocabulary: errors, sampling parameters, outputs, text
     pdserve.v1                         generated wire code, below them all; imports nothing of ours
 
 Everything installs under the one name `pdserve`; each subpackage keeps its folder at the top of
-the repository (pyproject.toml maps them). A module imports only from floors below its own (any
-import statement counts, lazy and type-checking ones too), so no two packages import each other,
-and the replicas never need the gateway. (That the gateway's process loads no torch is
-tests/unit/test_gateway_imports.py.)
+the repository. A module imports only from floors below its own (any import statement counts,
+lazy and type-checking ones too), so no two packages import each other, and the replicas never
+need the gateway.
+
+A node is heavy when one of its modules imports torch, triton or cupy (lazily or not). The
+disaggregated gateway (`pdserve.gateway`: its fronts and its request driver) reaches only
+nodes that are not heavy, so no change inside a package it may import can make it load torch
+without this test naming the import; the colocated server is a node of its own above it.
+tests/unit/test_gateway_imports.py checks the same at run time, third-party imports included.
 """
 import ast
 from collections.abc import Iterator
@@ -28,27 +37,33 @@ FLOORS = (
     ("pdserve",),
     ("pdserve.planner",),
     ("pdserve.bench",),
+    ("pdserve.gateway.colocated",),
     ("pdserve.gateway", "pdserve.prefill_svc", "pdserve.decode_svc"),
     ("pdserve.cluster",),
     ("pdserve.kvtransfer",),
+    ("pdserve.checkpoints.tiny",),
     ("pdserve.checkpoints",),
     ("pdserve.engine",),
     ("pdserve.kernels",),
+    ("pdserve.protocol",),
     ("pdserve.v1",),
 )
 WIRE = "pdserve.v1"
+HEAVY_MODULES = ("torch", "triton", "cupy")
 FLOOR_OF = {package: level for level, packages in enumerate(FLOORS) for package in packages}
 REPLICAS = ("pdserve.prefill_svc", "pdserve.decode_svc")
-FOLDER_OF = {package: ROOT / package.removeprefix("pdserve.") for package in FLOOR_OF}
+FOLDER_OF = {package: ROOT.joinpath(*package.split(".")[1:]) for package in FLOOR_OF}
 FOLDER_OF.update({"pdserve": ROOT / "pdserve", WIRE: ROOT / "protos" / "pdserve" / "v1"})
 
 
 def node_of(module: str) -> str | None:
-    """The node of the package graph `module` belongs to; None for modules not ours."""
+    """The node of the package graph `module` belongs to (its longest node prefix); None for
+    modules not ours."""
     parts = module.split(".")
     if parts[0] != "pdserve":
         return None
-    return ".".join(parts[:2]) if ".".join(parts[:2]) in FLOOR_OF else "pdserve"
+    return next((".".join(parts[:n]) for n in range(len(parts), 1, -1) if ".".join(parts[:n]) in FLOOR_OF),
+                "pdserve")
 
 
 def module_name(path: Path) -> str:
@@ -79,8 +94,10 @@ def imports_of(path: Path) -> Iterator[str]:
 
 
 def source_paths(package: str) -> list[Path]:
-    """The modules of one node (the top `pdserve` folder's own, not its subfolders')."""
-    return sorted(FOLDER_OF[package].glob("*.py" if package == "pdserve" else "**/*.py"))
+    """The modules of one node (the top `pdserve` folder's own, not its subfolders'; a package's,
+    not those of a node nested in it)."""
+    paths = FOLDER_OF[package].glob("*.py" if package == "pdserve" else "**/*.py")
+    return sorted(path for path in paths if node_of(module_name(path)) == package)
 
 
 def package_edges() -> dict[tuple[str, str], list[str]]:
@@ -137,6 +154,47 @@ def test_no_two_top_level_packages_import_each_other_even_through_others(edges):
     cycle = find_cycle(sorted(FLOOR_OF), set(edges))
     assert cycle is None, "import cycle " + " -> ".join(cycle) + "\n" + "\n".join(
         line for a, b in zip(cycle, cycle[1:]) for line in edges[(a, b)])
+
+
+def heavy_nodes() -> dict[str, list[str]]:
+    """Each heavy node -> its imports of torch, triton or cupy, as "module -> name"."""
+    heavy: dict[str, list[str]] = {}
+    for package in FOLDER_OF:
+        for path in source_paths(package):
+            for name in imports_of(path):
+                if name.split(".")[0] in HEAVY_MODULES:
+                    heavy.setdefault(package, []).append(f"{module_name(path)} -> {name}")
+    return heavy
+
+
+def reachable_from(node: str, edges: set[tuple[str, str]]) -> set[str]:
+    seen, frontier = {node}, [node]
+    while frontier:
+        source = frontier.pop()
+        new = {b for a, b in edges if a == source} - seen
+        seen |= new
+        frontier += new
+    return seen
+
+
+def test_the_scan_sees_heavy_nodes_and_what_they_reach(edges):
+    heavy = heavy_nodes()
+    assert {"pdserve.engine", "pdserve.kernels"} <= heavy.keys()
+    assert "pdserve.engine" in reachable_from("pdserve.gateway.colocated", set(edges)) & heavy.keys()
+    assert reachable_from("a", {("a", "b"), ("b", "c"), ("d", "a")}) == {"a", "b", "c"}
+
+
+def test_the_gateway_can_never_reach_torch(edges):
+    heavy = heavy_nodes()
+    reached = reachable_from("pdserve.gateway", set(edges)) & heavy.keys()
+    assert not reached, "the gateway reaches heavy nodes:\n" + "\n".join(
+        f"{node}: {line}" for node in sorted(reached) for line in heavy[node])
+
+
+def test_the_shared_vocabulary_imports_no_grpc():
+    offending = [f"{module_name(path)} -> {name}" for path in source_paths("pdserve.protocol")
+                 for name in imports_of(path) if name.split(".")[0] == "grpc"]
+    assert not offending, "\n".join(offending)
 
 
 def test_the_replicas_import_nothing_from_the_gateway(edges):

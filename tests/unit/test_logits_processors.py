@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pdserve.engine.logits_processors import apply_logits_processors
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from tests.unit.sampling_on_cpu import sample, staged_inputs
 
 VOCAB_SIZE = 48

@@ -5,7 +5,7 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.engine_config import EngineConfig
-from pdserve.engine.errors import InvalidConfigError
+from pdserve.protocol.errors import InvalidConfigError
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.engine.memory_profile import kv_pool_bytes, profile_step
 from pdserve.engine.weights import load_model

@@ -19,7 +19,7 @@ def module_graph(package: str) -> tuple[list[str], set[tuple[str, str]]]:
 
 def test_the_scan_sees_imports_between_modules_of_a_package():
     _, gateway = module_graph("pdserve.gateway")
-    assert ("pdserve.gateway.main", "pdserve.gateway.tokenization") in gateway
+    assert ("pdserve.gateway.disaggregated.main", "pdserve.gateway.front.tokenization") in gateway
     _, kernels = module_graph("pdserve.kernels")
     assert ("pdserve.kernels", "pdserve.kernels.cpu_decode_attention") in kernels  # `from pdserve.kernels import x`
     assert ("pdserve.kernels", "pdserve.kernels.triton_decode_attention") in kernels  # inside a function

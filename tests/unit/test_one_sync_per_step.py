@@ -19,8 +19,8 @@ from pdserve.engine import model_runner
 from pdserve import kernels
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.outputs import TokenLogprobs
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.outputs import TokenLogprobs
+from pdserve.protocol.sampling_params import SamplingParams
 from tests.unit.sampling_on_cpu import sample
 from tests.unit.test_logits_processors import plain, reference_row
 

@@ -2,8 +2,8 @@
 GenerateInputs, and what is refused with which status and param."""
 import pytest
 
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.gateway.openai_protocol import (
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.front.openai_protocol import (
     MAX_N,
     ApiError,
     Endpoint,

@@ -2,10 +2,10 @@
 events, choice indexes, echo, and usage over several choices."""
 import math
 
-from pdserve.engine.outputs import TokenLogprobs
-from pdserve.gateway.frontend_types import StreamChunk
-from pdserve.gateway.openai_protocol import parse_chat_request, parse_completion_request
-from pdserve.gateway.openai_shaping import MIN_LOGPROB, create_shaper
+from pdserve.protocol.outputs import TokenLogprobs
+from pdserve.gateway.front.frontend_types import StreamChunk
+from pdserve.gateway.front.openai_protocol import parse_chat_request, parse_completion_request
+from pdserve.gateway.front.openai_shaping import MIN_LOGPROB, create_shaper
 
 MODEL = "m"
 USER = [{"role": "user", "content": "hi"}]

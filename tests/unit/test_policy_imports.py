@@ -10,8 +10,8 @@ POLICY_MODULES = [
     "pdserve.engine.scheduler",
     "pdserve.engine.request",
     "pdserve.decode_svc.reservations",
-    "pdserve.gateway.router",
-    "pdserve.gateway.request_state",
+    "pdserve.gateway.disaggregated.router",
+    "pdserve.gateway.front.request_state",
 ]
 HEAVY = ("torch", "grpc", "google.protobuf", "redis")
 

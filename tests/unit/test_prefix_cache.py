@@ -4,7 +4,7 @@ serves a prefix from a block that holds other tokens."""
 from hypothesis import given, settings, strategies as st
 
 from pdserve.engine.block_allocator import BlockAllocator
-from pdserve.engine.block_hash import block_hashes, hash_block
+from pdserve.protocol.kv_blocks import block_hashes, hash_block
 
 BLOCK_SIZE = 4
 

@@ -2,9 +2,9 @@
 take the engine's defaults."""
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.cluster.protocol import params_from_proto, params_to_proto
+from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.cluster.proto_convert import params_from_proto, params_to_proto
 from pdserve.v1 import common_pb2
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pdserve.engine.errors import IllegalTransitionError
-from pdserve.gateway.request_state import RequestState, transition
+from pdserve.protocol.errors import IllegalTransitionError
+from pdserve.gateway.front.request_state import RequestState, transition
 from pdserve.v1 import gateway_pb2
 
 Q, P, T, D = RequestState.QUEUED, RequestState.PREFILLING, RequestState.TRANSFERRING, RequestState.DECODING

@@ -5,7 +5,7 @@ write into them is in progress (fencing)."""
 import pytest
 
 from pdserve.decode_svc.reservations import CallerQuotaError, ReservationError, ReservationTable
-from pdserve.kvtransfer.errors import WriteTokenError
+from pdserve.protocol.errors import WriteTokenError
 
 TOKEN = b"t" * 16
 

@@ -6,8 +6,8 @@ import itertools
 import pytest
 
 from pdserve.cluster.registry import ReplicaInfo
-from pdserve.engine.errors import PdserveError
-from pdserve.gateway.router import NoReplicaError, Router, pick_decode, pick_prefill
+from pdserve.protocol.errors import PdserveError
+from pdserve.gateway.disaggregated.router import NoReplicaError, Router, pick_decode, pick_prefill
 
 
 def decode(replica_id, free_blocks, running_seqs=0, block_size=16, updated_unix_s=0.0):

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from pdserve.gateway.run_to_end import run_to_end
+from pdserve.gateway.front.run_to_end import run_to_end
 
 
 def test_work_finishes_through_repeated_cancels_and_the_cancel_is_raised_after_it():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pdserve.engine.noise import exponential_noise, row_key
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from tests.unit.sampling_on_cpu import sample
 
 VOCAB_SIZE = 64

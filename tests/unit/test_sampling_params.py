@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError, PdserveError
-from pdserve.engine.sampling_params import MAX_FLOAT32, MAX_LOGPROBS, MAX_TOKEN_ID, MAX_UINT32, MAX_UINT64, SamplingParams
+from pdserve.protocol.errors import InvalidRequestError, PdserveError
+from pdserve.protocol.sampling_params import MAX_FLOAT32, MAX_LOGPROBS, MAX_TOKEN_ID, MAX_UINT32, MAX_UINT64, SamplingParams
 
 BAD_FIELDS = [
     ("max_tokens", 0),

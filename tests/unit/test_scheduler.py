@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from pdserve.engine.block_allocator import BlockAllocator
 from pdserve.engine.request import Request, RequestStatus
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.engine.scheduler import Scheduler
 
 

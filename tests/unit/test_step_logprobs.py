@@ -4,10 +4,10 @@ for a step (and the colocated gateway's chunk) must be built from that step's va
 logprobs, and its count of output tokens."""
 from pdserve.decode_svc.service import _request_output
 from pdserve.engine.output_processor import OutputProcessor
-from pdserve.engine.outputs import TokenLogprobs
+from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.request import Request
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.gateway.colocated import stream_chunk
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.colocated.frontend import stream_chunk
 
 
 def step_outputs(token_ids: list[int]):

@@ -1,6 +1,6 @@
 """check_stop: EOS, stop token ids, stop strings and max_tokens, with vLLM's text rules."""
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.engine.stop import StopDecision, check_stop
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.protocol.stop import StopDecision, check_stop
 
 EOS = 99
 

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from pdserve.checkpoints.tiny_model import ARCHITECTURE_NAMES, TinyModelSpec, write_tiny_model
+from pdserve.checkpoints.tiny.model import ARCHITECTURE_NAMES, TinyModelSpec, write_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL_SHAPES = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -4,8 +4,8 @@ architecture (AutoTokenizer picks its tokenizer class from the folder's model ty
 import pytest
 from transformers import AutoTokenizer
 
-from pdserve.checkpoints.tiny_model import ARCHITECTURE_NAMES
-from pdserve.engine.tokenizer import load_tokenizer
+from pdserve.checkpoints.tiny.model import ARCHITECTURE_NAMES
+from pdserve.protocol.tokenizer import load_tokenizer
 
 TEXTS = ["hello", " leading space", "Ünïcödé ✓ 中文 🙂", "two\nlines\ttab", "<|im_start|>user\nhi<|im_end|>", ""]
 

@@ -1,0 +1,66 @@
+"""The engine's command-line flags (`pdserve prefill|decode|serve`), the `EngineConfig` built from
+them, and the process set-up an engine needs before its threads start (CPU pinning), as vLLM's
+`EngineArgs` gathers them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.engine_config import DTYPES, EngineConfig, resolve_dtype
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags (the model itself is cluster.service_args.add_model_argument)."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="auto: the checkpoint's dtype (bfloat16 for a float32 checkpoint on a GPU)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="on CUDA: the share of the GPU's memory this replica may take, weights, activations "
+                             "and KV pool (sized by a profile run) together, unless --kv-cache-bytes or "
+                             "--num-gpu-blocks is given (default 0.9)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV of full blocks of prompts seen before")
+    parser.add_argument("--cpus", type=parse_cpu_list, default=None, metavar="LIST",
+                        help="pin to these CPUs (e.g. 0-3,6) and run as many torch threads")
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    cpus = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return cpus
+
+
+def bind_cpus(cpus: list[int] | None) -> None:
+    """Pins this process to `cpus` and sizes torch's thread pool to them; call before any thread
+    starts, so that every later one (the engine's, gRPC's, OpenMP's) inherits the pinning."""
+    if not cpus:
+        return
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
+
+
+def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks, kv_cache_bytes=args.kv_cache_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching)
+
+
+def model_text(args: argparse.Namespace, served_name: str) -> str:
+    """"<served id> (<dtype> on <device>)", the dtype as the engine resolves `--dtype auto`: how
+    the startup lines (cluster.startup_log) name the engine `args` configure."""
+    dtype = resolve_dtype(args.dtype, ModelConfig.from_dir(args.model).torch_dtype, args.device)
+    return f"{served_name} ({dtype} on {args.device})"

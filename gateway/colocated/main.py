@@ -1,0 +1,69 @@
+"""`pdserve serve`: one process, one engine, the OpenAI-compatible HTTP API (like `vllm serve`).
+
+Starting logs a line as the engine starts loading and one once the API serves (cluster/startup_log.py).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from pdserve.cluster.service_args import (add_model_argument, add_served_model_name_argument, configure_logging,
+                                          served_model_name, with_resolved_model)
+from pdserve.cluster.startup_log import log_loading, log_ready
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
+from pdserve.engine.llm_engine import LLMEngine
+from pdserve.gateway.front.admission import Admission
+from pdserve.gateway.colocated.frontend import ColocatedFrontend
+from pdserve.gateway.front.front_config import add_front_arguments, front_config_from
+from pdserve.gateway.front.http_api import create_app
+from pdserve.gateway.front.http_server import serving_http, wait_for_stop_signal
+from pdserve.gateway.front.metrics import GatewayMetrics
+from pdserve.gateway.front.tokenization import PromptBuilder
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_argument(parser)
+    add_engine_arguments(parser)
+    add_served_model_name_argument(parser)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port")
+    add_front_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, "serve")
+    bind_cpus(args.cpus)
+    asyncio.run(serve(with_resolved_model(args)))
+    return 0
+
+
+def publish_load(metrics: GatewayMetrics, load: dict[str, int]) -> None:
+    metrics.set_num_requests_waiting(load["waiting_seqs"])
+    metrics.on_prefix_cache_counts(("engine", ""), load["prefix_cache_queries"], load["prefix_cache_hits"])
+
+
+async def serve(args: argparse.Namespace) -> None:
+    front = front_config_from(args)
+    started_s = time.monotonic()
+    model_name = served_model_name(args)
+    engine_text = model_text(args, model_name)
+    log_loading(engine_text, args.device)
+    engine = LLMEngine(engine_config_from(args, detokenize=True))
+    load = engine.load()  # read before its thread starts
+    async_engine = AsyncEngine(engine, asyncio.get_running_loop())
+    metrics = GatewayMetrics(model_name)
+    prompts = PromptBuilder(engine.tokenizer, args.model, engine.model_config.vocab_size, engine.max_model_len)
+    frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)
+    async_engine.on_step = lambda engine: publish_load(metrics, engine.load())
+    async_engine.start()
+    app = create_app(frontend, metrics, api_keys=front.api_keys,
+                     admission=Admission(front.max_pending_requests, metrics.registry, model_name))
+    async with serving_http(app, args.host, args.port, front.tls.ssl_context() if front.tls else None):
+        log_ready(engine_text, time.monotonic() - started_s, load,
+                  f"serving on {'https' if front.tls else 'http'}://{args.host}:{args.port}/v1 "
+                  f"({'API keys required' if front.api_keys.required else 'no API key required'})")
+        await wait_for_stop_signal()
+    await async_engine.stop()

@@ -1,0 +1,40 @@
+"""How a replica's refusal or failure reaches the gateway's driver: as a domain error.
+
+INVALID_ARGUMENT is the client's fault (InvalidRequestError); any other status becomes a
+BackendError that carries it, so the gateway's edge reports what the replica said. A decode
+session that breaks under its requests fails each of them with SessionBrokenError, the one
+signal that says "the replica, not this request, went away".
+"""
+from __future__ import annotations
+
+import grpc
+
+from pdserve.protocol.errors import InvalidRequestError
+from pdserve.gateway.front.frontend_types import UnavailableError
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class BackendError(UnavailableError):
+    """A replica refused or failed a call; `grpc_code` is the status the client should see and
+    `replica_id` the replica that said so (None when the gateway itself decided)."""
+
+    def __init__(self, grpc_code: grpc.StatusCode, message: str, replica_id: str | None = None):
+        super().__init__(message)
+        self.grpc_code = grpc_code
+        self.replica_id = replica_id
+
+
+class SessionBrokenError(BackendError):
+    """The session with a decode replica ended while the request ran on it (UNAVAILABLE)."""
+
+    def __init__(self, replica_id: str, message: str):
+        super().__init__(grpc.StatusCode.UNAVAILABLE, message, replica_id)
+
+
+def backend_error(replica_id: str, code: grpc.StatusCode | int, details: str) -> Exception:
+    """The domain error for a replica's status; `code` as grpc names it or as its number."""
+    code = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN) if isinstance(code, int) else code
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequestError(details)
+    return BackendError(code, f"{replica_id}: {details}", replica_id)

@@ -1,0 +1,113 @@
+"""`pdserve gateway`: the public gRPC (`pdserve.v1.Gateway`) and OpenAI-compatible HTTP fronts.
+
+Both fronts share one configuration (gateway.front.front_config): the same API keys, the same TLS
+certificate, and one admission bound over the requests of both.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+
+from pdserve.cluster.grpc_server import GrpcServer
+from pdserve.cluster.prefix_digest import PrefixDigests
+from pdserve.cluster.redis_client import connect_redis
+from pdserve.cluster.registry import LiveReplicas
+from pdserve.cluster.routing_policies import ROUTING_POLICIES
+from pdserve.cluster.service_args import (add_internal_auth_arguments, add_model_argument, add_redis_url_argument,
+                                  add_served_model_name_argument, configure_logging, internal_auth_from,
+                                  served_model_name, with_resolved_model)
+from pdserve.protocol.model_limits import ModelLimits
+from pdserve.protocol.tokenizer import load_tokenizer
+from pdserve.gateway.front.admission import Admission
+from pdserve.gateway.disaggregated.frontend import DisaggregatedConfig, DisaggregatedFrontend
+from pdserve.gateway.front.front_config import add_front_arguments, front_config_from
+from pdserve.gateway.front.http_api import create_app
+from pdserve.gateway.front.http_server import serving_http
+from pdserve.gateway.front.metrics import GatewayMetrics
+from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
+from pdserve.gateway.disaggregated.request_store import RequestStore
+from pdserve.gateway.front.grpc_service import GatewayService
+from pdserve.gateway.front.tokenization import PromptBuilder
+from pdserve.protocol.transport_choice import transport_from_name, TRANSPORT_NAMES
+from pdserve.v1 import gateway_pb2
+
+logger = logging.getLogger(__name__)
+HEALTH_REFRESH_S = 1.0
+REDIS_TIMEOUT_S = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_argument(parser)  # the gateway reads its tokenizer, chat template and config
+    add_served_model_name_argument(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--grpc-port", type=int, default=50051)
+    parser.add_argument("--http-port", type=int, default=8000)
+    add_redis_url_argument(parser)
+    parser.add_argument("--transport", choices=("auto", *TRANSPORT_NAMES), default="auto",
+                        help="KV transport between prefill and decode (auto: from the replicas' host and device)")
+    parser.add_argument("--migration-limit", type=int, default=3,
+                        help="times a request may move to other replicas when one it runs on goes away (0: never)")
+    parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",
+                        help="cache-aware: weigh the prompt tokens a replica holds cached against its load; "
+                             "load: load alone")
+    parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
+    add_front_arguments(parser)
+    parser.add_argument("--log-level", default="INFO")
+    add_internal_auth_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, "gateway")
+    asyncio.run(serve(with_resolved_model(args)))
+    return 0
+
+
+async def serve(args: argparse.Namespace) -> None:
+    front = front_config_from(args)
+    limits = ModelLimits.from_dir(args.model)
+    tokenizer = load_tokenizer(args.model)
+    model_name = served_model_name(args)
+    redis = connect_redis(args.redis_url, timeout_s=REDIS_TIMEOUT_S)
+    internal_auth = internal_auth_from(args, "gateway")
+    metrics = GatewayMetrics(model_name)
+    prompts = PromptBuilder(tokenizer, args.model, limits.vocab_size, limits.max_model_len)
+    frontend = DisaggregatedFrontend(
+        DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
+                            migration_limit=args.migration_limit, internal_auth=internal_auth),
+        prompts, LiveReplicas(redis, internal_auth.secret), RequestStore(redis, ttl_s=args.request_ttl_s), metrics,
+        PrefixAffinity(PrefixDigests(redis) if args.routing == "cache-aware" else None))
+
+    admission = Admission(front.max_pending_requests, metrics.registry, model_name)
+    server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
+                        credentials=front.tls.grpc_credentials() if front.tls else None)
+    GatewayService(frontend, frontend.store, front.api_keys, admission).add_to_server(server.server)
+    app = create_app(frontend, metrics, api_keys=front.api_keys, admission=admission)
+    async with serving_http(app, args.host, args.http_port, front.tls.ssl_context() if front.tls else None):
+        await server.start()
+        health = asyncio.create_task(refresh_replicas(frontend))
+        records = asyncio.create_task(frontend.keep_records_alive())
+        await server.mark_serving()
+        logger.info("gateway serving gRPC%s on %s:%d and HTTP on %s://%s:%d (model %s, %s)",
+                    "+TLS" if front.tls else "", args.host, server.port, "https" if front.tls else "http",
+                    args.host, args.http_port, model_name,
+                    "API keys required" if front.api_keys.required else "no API key required")
+
+        async def stop_refreshing() -> None:
+            health.cancel()
+            records.cancel()
+
+        await server.serve_until_signal(on_stop=stop_refreshing)
+    await frontend.close()
+    await redis.aclose()
+
+
+async def refresh_replicas(frontend: DisaggregatedFrontend) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            try:
+                await frontend.refresh_replicas()
+            except Exception as exc:  # Redis down: unhealthy until it answers again
+                logger.warning("cannot list replicas: %s", exc)
+            await asyncio.sleep(HEALTH_REFRESH_S)

@@ -1,0 +1,263 @@
+"""One disaggregated request while the gateway drives it, in the order of its states
+(gateway.front.request_state):
+
+    1. record the request in Redis                                          state QUEUED
+    2. route: the frontend picks a decode and a prefill replica and a transport (`Route`)
+    3. Decode.Reserve → KVTarget (blocks reserved on D)                      state PREFILLING
+    4. Prefill.Run(prompt, KVTarget): first token streams back at once      state TRANSFERRING
+       and P pushes the KV into D's blocks; the call ends when D has it
+    5. generate(first token) on D's session: the rest, one message per step  state DECODING
+    6. detokenize incrementally, check stop strings, stream chunks          state FINISHED
+
+Prefill (first token) and decode (the rest) say when a token ends the request, so step 5 is
+skipped when the first token already did. The replica clients own the wire.
+
+When a replica goes away under the request (gateway.disaggregated.migration), steps 2-5 run again on the
+replicas left, with prompt + the tokens streamed so far: prefill computes their KV and samples
+the next token, decode carries on after it, and the client's stream goes on as if nothing
+happened. Each such attempt has its own request id on the replicas, so nothing left of an
+earlier one can touch it.
+
+Whatever way a request ends early (client gone, Abort, a stop string, a failure), the
+reservation and any running work are aborted on both replicas, so every KV block comes back.
+Every request recorded in Redis reaches a terminal record: however it stops (a client that
+leaves can cancel the task driving it more than once), its end (replica aborts, the terminal
+state) runs to completion under `run_to_end`, bounded by END_DEADLINE_S. A state write that
+cannot reach Redis while the request streams is logged in one line and the stream goes on; the
+record then ends with its last write, or expires with its live TTL once no gateway renews it.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from pdserve.cluster.redis_client import StateStoreUnavailableError
+from pdserve.protocol.request_checks import draw_seed
+from pdserve.protocol.errors import AbortedError, IllegalTransitionError
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.disaggregated.backend_errors import BackendError
+from pdserve.gateway.disaggregated.completion_text import CompletionText, SampledToken
+from pdserve.gateway.front.frontend_types import StreamChunk
+from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
+from pdserve.gateway.disaggregated.migration import Migrations
+from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillClient
+from pdserve.gateway.front.request_state import RequestState
+from pdserve.gateway.disaggregated.request_store import RequestNotFoundError, RequestStore
+from pdserve.gateway.front.run_to_end import run_to_end
+from pdserve.protocol.transport_choice import transport_name
+
+logger = logging.getLogger(__name__)
+
+END_DEADLINE_S = 30.0
+"""Longest a request's end may take: its replica aborts (each bounded by Timeouts.rpc_s) and its
+terminal record."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The replicas and transport of one attempt at a request."""
+
+    decode: DecodeClient
+    prefill: PrefillClient
+    transport: int  # common_pb2.Transport
+
+
+class DisaggregatedRequest:
+    """One request while the gateway drives it: the order of its states, and its abort flag."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, text: CompletionText,
+                 route: Callable[[list[int], set[str]], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics,
+                 migrations: Migrations, owner: str = ""):
+        self.request_id = request_id
+        self.owner = owner  # the caller's fingerprint (gateway.front.api_keys), kept in its record
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.seed = draw_seed(params.seed)
+        self.text = text
+        self.aborted = False
+        self._find_route = route
+        self._route: Route | None = None
+        self._replica_request_id = request_id  # the request's id on its current replicas
+        self._migrations = migrations
+        self._store = store
+        self._metrics = metrics
+        self._recorded = False  # its record was created; only then is it counted and ended in Redis
+        self._record_behind = False  # a write of its record was missed while it streamed
+        self._ended = False
+        self._started_s = self._last_token_s = time.monotonic()
+        self._last_itl_s = 0.0
+        self._timeline = RequestTimeline(arrival_s=self._started_s)
+
+    async def abort(self) -> None:
+        """Aborts the request on its replicas; the stream then ends with an "abort" chunk."""
+        self.aborted = True
+        await self._abort_on_replicas()
+
+    async def stream(self) -> AsyncIterator[StreamChunk]:
+        """The request's chunks, and its end recorded however it comes."""
+        try:
+            # A cancel while the record is written lets the write finish, so the end below sees it.
+            await run_to_end(self._create_record(), END_DEADLINE_S, f"the record of request {self.request_id}")
+            async with contextlib.aclosing(self._run()) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except (asyncio.CancelledError, GeneratorExit):
+            await self._end(RequestState.ABORTED, "abort", "client went away")
+            raise
+        except Exception as exc:
+            if not self.aborted:
+                await self._end(RequestState.FAILED, "error", str(exc) or repr(exc))
+                raise
+            await self._end(RequestState.ABORTED, "abort", "aborted")
+            yield self._abort_chunk()
+
+    async def _create_record(self) -> None:
+        await self._store.create(self.request_id, len(self.prompt_ids), owner=self.owner)
+        self._recorded = True
+        self._metrics.on_request_start()
+
+    async def _run(self) -> AsyncIterator[StreamChunk]:
+        """Attempts until one finishes the request; a replica going away under it starts another."""
+        while True:
+            try:
+                async with contextlib.aclosing(self._attempt()) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
+            except BackendError as exc:
+                failed_replica_id = self._migrations.failed_replica(exc)
+                if failed_replica_id is None or self.aborted:
+                    raise
+                await self._migrate(exc, failed_replica_id)
+
+    async def _attempt(self) -> AsyncIterator[StreamChunk]:
+        """Steps 2-5 from the tokens streamed so far (none on the first attempt) to the end."""
+        request_id, prompt_ids, output_ids = self._replica_request_id, self.prompt_ids, list(self.text.token_ids)
+        token_ids = prompt_ids + output_ids
+        route = self._route = await self._find_route(token_ids, self._migrations.excluded_replica_ids)
+        target = await route.decode.reserve(request_id, token_ids, route.transport)
+        await self._enter(RequestState.PREFILLING, prefill_replica=route.prefill.replica_id,
+                          decode_replica=route.decode.replica_id, transport=transport_name(route.transport))
+        if self._timeline.scheduled_s is None:
+            self._timeline.scheduled_s = time.monotonic()
+        prefill = route.prefill.run(request_id, prompt_ids, output_ids, self.params, self.seed, target)
+        try:
+            first = await prefill.first_token()
+            chunk = self._accept(first)
+            if output_ids:
+                self._metrics.on_token(self._last_itl_s)
+            else:
+                self._metrics.on_first_token(self._last_token_s - self._started_s)
+            yield chunk
+            await self._enter(RequestState.TRANSFERRING)
+            done = await prefill.transfer_done()
+        except BaseException:
+            prefill.cancel()
+            raise
+        self._metrics.on_kv_transfer(done.transport, done.num_bytes, done.seconds)
+        await self._record_in_flight(self._store.update(self.request_id, kv_bytes=done.num_bytes,
+                                                        kv_transfer_s=done.seconds), "its KV transfer")
+        if self.text.finished:
+            await self._abort_on_replicas()  # releases the reservation no token will use
+            await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+            return
+
+        await self._enter(RequestState.DECODING)
+        steps = route.decode.generate(request_id, prompt_ids, output_ids, self.params, self.seed, first.token_id)
+        async with contextlib.aclosing(steps):  # after a stop string, closing aborts on decode
+            async for step in steps:
+                for token in step.tokens:
+                    chunk = self._accept(token)
+                    self._metrics.on_token(self._last_itl_s)
+                    yield chunk
+                    if self.text.finished:
+                        break
+                if self.text.finished:
+                    break
+        if not self.text.finished:
+            raise BackendError(grpc.StatusCode.INTERNAL,
+                               f"decode replica {route.decode.replica_id} ended the stream before the request finished")
+        self._metrics.on_preemptions(step.num_preemptions)
+        await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+
+    async def _migrate(self, error: BackendError, failed_replica_id: str) -> None:
+        """Gives back what the failed attempt holds and readies the next, or raises past the limit."""
+        route = self._route
+        kind = "decode" if route is not None and failed_replica_id == route.decode.replica_id else "prefill"
+        await self._abort_on_replicas(gone_replica_id=failed_replica_id)
+        self._migrations.start(self.request_id, error, failed_replica_id)
+        self._metrics.on_migration(f"{kind}_unavailable")
+        self._replica_request_id = f"{self.request_id}#{self._migrations.num_done}"
+        logger.warning("request %s: %s replica %s went away (%s); migrating with %d tokens streamed (%d of %d)",
+                       self.request_id, kind, failed_replica_id, error, self.text.num_output_tokens,
+                       self._migrations.num_done, self._migrations.limit)
+
+    def _accept(self, token: SampledToken) -> StreamChunk:
+        now_s = time.monotonic()
+        self._last_itl_s, self._last_token_s = now_s - self._last_token_s, now_s
+        self._timeline.on_token(now_s)
+        return self.text.push(token)
+
+    async def _enter(self, state: RequestState, **fields) -> None:
+        if self.aborted:
+            raise AbortedError(f"request {self.request_id} was aborted")
+        await self._record_in_flight(self._store.transition(self.request_id, state, **fields), state.name)
+
+    async def _record_in_flight(self, write: Awaitable[None], what: str) -> None:
+        """A record write of a streaming request. One that cannot reach Redis, or finds the record
+        gone (a Redis restarted empty), does not stop the stream; after such a miss the record is
+        behind, so a move it cannot make from there does not stop it either."""
+        try:
+            await write
+        except (StateStoreUnavailableError, RequestNotFoundError) as exc:
+            self._record_behind = True
+            logger.warning("request %s: %s not recorded: %s", self.request_id, what, exc)
+        except IllegalTransitionError as exc:
+            if not self._record_behind:
+                raise
+            logger.warning("request %s: %s not recorded: %s", self.request_id, what, exc)
+
+    async def _end(self, state: RequestState, reason: str, error: str) -> None:
+        """Ends the request once, whoever cancels the caller meanwhile (see `run_to_end`)."""
+        if self._ended:
+            return
+        self._ended = True
+        if self._recorded:
+            self._metrics.on_finish(reason, len(self.prompt_ids), self.text.num_output_tokens,
+                                    time.monotonic() - self._started_s, self._timeline)
+        await run_to_end(self._finish(state, error), END_DEADLINE_S, f"the end of request {self.request_id}")
+
+    async def _finish(self, state: RequestState, error: str) -> None:
+        """Aborts leftovers on the replicas unless finished, and records how the request ended."""
+        if state is not RequestState.FINISHED:
+            await self._abort_on_replicas()
+        if not self._recorded:
+            return
+        try:
+            await self._store.transition(self.request_id, state, completion_tokens=self.text.num_output_tokens,
+                                         error=error)
+        except Exception as exc:
+            logger.warning("request %s: could not record %s: %s", self.request_id, state.name, exc)
+
+    async def _abort_on_replicas(self, gone_replica_id: str | None = None) -> None:
+        """Aborts the current attempt on its replicas, except on one known to be gone (an abort
+        sent there could only wait for its timeout)."""
+        if self._route is None:
+            return
+        request_id = self._replica_request_id
+        replicas = [r for r in (self._route.decode, self._route.prefill) if r.replica_id != gone_replica_id]
+        results = await asyncio.gather(*(r.abort(request_id) for r in replicas), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                logger.warning("abort of %s on a replica failed: %s", request_id, result)
+
+    def _abort_chunk(self) -> StreamChunk:
+        return StreamChunk(
+            request_id=self.request_id, token_ids=[], text="", logprobs=[], finish_reason="abort",
+            stop_reason=None, prompt_tokens=len(self.prompt_ids), completion_tokens=self.text.num_output_tokens)

@@ -1,0 +1,74 @@
+"""A bound on the requests a gateway holds at once, checked before any work is done.
+
+Every engine request a front takes in (one per gRPC Generate, one per choice of an HTTP
+completion) holds one slot from admission until its stream ends, however it ends. A request
+that would take the number held past `max_pending_requests` is refused at once, before the
+gateway tokenizes it, writes to Redis or calls a replica: the client sees HTTP 429 with
+`Retry-After` / gRPC RESOURCE_EXHAUSTED with a `retry-after` trailer, and retries later. This is
+load shedding at the front (as SGLang's `--max-queued-requests`); the gateway never queues a
+request behind others, so the bound is also the bound on what it holds in memory.
+
+Invariant: `num_pending` is the number of slots held, and returns to 0 once every admitted
+stream has ended; `pdserve:num_requests_pending` shows it and
+`pdserve:requests_rejected_total{front}` counts the refusals.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError, ResourceExhaustedError
+
+DEFAULT_MAX_PENDING_REQUESTS = 4096
+RETRY_AFTER_S = 1
+"""What a refused client is told to wait before retrying (whole seconds, as HTTP's header)."""
+
+FRONTS = ("grpc", "http")
+
+
+class OverloadedError(ResourceExhaustedError):
+    """The gateway holds as many requests as it may: retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Admission:
+    def __init__(self, max_pending_requests: int, registry: CollectorRegistry, model_name: str):
+        if max_pending_requests < 1:
+            raise InvalidConfigError(f"max_pending_requests must be at least 1, got {max_pending_requests}")
+        self.max_pending_requests = max_pending_requests
+        self.num_pending = 0
+        self._pending = Gauge(
+            "pdserve:num_requests_pending", "Requests the gateway's fronts hold (admitted, not ended).",
+            ("model_name",), registry=registry).labels(model_name)
+        rejected = Counter("pdserve:requests_rejected", "Requests refused because the gateway held its maximum.",
+                           ("model_name", "front"), registry=registry)
+        self._rejected = {front: rejected.labels(model_name, front) for front in FRONTS}
+
+    def admit(self, num_requests: int, front: str) -> contextlib.AbstractContextManager[None]:
+        """Slots for `num_requests`, held inside the `with` block the answer opens; raises
+        OverloadedError at once, holding none, when they do not fit now, and
+        InvalidRequestError when they never could."""
+        if num_requests > self.max_pending_requests:
+            raise InvalidRequestError(
+                f"{num_requests} requests at once exceed the gateway's maximum of {self.max_pending_requests}")
+        if self.num_pending + num_requests > self.max_pending_requests:
+            self._rejected[front].inc()
+            raise OverloadedError(
+                f"the gateway holds {self.num_pending} requests, its maximum is {self.max_pending_requests}: "
+                f"retry in {RETRY_AFTER_S} s", RETRY_AFTER_S)
+        return self._holding(num_requests)
+
+    @contextlib.contextmanager
+    def _holding(self, num_requests: int) -> Iterator[None]:
+        self.num_pending += num_requests
+        self._pending.set(self.num_pending)
+        try:
+            yield
+        finally:
+            self.num_pending -= num_requests
+            self._pending.set(self.num_pending)
