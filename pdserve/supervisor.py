@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdserve.engine.errors import PdserveError
+from pdserve.protocol.errors import PdserveError
 from pdserve.child_process import Child, ChildSpec, UpLog
 from pdserve.redis_process import RedisProcess, RedisStartError, start_redis
 
