@@ -1,141 +1,50 @@
-"""`pdserve bench`: flags shaped like `vllm bench serve`, one run or a request-rate sweep against a
-running server; `pdserve bench goodput` (bench/goodput.py) starts the systems it measures itself.
+"""`pdserve bench WORKLOAD`: the one way to start a measurement, or to redraw its report.
 
-Results go to stdout as markdown; with `--result-dir DIR` also to `DIR/<label>.json` (the
-result's `to_json_dict()`), `DIR/<label>.md` and `DIR/<label>_latency_cdf.png`, and for a sweep
-one such set per rate (`<label>_rate<R>`) plus `<label>_sweep.json` and `<label>_sweep.png`.
-Exit status 1 when no request completed.
+Each workload is a module with `add_arguments(parser)` and `run(args)`, imported only when its
+own flags are parsed, so `pdserve bench --help` loads no torch. Results are JSON; the report layer
+(`report`) turns them into the markdown tables, the PNG plots and the headline's goals.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import math
-from pathlib import Path
+import importlib
 
-from pdserve.bench import goodput
-from pdserve.bench.backend_base import BackendError
-from pdserve.bench.backends import BACKENDS
-from pdserve.bench.datasets import DATASET_KINDS, make_dataset
-from pdserve.bench.errors import BenchConfigError
-from pdserve.bench.metrics import SLO_KEYS, parse_slos
-from pdserve.bench.plots import plot_latency_cdf, plot_sweep
-from pdserve.bench.report import render_markdown
-from pdserve.bench.runner import BenchConfig, BenchResult, run_benchmark
-from pdserve.bench.sweep import parse_rates, run_sweep, sweep_json
+WORKLOADS = {  # name -> (module, what it measures)
+    "goodput": ("goodput", "the headline: start each system, climb request rates, goodput under TTFT/TPOT SLOs"),
+    "serve": ("serve", "one run at a request rate or concurrency cap, like `vllm bench serve`"),
+    "offline": ("offline", "the engines alone: pdserve's LLM.generate against vLLM's, same prompts"),
+    "decode-step": ("profile_decode_step", "one engine decode step split into its parts, against its read roofline"),
+    "decode-kernel": ("cpu_decode_kernel", "the CPU decode attention kernel on scattered KV blocks"),
+    "kv-transfer": ("kv_transfer", "KV transport bandwidth between a prefill and a decode pool"),
+    "report": ("report", "markdown tables, plots and the headline's goals from result JSON (no measuring)"),
+}
+
+
+class _WorkloadParser(argparse.ArgumentParser):
+    """A workload's parser: its module declares the flags the first time it parses."""
+
+    def __init__(self, *args, workload: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._workload = workload
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._workload is not None:
+            workload, self._workload = self._workload, None
+            _module(workload).add_arguments(self)
+        return super().parse_known_args(args, namespace)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Sends a dataset to a running server at a request rate (Poisson or gamma arrivals) "
-                          "or a concurrency cap and reports TTFT, TPOT, ITL, E2EL, throughput and goodput "
-                          "with vLLM's field names, plus the server's own Prometheus figures.")
-    target = parser.add_argument_group("server")
-    target.add_argument("--backend", choices=BACKENDS, default="openai",
-                        help="pdserve-grpc: the gateway's gRPC API; openai: /v1/completions (default)")
-    target.add_argument("--target",
-                        help="(required) HOST:PORT for pdserve-grpc, a base URL such as http://127.0.0.1:8000/v1 for openai")
-    target.add_argument("--model", help="model id for openai (default: the first of GET /v1/models)")
-    target.add_argument("--metrics-url", help="a Prometheus /metrics URL to scrape before, during and after")
-    data = parser.add_argument_group("dataset")
-    data.add_argument("--dataset", choices=DATASET_KINDS, default="random")
-    data.add_argument("--dataset-path", type=Path, help="the jsonl file")
-    data.add_argument("--num-prompts", type=int, default=1000, help="default 1000")
-    data.add_argument("--input-len", type=int, default=1024, help="random prompt tokens (default 1024)")
-    data.add_argument("--output-len", type=int, default=128, help="tokens to generate (default 128)")
-    data.add_argument("--range-ratio", type=float, default=0.0,
-                      help="lengths drawn uniformly in len*(1-r)..len*(1+r) (default 0)")
-    data.add_argument("--prefix-len", type=int, default=0, help="random tokens shared by every prompt")
-    data.add_argument("--tokenizer", type=Path, metavar="MODEL_DIR",
-                      help="model folder whose tokenizer draws the random prompts and decodes them to text")
-    data.add_argument("--vocab-size", type=int,
-                      help="without --tokenizer, random token ids are drawn from range(N)")
-    load = parser.add_argument_group("load")
-    load.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default inf: all at once)")
-    load.add_argument("--burstiness", type=float, default=1.0,
-                      help="gamma shape of the arrival gaps: 1 Poisson, <1 burstier (default 1)")
-    load.add_argument("--max-concurrency", type=int, help="most requests in flight at once")
-    load.add_argument("--sweep", type=_rates, metavar="R1,R2,...",
-                      help="run each request rate in turn (e.g. 1,2,4,inf) instead of --request-rate")
-    load.add_argument("--seed", type=int, default=0)
-    load.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                      help="always generate --output-len tokens (default on)")
-    load.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
-    load.add_argument("--timeout-s", type=float, default=600.0, help="per-request deadline (default 600)")
-    load.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
-                      help=f"SLOs for goodput, keys {', '.join(SLO_KEYS)} (e.g. ttft:500 tpot:50)")
-    out = parser.add_argument_group("output")
-    out.add_argument("--result-dir", type=Path, help="write JSON, markdown and PNG plots here")
-    out.add_argument("--label", help="name of the run and its files (default BACKEND-DATASET)")
-    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
-    modes = parser.add_subparsers(dest="mode", metavar="MODE")
-    goodput_parser = modes.add_parser("goodput", help="start each system and find its goodput under SLOs")
-    goodput.add_arguments(goodput_parser)
+    parser.description = "Benchmarks. Every workload writes JSON; `report` redraws tables and plots from it."
+    workloads = parser.add_subparsers(dest="workload", metavar="WORKLOAD", required=True,
+                                      parser_class=_WorkloadParser)
+    for name, (_, summary) in WORKLOADS.items():
+        workloads.add_parser(name, help=summary, description=summary, workload=name)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.mode == "goodput":
-        return goodput.run(args)
-    if args.target is None:
-        raise SystemExit("pdserve bench: --target is required (or run `pdserve bench goodput`)")
-    return run_against_target(args)
+    return _module(args.workload).run(args)
 
 
-def run_against_target(args: argparse.Namespace) -> int:
-    try:
-        config = BenchConfig(
-            backend=args.backend, target=args.target, model=args.model, request_rate=args.request_rate,
-            burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
-            ignore_eos=args.ignore_eos, temperature=args.temperature, goodput_slos_ms=parse_slos(args.goodput),
-            metrics_url=args.metrics_url, timeout_s=args.timeout_s,
-            label=args.label or f"{args.backend}-{args.dataset}")
-        requests = make_dataset(
-            args.dataset, num_prompts=args.num_prompts, seed=args.seed, input_len=args.input_len,
-            output_len=args.output_len, range_ratio=args.range_ratio, prefix_len=args.prefix_len,
-            tokenizer=_load_tokenizer(args.tokenizer), path=args.dataset_path, vocab_size=args.vocab_size)
-    except BenchConfigError as error:
-        raise SystemExit(f"pdserve bench: {error}") from error
-    progress = not args.disable_tqdm
-    try:
-        if args.sweep:
-            results = asyncio.run(run_sweep(config, requests, args.sweep, progress))
-        else:
-            results = [asyncio.run(run_benchmark(config, requests, progress))]
-    except BackendError as error:
-        raise SystemExit(f"pdserve bench: {args.target}: {error}") from error
-    for result in results:
-        _emit(result, args.result_dir)
-    if args.sweep and args.result_dir:
-        sweep = sweep_json(config.label, results)
-        (args.result_dir / f"{config.label}_sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
-        print(plot_sweep(sweep, args.result_dir / f"{config.label}_sweep.png"))
-    return 0 if any(result.metrics.completed for result in results) else 1
-
-
-def _emit(result: BenchResult, result_dir: Path | None) -> None:
-    figures = result.to_json_dict()
-    markdown = render_markdown(figures)
-    print(markdown)
-    if result_dir is None:
-        return
-    result_dir.mkdir(parents=True, exist_ok=True)
-    label = result.config.label
-    (result_dir / f"{label}.json").write_text(json.dumps(figures, indent=2) + "\n")
-    (result_dir / f"{label}.md").write_text(markdown)
-    plot_latency_cdf(figures, result_dir / f"{label}_latency_cdf.png")
-    print(result_dir / f"{label}.json")
-
-
-def _load_tokenizer(model_dir: Path | None):
-    if model_dir is None:
-        return None
-    from pdserve.engine.tokenizer import load_tokenizer
-    return load_tokenizer(model_dir)
-
-
-def _rates(text: str) -> list[float]:
-    try:
-        return parse_rates(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
-
+def _module(workload: str):
+    return importlib.import_module(f"pdserve.bench.{WORKLOADS[workload][0]}")

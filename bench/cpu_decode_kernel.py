@@ -5,9 +5,9 @@ pool that has served a while holds them) and prints the best of `--repeats` for 
 checking they agree. `--num-layers` gives each layer a pool of its own and attends over every one
 per repeat, as a decode step does, so that the reads come from memory rather than the caches.
 
-    python -m bench.cpu_decode_kernel                                  # serving-like: 32 seqs, 129-256
-    python -m bench.cpu_decode_kernel --num-seqs 64 --min-context 128 --max-context 700
-    python -m bench.cpu_decode_kernel --dtype bfloat16 --num-layers 30 --num-kv-heads 3 --num-heads 9 \\
+    pdserve bench decode-kernel                                  # serving-like: 32 seqs, 129-256
+    pdserve bench decode-kernel --num-seqs 64 --min-context 128 --max-context 700
+    pdserve bench decode-kernel --dtype bfloat16 --num-layers 30 --num-kv-heads 3 --num-heads 9 \\
         --head-dim 64 --min-context 300 --max-context 560                # SmolLM2's decode step, batch 32
 """
 from __future__ import annotations
@@ -55,8 +55,7 @@ def best_ms(fn, repeats: int) -> float:
     return 1000 * min(times_s)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-seqs", type=int, default=32)
     parser.add_argument("--min-context", type=int, default=129)
     parser.add_argument("--max-context", type=int, default=256)
@@ -70,7 +69,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (the kernel uses as many)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     library = cpu_decode_attention.load(dtype)
@@ -96,7 +97,4 @@ def main() -> None:
           f"{args.num_layers} layer(s), {args.threads} thread(s), best of {args.repeats}")
     print(f"compiled  {compiled_ms:7.3f} ms  ({kv_bytes / compiled_ms / 1e6:.1f} GB/s of K and V)")
     print(f"reference {reference_ms:7.3f} ms  ({reference_ms / compiled_ms:.1f}x the compiled kernel's time)")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

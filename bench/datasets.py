@@ -5,21 +5,9 @@ Kinds, as in `vllm bench serve`:
   per prompt, output lengths `output_len` ± `range_ratio`. Ids come from the tokenizer's vocabulary
   minus its special tokens (or from `range(vocab_size)` when no tokenizer is given); with a
   tokenizer each request also carries the decoded text.
-- "mixed": "random" where a fixed minority of prompts (`LONG_PROMPT_FRACTION`, at random
-  positions) is `LONG_PROMPT_SCALE` times longer: long prefills that interfere with decoding.
 - "prompt-heavy": "random" with prompt lengths drawn uniformly from
   `PROMPT_HEAVY_INPUT_LENS` (40..550 tokens, mean ~295) whatever `input_len` and `range_ratio`
   say: prefill dominates the work, and every batch mixes short and long prompts.
-- "heavy-tailed": "random" prompts, output lengths long-tailed as in chat traces: log-normal with
-  median `output_len / 4` and sigma `HEAVY_TAIL_SIGMA` (0.9: p90 ~3.2x, p99 ~8x the median),
-  rounded and clipped to [1, `HEAVY_TAIL_MAX_OVER_MEDIAN` x median] (= 2 x `output_len`), so
-  the mean is ~1.5x the median. `range_ratio` spreads only the prompt lengths here.
-- "multi-turn": chats that resend their history. Conversations of `MULTI_TURN_TURNS` turns
-  behind the shared `prefix_len` ids; each user turn is `input_len` ± `range_ratio` ids and each
-  answer `output_len` ± `range_ratio`. The request for turn t of a conversation is its system
-  prompt, turns 1..t-1 with their answers (random ids standing in for what the model said), and
-  user turn t; it asks for that turn's answer length. Requests go turn by turn: every
-  conversation's first turn, then every second turn, and so on.
 - "words": distinct prose-like prompts of `input_len` ± `range_ratio` words each (not tokens),
   every word drawn at random from the tokenizer's whole-word vocabulary entries (`WORD_MIN_CHARS`+
   letters after a leading space), so no two prompts share a prefix and each tokenizes to about
@@ -40,14 +28,9 @@ import numpy as np
 
 from pdserve.bench.errors import BenchConfigError
 
-DATASET_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn", "words", "jsonl")
-RANDOM_KINDS = ("random", "mixed", "prompt-heavy", "heavy-tailed", "multi-turn", "words")
-LONG_PROMPT_FRACTION = 0.1
-LONG_PROMPT_SCALE = 8
+DATASET_KINDS = ("random", "prompt-heavy", "words", "jsonl")
+RANDOM_KINDS = ("random", "prompt-heavy", "words")
 PROMPT_HEAVY_INPUT_LENS = (40, 550)  # tokens, both ends included
-HEAVY_TAIL_SIGMA = 0.9
-HEAVY_TAIL_MAX_OVER_MEDIAN = 8
-MULTI_TURN_TURNS = 4
 WORD_MIN_CHARS = 3
 
 
@@ -90,30 +73,16 @@ def make_dataset(kind: str, *, num_prompts: int, seed: int, input_len: int = 102
     if kind == "words":
         return _word_prompts(rng, tokenizer, input_len, output_len, range_ratio, num_prompts)
     token_pool = _token_pool(tokenizer, vocab_size)
-    input_lens = _input_lens(kind, rng, input_len, range_ratio, num_prompts)
-    output_lens = _output_lens(kind, rng, output_len, range_ratio, num_prompts)
-    prefix_ids = rng.choice(token_pool, size=prefix_len).tolist()
-    if kind == "multi-turn":
-        prompts = _multi_turn_prompts(rng, token_pool, prefix_ids, input_lens, output_lens)
+    if kind == "prompt-heavy":
+        input_lens = rng.integers(PROMPT_HEAVY_INPUT_LENS[0], PROMPT_HEAVY_INPUT_LENS[1] + 1, size=num_prompts)
     else:
-        prompts = [prefix_ids + rng.choice(token_pool, size=own_len).tolist() for own_len in input_lens.tolist()]
+        input_lens = _uniform_lens(rng, input_len, range_ratio, num_prompts)
+    output_lens = _uniform_lens(rng, output_len, range_ratio, num_prompts)
+    prefix_ids = rng.choice(token_pool, size=prefix_len).tolist()
+    prompts = [prefix_ids + rng.choice(token_pool, size=own_len).tolist() for own_len in input_lens.tolist()]
     return [BenchRequest(prompt=tokenizer.decode(token_ids) if tokenizer is not None else None,
                          prompt_token_ids=token_ids, output_len=out_len)
             for token_ids, out_len in zip(prompts, output_lens.tolist())]
-
-
-def _multi_turn_prompts(rng: np.random.Generator, token_pool: np.ndarray, prefix_ids: list[int],
-                        turn_lens: np.ndarray, answer_lens: np.ndarray) -> list[list[int]]:
-    """Request i is turn i // num_chats + 1 of chat i % num_chats: its history, then its turn."""
-    num_chats = -(-len(turn_lens) // MULTI_TURN_TURNS)
-    histories = [list(prefix_ids) for _ in range(num_chats)]
-    prompts = []
-    for i, (turn_len, answer_len) in enumerate(zip(turn_lens.tolist(), answer_lens.tolist())):
-        history = histories[i % num_chats]
-        history += rng.choice(token_pool, size=turn_len).tolist()
-        prompts.append(list(history))
-        history += rng.choice(token_pool, size=answer_len).tolist()
-    return prompts
 
 
 def _word_prompts(rng: np.random.Generator, tokenizer: Any, num_words: int, output_len: int, range_ratio: float,
@@ -147,27 +116,6 @@ def _token_pool(tokenizer: Any, vocab_size: int | None) -> np.ndarray:  # [num_a
     if vocab_size is None or vocab_size < 1:
         raise BenchConfigError("random prompts need a tokenizer or a vocab_size")
     return np.arange(vocab_size)
-
-
-def _input_lens(kind: str, rng: np.random.Generator, input_len: int, range_ratio: float,
-                num: int) -> np.ndarray:  # [num]
-    if kind == "prompt-heavy":
-        low, high = PROMPT_HEAVY_INPUT_LENS
-        return rng.integers(low, high + 1, size=num)
-    lens = _uniform_lens(rng, input_len, range_ratio, num)
-    if kind == "mixed":
-        long_positions = rng.choice(num, size=round(num * LONG_PROMPT_FRACTION), replace=False)
-        lens[long_positions] *= LONG_PROMPT_SCALE
-    return lens
-
-
-def _output_lens(kind: str, rng: np.random.Generator, output_len: int, range_ratio: float,
-                 num: int) -> np.ndarray:  # [num]
-    if kind != "heavy-tailed":
-        return _uniform_lens(rng, output_len, range_ratio, num)
-    median = output_len / 4
-    drawn = rng.lognormal(mean=math.log(median), sigma=HEAVY_TAIL_SIGMA, size=num)
-    return np.clip(np.rint(drawn), 1, max(1, round(HEAVY_TAIL_MAX_OVER_MEDIAN * median))).astype(int)
 
 
 def _uniform_lens(rng: np.random.Generator, length: int, range_ratio: float, num: int) -> np.ndarray:

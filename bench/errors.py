@@ -1,5 +1,5 @@
 """Errors the benchmark raises on purpose (a request that fails is a record, never an error)."""
-from pdserve.engine.errors import PdserveError
+from pdserve.protocol.errors import PdserveError
 
 
 class BenchConfigError(PdserveError, ValueError):

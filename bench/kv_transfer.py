@@ -3,7 +3,7 @@
 A decode replica runs in its own process (kvtransfer/testing/loopback.py); this process sends a
 prompt's worth of scattered blocks with each transport and times `send` end to end, commit or
 acknowledgement included. Not a test: on a shared machine absolute numbers are noise, the
-ratios measured side by side are the result. `python -m bench.kv_transfer --mib 64`.
+ratios measured side by side are the result. `pdserve bench kv-transfer --mib 64`.
 
 With `--decode-netns NS --decode-host ADDR` it also times grpc to a second decode process that
 serves at ADDR from network namespace NS (another host, as far as the network goes; run the bench
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.kvtransfer.choice import transport_name
+from pdserve.protocol.transport_choice import transport_name
 from pdserve.kvtransfer.in_place import copy_blocks
 from pdserve.kvtransfer.testing.loopback import LoopbackConfig, LoopbackDecode
 from pdserve.kvtransfer.transports import create_sender
@@ -125,17 +125,18 @@ def format_table(rows: list[BandwidthRow]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mib", type=int, default=64, help="bytes of KV blocks to move, in MiB")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--decode-netns", metavar="NS", help="also time grpc to a decode in this `ip netns`")
     parser.add_argument("--decode-host", metavar="ADDR", help="the address that decode serves at, in NS")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     if (args.decode_netns is None) != (args.decode_host is None):
-        parser.error("--decode-netns and --decode-host go together")
+        raise SystemExit("pdserve bench kv-transfer: --decode-netns and --decode-host go together")
     decode_netns = (args.decode_netns, args.decode_host) if args.decode_netns else None
     rows = measure(args.mib * 2**20, getattr(torch, args.dtype), num_repeats=args.repeats, decode_netns=decode_netns)
     print(format_table(rows))
@@ -144,7 +145,10 @@ def main() -> None:
         args.json.write_text(json.dumps({"dtype": args.dtype, "rows": [
             {"path": row.path, "num_bytes": row.num_bytes, "seconds": row.seconds, "gb_per_s": row.gb_per_s}
             for row in rows]}, indent=1))
+    return 0
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # as tests/faults runs it, inside a network namespace
+    main_parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(main_parser)
+    raise SystemExit(run(main_parser.parse_args()))

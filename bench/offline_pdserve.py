@@ -1,8 +1,8 @@
-"""One engine's side of `bench.offline_compare`: pdserve's `engine.LLM.generate`, in its own process.
+"""One engine's side of `bench.offline`: pdserve's `engine.LLM.generate`, in its own process.
 
     python -m bench.offline_pdserve SPEC_JSON RESULT_JSON
 
-Reads the spec `bench.offline_compare` writes (model, dtype, prompt token ids, output length,
+Reads the spec `bench.offline` writes (model, dtype, prompt token ids, output length,
 number of timed runs), generates every prompt once to warm up and then `num_timed_runs` times
 on the clock, greedy and ignoring EOS, and writes the result (seconds per timed run, token
 counts, the last run's output ids). `bench/offline_vllm.py` is the same loop over vLLM's `LLM`.

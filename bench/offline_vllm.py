@@ -1,4 +1,4 @@
-"""vLLM's side of `bench.offline_compare`: its offline `LLM.generate`, run by the peer's python.
+"""vLLM's side of `bench.offline`: its offline `LLM.generate`, run by the peer's python.
 
     PEER_SCRIPT python bench/offline_vllm.py SPEC_JSON RESULT_JSON
 

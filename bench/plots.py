@@ -31,32 +31,6 @@ def plot_latency_cdf(result: dict, path: Path) -> Path:
     return path
 
 
-def plot_sweep(sweep: dict, path: Path) -> Path:
-    """Throughput, p99 TTFT and p99 ITL against the request rate (inf drawn as the last point)."""
-    points = sweep["points"]
-    labels = ["inf" if point["request_rate"] == "inf" else f"{point['request_rate']:g}" for point in points]
-    positions = _rate_positions([point["request_rate"] for point in points])
-    panels = (("Output throughput (tok/s)", "output_throughput"), ("P99 TTFT (ms)", "p99_ttft_ms"),
-              ("P99 ITL (ms)", "p99_itl_ms"))
-    figure = Figure(figsize=(13, 4), layout="constrained")
-    for axes, (title, key) in zip(figure.subplots(1, 3), panels):
-        axes.plot(positions, [point[key] for point in points], marker="o")
-        axes.set_xticks(positions, labels)
-        axes.set(title=title, xlabel="request rate (req/s)")
-        axes.grid(alpha=0.3)
-    figure.suptitle(f"{sweep['label']}: request-rate sweep")
-    figure.savefig(path, dpi=100)
-    return path
-
-
-def _rate_positions(rates: list) -> list[float]:
-    """Finite rates at their value; inf one step (the largest gap, at least 1) past the largest."""
-    finite = [rate for rate in rates if rate != "inf"]
-    top = max(finite, default=0.0)
-    step = max([1.0, *np.diff(sorted(finite)).tolist()])
-    return [top + step if rate == "inf" else rate for rate in rates]
-
-
 def plot_grouped_bars(panels: dict[str, dict[str, dict[str, float]]], title: str, path: Path) -> Path:
     """One panel per key of `panels` ({panel title: {group: {bar: value}}}): a cluster of labelled
     bars per group, the same bar names in the same colours across groups and panels."""

@@ -1,7 +1,7 @@
 """Where one decode step of the engine spends its time, against the step's memory roofline.
 
-    python -m pdserve.bench.profile_decode_step                         # SmolLM2, float32, batch 8
-    python -m pdserve.bench.profile_decode_step --dtype bfloat16 --batch-sizes 1,8,16 --threads 1
+    pdserve bench decode-step                           # SmolLM2, float32, batches 1, 8, 16
+    pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,8,32 --threads 1
 
 `--batch-sizes` sequences, each with a `--context-len`-token prompt, are prefilled, then
 `--steps` decode steps run through `LLMEngine.step` (scheduling, input preparation, the forward,
@@ -124,15 +124,16 @@ def _dtype_bytes(model: torch.nn.Module) -> int:
     return model.model.embed_tokens.weight.element_size()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="what `pdserve up --model` takes (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batch-sizes", default="1,8,16")
     parser.add_argument("--context-len", type=int, default=400)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     import os
 
     from pdserve.checkpoints.model_ref import resolve_model
@@ -151,7 +152,4 @@ def main() -> None:
               f"{result['step_ms'] / result['roofline_ms']:.2f}x of it")
         for part, value_ms in result["parts_ms"].items():
             print(f"  {part:<34} {value_ms:6.1f} ms  {100 * value_ms / result['step_ms']:5.1f} %")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

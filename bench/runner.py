@@ -5,7 +5,8 @@ Each request waits for its arrival offset (`bench.arrivals`), then for a slot wh
 backend while `bench.timing` times it. The run's duration spans the first send to the last
 answer. A request that fails or outlives `timeout_s` is a failed record; the run never hangs on
 it. With `metrics_url` the server's Prometheus figures are scraped around and during the run;
-afterwards the backend is asked what the server recorded per request.
+afterwards the backend is asked what the server recorded per request. `run_on` is the one way
+every workload (and the planner) sends a trace to a system `bench.systems.started` runs.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pdserve.bench.metrics import BenchMetrics, compute_metrics, validate_slos
 from pdserve.bench.records import RequestRecord
 from pdserve.bench.request_details import summarise_request_details
 from pdserve.bench.server_metrics import MetricsScraper
+from pdserve.bench.systems import Served
 from pdserve.bench.timing import time_stream
 
 SCRAPE_INTERVAL_S = 0.5
@@ -142,3 +144,12 @@ async def run_benchmark(config: BenchConfig, requests: list[BenchRequest], progr
         server = {**(scraped or {}), "requests": per_request}
     return BenchResult(config=config, model_id=model_id, date=date, records=records,
                        metrics=compute_metrics(records, duration_s, config.goodput_slos_ms), server=server)
+
+
+def run_on(served: Served, requests: list[BenchRequest], label: str, *, progress: bool = False,
+           scrape: bool = False, **options) -> BenchResult:
+    """`requests` sent to a started system over its OpenAI HTTP API; `options` are BenchConfig's
+    (request_rate, max_concurrency, seed, goodput_slos_ms, ...); `scrape` reads its /metrics."""
+    config = BenchConfig(backend="openai", target=served.spec.base_url, model=served.model_id, label=label,
+                         metrics_url=served.spec.metrics_url if scrape else None, **options)
+    return asyncio.run(run_benchmark(config, requests, progress))

@@ -1,30 +1,28 @@
-"""The systems `pdserve bench-compare` measures: how each is launched, pinned, checked and stopped.
+"""The systems a benchmark measures: how each is launched, pinned, checked and stopped.
 
 Every system is one OpenAI-compatible HTTP server on loopback, started as its own process group:
 
-    static          python -m bench.static_server --model DIR --port P --dtype D  (padded HF generate)
-    colocated       python -m pdserve serve --model DIR --port P --dtype D        (continuous batching)
-    colocated-nocache  the same with --no-enable-prefix-caching
-    disaggregated   python -m pdserve up --model DIR --grpc-port G --http-port P --dtype D --prefill N --decode M
-                    (its own Redis, N prefill and M decode replicas (default 1 each), the
-                    gateway; the gateway's HTTP front; on two or more server CPUs, each replica
-                    pinned to its share)
-    disaggregated-load  the same with --routing load (the gateway ignores prefix caches)
-    vllm            PEER_SCRIPT serve DIR P --dtype D --enable-prefix-caching     (vLLM's CPU build)
+    colocated      python -m pdserve serve --model DIR --port P --dtype D      (one engine)
+    disaggregated  python -m pdserve up --model DIR --http-port P --dtype D --prefill N --decode M
+                   (its own Redis, N prefill and M decode replicas, the gateway's HTTP front;
+                   on two or more server CPUs each replica pinned to its share)
+    vllm           PEER serve DIR P --dtype D --enable-prefix-caching           (vLLM's CPU build)
+    llama-cpp      PEER serve FILE.gguf P SLOTS THREADS                         (llama.cpp's server)
 
-Every system loads the weights in the same dtype D, and every system but colocated-nocache
-caches prefixes, as pdserve and vLLM do by default. The peer script passes its own `--dtype` and
-`--no-enable-prefix-caching` before the extra arguments, and vLLM's parser keeps the last value,
-so the appended ones win.
+The peers are the scripts in ../shared/peers. vLLM's script passes its own `--dtype` and
+`--no-enable-prefix-caching` first and vLLM keeps the last value, so the appended ones win;
+llama.cpp runs the GGUF as stored (its own quantization, whatever D says).
 
-Invariant: every process a system runs sits on the same `Pinning.server_cpus` and sees the same
-thread-count environment (`Pinning.server_env`), so the systems differ in software only. The
-affinity is set in the child before it executes (children it forks inherit it), never by name.
-A system is up when GET /health answers 200 and /v1/models lists a model, within its startup
-deadline; stopping sends SIGTERM to its whole process group, then SIGKILL after a grace period.
+Invariant: every process a system runs sits on `Pinning.server_cpus` with the same thread-count
+environment, so the systems differ in software only; the affinity is set in the child before it
+executes. Every system runs from its log's folder, never the checkout, whose top-level packages
+(kernels/, bench/) would shadow the peers' own imports. A system is up when GET /health answers
+200 and /v1/models lists a model within its deadline; stopping sends SIGTERM to its process
+group, then SIGKILL after a grace.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -33,17 +31,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.bench.errors import BenchConfigError
 from pdserve.cluster.health_probe import probe_http
 from pdserve.cluster.ports import free_port
-from pdserve.engine.errors import PdserveError
+from pdserve.protocol.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
-SYSTEMS = ("static", "colocated", "colocated-nocache", "disaggregated", "disaggregated-load", "vllm")
+SYSTEMS = ("colocated", "disaggregated", "vllm", "llama-cpp")
 DTYPES = ("float32", "bfloat16")
+LLAMA_CPP_SLOTS = 16
 _POLL_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 2.0
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -54,17 +54,13 @@ class SystemStartError(PdserveError):
 
 
 class SystemUnavailable(PdserveError):
-    """A system that cannot run as configured (no peer script, a dtype it cannot load): skipped."""
+    """A system that cannot run as configured (no peer script, no GGUF file): skipped."""
 
 
 @dataclass(frozen=True, slots=True)
 class Pinning:
-    """Which CPUs the servers and the load-generating client run on.
-
-    Every system's processes get `server_cpus` and `len(server_cpus)` compute threads; the client
-    (this process) gets `client_cpus`. The two sets may overlap (then the client competes with
-    the server for those cores, the same way for every system).
-    """
+    """CPUs of the servers (each system gets them all, and as many compute threads) and of the
+    load-generating client; the two may overlap, the same way for every system."""
 
     server_cpus: tuple[int, ...]
     client_cpus: tuple[int, ...]
@@ -73,30 +69,19 @@ class Pinning:
         if not self.server_cpus or not self.client_cpus:
             raise ValueError("server and client each need at least one CPU")
 
-    @property
-    def num_server_threads(self) -> int:
-        return len(self.server_cpus)
-
     def server_env(self) -> dict[str, str]:
-        """Thread settings every system's processes get, vLLM's included."""
-        threads = str(self.num_server_threads)
-        return {
-            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false",
-            # vLLM's CPU worker binds one OpenMP thread per listed CPU itself.
-            "VLLM_CPU_OMP_THREADS_BIND": cpu_list_text(self.server_cpus),
-        }
+        threads = str(len(self.server_cpus))
+        return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false",
+                # vLLM's CPU worker binds one OpenMP thread per listed CPU itself.
+                "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.server_cpus))}
 
     def to_dict(self) -> dict:
         return {"server_cpus": list(self.server_cpus), "client_cpus": list(self.client_cpus),
-                "server_threads": self.num_server_threads}
+                "server_threads": len(self.server_cpus)}
 
 
-def default_pinning(available_cpus: set[int]) -> Pinning:
-    """The client on the lowest CPU, every server on all the others (all of them if only one)."""
-    cpus = sorted(available_cpus)
-    if len(cpus) == 1:
-        return Pinning(tuple(cpus), tuple(cpus))
-    return Pinning(tuple(cpus[1:]), (cpus[0],))
+def all_cpus() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0)))
 
 
 def parse_systems(text: str) -> tuple[str, ...]:
@@ -116,8 +101,16 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
-def cpu_list_text(cpus: tuple[int, ...]) -> str:
-    return ",".join(str(cpu) for cpu in cpus)
+@dataclass(frozen=True, slots=True)
+class SystemOptions:
+    model_dir: Path
+    dtype: str = "float32"  # one of DTYPES: what every system loads the weights in
+    num_prefill_replicas: int = 1  # of disaggregated
+    num_decode_replicas: int = 1  # of disaggregated
+    peer_vllm: Path | None = None  # ../shared/peers/vllm-cpu; None: vllm cannot run
+    peer_llama_cpp: Path | None = None  # ../shared/peers/llama-cpp
+    gguf: Path | None = None  # the file llama-cpp serves
+    startup_timeout_s: float = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +118,6 @@ class SystemSpec:
     name: str  # one of SYSTEMS
     argv: tuple[str, ...]
     http_port: int
-    startup_timeout_s: float
     description: str  # one line for the report
 
     @property
@@ -137,120 +129,86 @@ class SystemSpec:
         return f"http://{LOOPBACK}:{self.http_port}/metrics"
 
 
-@dataclass(frozen=True, slots=True)
-class SystemOptions:
-    model_dir: Path
-    static_max_batch_size: int
-    vllm_script: Path | None  # None: the vllm system cannot run
-    startup_timeout_s: float
-    vllm_startup_timeout_s: float
-    dtype: str = "float32"  # one of DTYPES: what every system loads the weights in
-    num_decode_replicas: int = 1  # of the disaggregated systems
-    num_prefill_replicas: int = 1  # of the disaggregated systems
-
-
 def system_spec(name: str, options: SystemOptions) -> SystemSpec:
     """How to launch `name`; raises SystemUnavailable when it cannot run with these options."""
-    port = free_port(LOOPBACK)
-    model = str(options.model_dir)
-    python = sys.executable
-    dtype = ("--dtype", options.dtype)
-    if name == "static":
-        return SystemSpec(name, (python, "-m", "pdserve.bench.static_server", "--model", model, "--port", str(port),
-                                 "--max-batch-size", str(options.static_max_batch_size), *dtype),
-                          port, options.startup_timeout_s,
-                          f"static batching: padded transformers generate, batches of up to "
-                          f"{options.static_max_batch_size}")
-    if name in ("colocated", "colocated-nocache"):
-        caching = () if name == "colocated" else ("--no-enable-prefix-caching",)
-        return SystemSpec(name, (python, "-m", "pdserve", "serve", "--model", model, "--port", str(port), *dtype,
-                                 *caching),
-                          port, options.startup_timeout_s,
-                          "pdserve serve: one engine, continuous batching with chunked prefill, prefix caching "
-                          + ("on" if name == "colocated" else "off"))
-    if name in ("disaggregated", "disaggregated-load"):
-        routing = "cache-aware" if name == "disaggregated" else "load"
-        return SystemSpec(name, (python, "-m", "pdserve", "up", "--model", model,
+    port, model, dtype = free_port(LOOPBACK), str(options.model_dir), ("--dtype", options.dtype)
+    if name == "colocated":
+        return SystemSpec(name, (sys.executable, "-m", "pdserve", "serve", "--model", model, "--port", str(port),
+                                 *dtype), port,
+                          "pdserve serve: one engine, continuous batching with chunked prefill, prefix caching on")
+    if name == "disaggregated":
+        num_p, num_d = options.num_prefill_replicas, options.num_decode_replicas
+        return SystemSpec(name, (sys.executable, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(free_port(LOOPBACK)), "--http-port", str(port),
                                  "--startup-timeout-s", str(options.startup_timeout_s), *dtype,
-                                 "--prefill", str(options.num_prefill_replicas),
-                                 "--decode", str(options.num_decode_replicas), "--routing", routing),
-                          port, options.startup_timeout_s,
-                          f"pdserve up: gateway ({routing} routing) + {options.num_prefill_replicas} prefill + "
-                          f"{options.num_decode_replicas} decode + Redis, KV over shared memory")
+                                 "--prefill", str(num_p), "--decode", str(num_d)), port,
+                          f"pdserve up: gateway + {num_p} prefill + {num_d} decode + Redis, KV over shared memory")
     if name == "vllm":
-        if options.vllm_script is None:
-            raise SystemUnavailable("no --peer-vllm script given")
-        if not options.vllm_script.is_file():
-            raise SystemUnavailable(f"peer script {options.vllm_script} not found")
-        return SystemSpec(name, (str(options.vllm_script.resolve()), "serve", model, str(port), *dtype,
-                                 "--enable-prefix-caching"),
-                          port, options.vllm_startup_timeout_s,
+        script = _peer_script(options.peer_vllm, "--peer-vllm")
+        return SystemSpec(name, (script, "serve", model, str(port), *dtype, "--enable-prefix-caching"), port,
                           "vLLM CPU build, OpenAI server, prefix caching on")
+    if name == "llama-cpp":
+        script = _peer_script(options.peer_llama_cpp, "--peer-llama-cpp")
+        if options.gguf is None or not options.gguf.is_file():
+            raise SystemUnavailable(f"llama-cpp needs --gguf FILE (got {options.gguf})")
+        threads = str(len(os.sched_getaffinity(0)))
+        return SystemSpec(name, (script, "serve", str(options.gguf.resolve()), str(port), str(LLAMA_CPP_SLOTS),
+                                 threads), port,
+                          f"llama.cpp server (xllamacpp), {LLAMA_CPP_SLOTS} slots, the GGUF as stored")
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+
+
+def _peer_script(path: Path | None, flag: str) -> str:
+    if path is None:
+        raise SystemUnavailable(f"no {flag} script given")
+    if not path.is_file():
+        raise SystemUnavailable(f"peer script {path} not found")
+    return str(path.resolve())
 
 
 class RunningSystem:
     """One started system, running from construction until `stop`, which ends its whole process group."""
 
-    def __init__(self, spec: SystemSpec, pinning: Pinning, log_path: Path, shutdown_timeout_s: float = 30.0):
-        self.spec = spec
-        self.log_path = log_path
-        self._shutdown_timeout_s = shutdown_timeout_s
+    def __init__(self, spec: SystemSpec, pinning: Pinning, log_path: Path, startup_timeout_s: float,
+                 shutdown_timeout_s: float = 30.0):
+        self.spec, self.log_path = spec, log_path
+        self._startup_timeout_s, self._shutdown_timeout_s = startup_timeout_s, shutdown_timeout_s
         env = {**os.environ, **pinning.server_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
-            # Run from the log's folder: `python -m` puts the working directory first on sys.path, and
-            # a repository checkout there (its kernels/, bench/) would shadow the peer's own imports.
             self._process = subprocess.Popen(
                 spec.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
                 start_new_session=True, preexec_fn=pinned_child_setup(pinning.server_cpus))
 
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
     def wait_ready(self) -> str:
         """Blocks until healthy and serving a model; returns the model id. Raises SystemStartError."""
-        deadline = time.monotonic() + self.spec.startup_timeout_s
-        health_url = f"http://{LOOPBACK}:{self.spec.http_port}/health"
+        deadline = time.monotonic() + self._startup_timeout_s
         while True:
             if self._process.poll() is not None:
                 raise SystemStartError(f"{self.spec.name} exited with status {self._process.returncode} "
                                        f"while starting; its last output:\n{self.log_tail()}")
-            if probe_http(health_url, _PROBE_TIMEOUT_S).ready:
+            if probe_http(f"http://{LOOPBACK}:{self.spec.http_port}/health", _PROBE_TIMEOUT_S).ready:
                 model_id = self._served_model_id()
                 if model_id is not None:
                     return model_id
             if time.monotonic() >= deadline:
-                raise SystemStartError(f"{self.spec.name} was not healthy within "
-                                       f"{self.spec.startup_timeout_s:.0f} s; its last output:\n{self.log_tail()}")
+                raise SystemStartError(f"{self.spec.name} was not healthy within {self._startup_timeout_s:.0f} s; "
+                                       f"its last output:\n{self.log_tail()}")
             time.sleep(_POLL_INTERVAL_S)
-
-    def scrape_metrics(self) -> str | None:
-        """The Prometheus text at /metrics, or None when the system has none."""
-        try:
-            with urllib.request.urlopen(self.spec.metrics_url, timeout=_PROBE_TIMEOUT_S * 5) as response:
-                return response.read().decode(errors="replace") if response.status == 200 else None
-        except OSError:
-            return None
 
     def stop(self) -> int | None:
         """SIGTERM to the process group, SIGKILL to what is left after the grace; the exit status."""
         if self._process.poll() is None:
             _signal_group(self._process.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout=self._shutdown_timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         _signal_group(self._process.pid, signal.SIGKILL)  # stragglers of a group whose leader left
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             return self._process.wait(timeout=self._shutdown_timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
+        return None
 
     def log_tail(self, num_lines: int = 30) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-num_lines:])
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
     def _served_model_id(self) -> str | None:
         try:
@@ -261,15 +219,29 @@ class RunningSystem:
         return models[0]["id"] if models else None
 
 
-def pin_this_process(cpus: tuple[int, ...]) -> None:
-    os.sched_setaffinity(0, cpus)
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A system that is up: where to send, and the model id it serves."""
+
+    spec: SystemSpec
+    model_id: str
+
+
+@contextlib.contextmanager
+def started(name: str, options: SystemOptions, pinning: Pinning, log_dir: Path) -> Iterator[Served]:
+    """`name` running and ready while the block runs, stopped after it (logs/<name>.log).
+    Raises SystemUnavailable before starting anything, SystemStartError when it never came up."""
+    spec = system_spec(name, options)
+    system = RunningSystem(spec, pinning, log_dir / f"{name}.log", options.startup_timeout_s)
+    try:
+        yield Served(spec, system.wait_ready())
+    finally:
+        system.stop()
 
 
 def _signal_group(pgid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def pinned_child_setup(cpus: tuple[int, ...]):
@@ -281,3 +253,32 @@ def pinned_child_setup(cpus: tuple[int, ...]):
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
     return setup
+
+
+def add_system_arguments(parser, model: bool = True) -> None:
+    """The flags every workload that starts systems shares (`model`: with --model SPEC)."""
+    if model:
+        parser.add_argument("--model", metavar="SPEC",
+                            help="what `pdserve up --model` takes (default: SmolLM2-135M-Instruct, fetched once)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="what every system loads the weights in")
+    parser.add_argument("--prefill-replicas", type=int, default=1, metavar="N", help="of disaggregated (default 1)")
+    parser.add_argument("--decode-replicas", type=int, default=1, metavar="M", help="of disaggregated (default 1)")
+    parser.add_argument("--peer-vllm", type=Path, metavar="SCRIPT",
+                        help="../shared/peers/vllm-cpu (its `serve` and `python`); without it vllm is skipped")
+    parser.add_argument("--peer-llama-cpp", type=Path, metavar="SCRIPT", help="../shared/peers/llama-cpp")
+    parser.add_argument("--gguf", type=Path, metavar="FILE", help="the GGUF file llama-cpp serves")
+    parser.add_argument("--server-cpus", type=parse_cpu_list, metavar="LIST",
+                        help="CPUs every system runs on (default: every usable CPU)")
+    parser.add_argument("--client-cpus", type=parse_cpu_list, metavar="LIST",
+                        help="CPUs of the client (default: every usable CPU, shared with the servers)")
+    parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+
+
+def options_from(args) -> tuple[SystemOptions, Pinning]:
+    """The systems' options and pinning from `add_system_arguments`' flags; resolves the model."""
+    from pdserve.checkpoints.model_ref import resolve_model
+
+    model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
+    options = SystemOptions(model_dir, args.dtype, args.prefill_replicas, args.decode_replicas, args.peer_vllm,
+                            args.peer_llama_cpp, args.gguf, args.startup_timeout_s)
+    return options, Pinning(args.server_cpus or all_cpus(), args.client_cpus or all_cpus())

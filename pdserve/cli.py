@@ -20,7 +20,7 @@ from pathlib import Path
 from pdserve.checkpoints.errors import CheckpointError
 from pdserve.checkpoints.model_ref import MODEL_HELP
 from pdserve.cluster.routing_policies import ROUTING_POLICIES
-from pdserve.kvtransfer.names import TRANSPORT_NAMES
+from pdserve.protocol.transport_choice import TRANSPORT_NAMES
 
 DEFAULT_GATEWAY_GRPC_PORT = 50051
 DEFAULT_GATEWAY_HTTP_PORT = 8000
@@ -45,7 +45,7 @@ class _LazyArgumentParser(argparse.ArgumentParser):
 
 
 def run_make_tiny_model(args: argparse.Namespace) -> int:
-    from pdserve.checkpoints.tiny_model import TinyModelSpec, write_tiny_model_spec
+    from pdserve.checkpoints.tiny.model import TinyModelSpec, write_tiny_model_spec
 
     given = {field.name: getattr(args, field.name)
              for field in dataclasses.fields(TinyModelSpec) if hasattr(args, field.name)}
@@ -63,7 +63,7 @@ def add_make_tiny_model(subparsers: argparse._SubParsersAction) -> None:
         help="write a small random Hugging Face model folder (config, weights, tokenizer)",
         description="Writes a randomly initialised causal LM with a byte-level BPE tokenizer "
                     "trained offline. The same flags give byte-identical weights. Flags left "
-                    "out take the defaults of pdserve.checkpoints.tiny_model.TinyModelSpec.",
+                    "out take the defaults of pdserve.checkpoints.tiny.model.TinyModelSpec.",
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("out_dir", type=Path, metavar="DIR",
@@ -302,24 +302,18 @@ def add_decode(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_gateway(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "gateway", "pdserve.gateway.main",
+    _add_service(subparsers, "gateway", "pdserve.gateway.disaggregated.main",
                  "serve the gateway (gRPC API and OpenAI-compatible HTTP API)")
 
 
 def add_serve(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "serve", "pdserve.gateway.serve_colocated",
+    _add_service(subparsers, "serve", "pdserve.gateway.colocated.main",
                  "serve one colocated engine (prefill and decode in one batch) behind the OpenAI HTTP API")
 
 
 def add_bench(subparsers: argparse._SubParsersAction) -> None:
     _add_service(subparsers, "bench", "pdserve.bench.cli",
-                 "benchmark a running server like `vllm bench serve` (TTFT, TPOT, ITL, throughput, goodput)")
-
-
-def add_bench_compare(subparsers: argparse._SubParsersAction) -> None:
-    _add_service(subparsers, "bench-compare", "pdserve.bench.compare",
-                 "launch static batching, pdserve (colocated, disaggregated) and vLLM in turn and "
-                 "benchmark them side by side on one trace")
+                 "benchmarks: `pdserve bench WORKLOAD` (goodput, serve, offline, micro-benchmarks, report)")
 
 
 def add_plan(subparsers: argparse._SubParsersAction) -> None:
@@ -342,7 +336,7 @@ def _positive_int(text: str) -> int:
 
 
 SUBCOMMANDS = (add_up, add_model, add_compose_gpus, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
-               add_bench, add_bench_compare, add_plan, add_make_tiny_model)
+               add_bench, add_plan, add_make_tiny_model)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,8 @@
     workload.py   rate, lengths, SLOs                      │
     simulate.py   gateways, P prefill + D decode servers ◀─┘ ─▶ summary.py  TTFT/TPOT percentiles, goodput
     recommend.py  every xPyD split of a GPU budget       ─▶ the split with the best SLO attainment
-    validate.py   the same configurations through `pdserve bench` (bench_runs.py), side by side
     report.py     markdown tables and plots; cli.py the `pdserve plan` steps
+
+The serving runs start `pdserve up` and send traces through pdserve.bench (bench.systems,
+bench.runner): the planner has no launch code of its own.
 """

@@ -1,12 +1,10 @@
-"""`pdserve plan`: profile a model on this device, simulate xPyD configurations, recommend a split,
-check the predictions against `pdserve bench`.
+"""`pdserve plan`: profile a model on this device, simulate xPyD configurations, recommend a split.
 
     pdserve plan profile   --model DIR --out profile.json [--cpus 1] [--no-serving]
     pdserve plan simulate  --profile profile.json --config 1P1D --config 2P6D --request-rate 4 ...
     pdserve plan recommend --profile profile.json --gpus 8,16,32 --rate-per-gpu 3 ... --result-dir DIR
-    pdserve plan validate  --profile profile.json --model DIR --request-rates 2,6 ... --result-dir DIR
 
-JSON results go to `--result-dir` (with markdown and a PNG for recommend and validate); tables
+JSON results go to `--result-dir` (with markdown, and a PNG for recommend); tables
 to stdout.
 """
 from __future__ import annotations
@@ -58,13 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="the fleet's rate is this times its GPUs (instead of --request-rate)")
     recommend.add_argument("--gpus-per-gateway", type=int, default=2, help="fronts scale with the fleet (default 2)")
 
-    validate = commands.add_parser("validate", help="predicted against `pdserve bench` on configurations run here")
-    _add_profile_workload_slo(validate, rate_required=False)
-    validate.add_argument("--model", type=Path, required=True, metavar="DIR")
-    validate.add_argument("--config", action="append", type=_xpyd, metavar="xPyD", help="default 1P1D")
-    validate.add_argument("--request-rates", type=_floats, default=(2.0, 6.0), metavar="LIST")
-    validate.add_argument("--dtype", default="float32")
-    validate.add_argument("--num-repeats", type=int, default=3, help="runs of each trace; medians reported (default 3)")
 
 
 def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
@@ -83,8 +74,7 @@ def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bo
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"profile": _profile, "simulate": _simulate, "recommend": _recommend,
-            "validate": _validate}[args.plan_command](args)
+    return {"profile": _profile, "simulate": _simulate, "recommend": _recommend}[args.plan_command](args)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -147,30 +137,6 @@ def _recommend(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate(args: argparse.Namespace) -> int:
-    """0 when every row is within tolerance."""
-    from pdserve.planner.report import plot_validation, validation_markdown
-    from pdserve.planner.simulate import XpYd
-    from pdserve.planner.validate import ValidationConfig, validate
-
-    result_dir = args.result_dir or DEFAULT_RESULT_DIR
-    config = ValidationConfig(
-        profile=_load_profile(args.profile), model_dir=args.model, configs=tuple(args.config or [XpYd(1, 1)]),
-        request_rates=tuple(args.request_rates), num_prompts=args.num_prompts, input_len=args.input_len,
-        output_len=args.output_len, range_ratio=args.range_ratio, slo=_slo(args), log_dir=result_dir / "logs",
-        seed=args.seed, dtype=args.dtype, num_repeats=args.num_repeats)
-    rows = validate(config)
-    workload = {"num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-                "range_ratio": args.range_ratio, "request_rates": list(args.request_rates),
-                "num_repeats": args.num_repeats}
-    markdown = validation_markdown(rows)
-    print(markdown)
-    _write(result_dir, "validation", {"profile": str(args.profile), "workload": workload,
-                                      "slo": dataclasses.asdict(config.slo), "rows": rows}, markdown)
-    print(plot_validation(rows, result_dir / "validation.png"))
-    return 0 if all(row["within_tolerance"] for row in rows) else 1
-
-
 def _load_profile(path: Path):
     from pdserve.planner.profile import Profile
     try:
@@ -217,7 +183,3 @@ def _xpyd(text: str):
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(","))
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(part) for part in text.split(","))

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.sampling_params import SamplingParams
+from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.kvtransfer.in_place import copy_blocks
 from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile
 

@@ -1,4 +1,4 @@
-"""Markdown tables and PNG plots of validation rows and fleet sweeps, from their JSON form.
+"""Markdown tables of simulations and fleet sweeps and the fleet plot, from their JSON form.
 
 Plots use `matplotlib.figure.Figure` directly, as bench/plots.py does: no pyplot state.
 """
@@ -8,23 +8,6 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from pdserve.planner.validate import COMPARED, TOLERANCE
-
-
-def validation_markdown(rows: list[dict]) -> str:
-    header = ["config", "rate (req/s)"] + [f"{key[:-3]} pred / meas (ratio)" for key in COMPARED] + [
-        "goodput pred / meas (req/s)", f"within {TOLERANCE:.0%}"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        cells = [row["config"], f"{row['request_rate']:g}"]
-        for key in COMPARED:
-            ratio = row["ratios"].get(key)
-            cells.append(f"{row['predicted'][key]:.1f} / {row['measured'][key]:.1f} "
-                         f"({ratio:.2f})" if ratio is not None else "n/a")
-        cells.append(f"{row['predicted']['goodput_rps']:.2f} / {row['measured']['goodput_rps']:.2f}")
-        cells.append("yes" if row["within_tolerance"] else "no")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def simulation_markdown(rows: list[dict]) -> str:
@@ -74,32 +57,5 @@ def plot_fleet(fleet: dict, path: Path) -> Path:
     slo = fleet["slo"]
     figure.suptitle(f"xPyD recommendation from the profile of {fleet['profile']['hardware']['name']}: "
                     f"TTFT ≤ {slo['ttft_ms']:g} ms, TPOT ≤ {slo['tpot_ms']:g} ms")
-    figure.savefig(path, dpi=100)
-    return path
-
-
-def plot_validation(rows: list[dict], path: Path) -> Path:
-    """Each compared percentile against the request rate, one colour per configuration: the
-    prediction as a line inside its tolerance band, the measured median as a point with the
-    range of its runs."""
-    figure = Figure(figsize=(12, 8), layout="constrained")
-    for axes, key in zip(figure.subplots(2, 2).flat, COMPARED):
-        for index, config in enumerate(dict.fromkeys(row["config"] for row in rows)):
-            config_rows = sorted((row for row in rows if row["config"] == config), key=lambda row: row["request_rate"])
-            rates = [row["request_rate"] for row in config_rows]
-            predicted = [row["predicted"][key] for row in config_rows]
-            measured = [row["measured"][key] for row in config_rows]
-            runs = [[run[key] for run in row["measured_runs"]] for row in config_rows]
-            color = f"C{index}"
-            axes.plot(rates, predicted, color=color, label=f"{config} predicted")
-            axes.fill_between(rates, [(1 - TOLERANCE) * p for p in predicted], [(1 + TOLERANCE) * p for p in predicted],
-                              color=color, alpha=0.15)
-            axes.errorbar(rates, measured, yerr=[[m - min(r) for m, r in zip(measured, runs)],
-                                                 [max(r) - m for m, r in zip(measured, runs)]],
-                          fmt="o", color=color, capsize=4, label=f"{config} measured")
-        axes.set(title=f"{key[:3]} {key[4:-3].upper()}", xlabel="request rate (req/s)", ylabel="ms", ylim=(0, None))
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-    figure.suptitle(f"Predicted (band: ±{TOLERANCE:.0%}) against measured (median, range of the runs)")
     figure.savefig(path, dpi=100)
     return path

@@ -1,6 +1,6 @@
 """What the serving path adds to the engine's steps, measured through `pdserve up`.
 
-Three kinds of profile runs on a 1P1D system, none of them a validation workload:
+Three kinds of profile runs on a 1P1D system:
 1. One request at a time at a few prompt and output lengths, `single_gap_s` apart (nearly
    regular arrivals, concurrency 1), so each finds the system idle, its predecessor's clean-up
    (KV release, Redis writes) done, as a request of a light load does.
@@ -37,9 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pdserve.bench.datasets import BenchRequest, make_dataset
 from pdserve.bench.metrics import tpot_s
 from pdserve.bench.records import RequestRecord
-from pdserve.planner.bench_runs import bench, launched, random_requests
+from pdserve.bench.runner import BenchResult, run_on
+from pdserve.bench.systems import Pinning, Served, SystemOptions, all_cpus, started
 from pdserve.planner.profile import Profile, ServingOverhead
 from pdserve.planner.simulate import Simulation, XpYd
 from pdserve.planner.summary import RequestTimes
@@ -49,6 +51,7 @@ REGULAR_ARRIVALS = 1000.0  # gamma shape of the gaps: all within a few % of thei
 GATEWAY_ITERATIONS = 4  # the estimate moves by well under 1 % from the third to the fourth
 PER_SEQ_STEP_BOUND_S = 0.05  # far beyond any step's cost per request
 BISECTIONS = 20  # to within 0.05 µs
+STARTUP_TIMEOUT_S = 180.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,7 +69,7 @@ class ServingRunConfig:
     num_staggered: int = 32  # requests per staggered run
     num_staggered_runs: int = 3  # of each shape
     dtype: str = "float32"
-    seed: int = 1000  # apart from the validation traces' seeds
+    seed: int = 1000  # apart from other traces' seeds
 
     def __post_init__(self) -> None:
         singles = {(p, o) for p in self.prompt_lens for o in self.output_lens}
@@ -75,35 +78,51 @@ class ServingRunConfig:
 
 
 def measure_serving_overhead(profile: Profile, config: ServingRunConfig) -> ServingOverhead:
-    """The serving path's overheads beyond `profile`'s engine fits, from runs on a 1P1D system."""
-    with launched(config.model_dir, 1, config.log_dir / "serving_profile.log", dtype=config.dtype) as system:
-        base_url = system.spec.base_url
+    """The serving path's overheads beyond `profile`'s engine fits, from runs on a 1P1D system
+    (`pdserve bench`'s disaggregated system, its replicas sharing every CPU here with the client)."""
+    from pdserve.protocol.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model_dir)
+
+    def random_requests(num_prompts: int, prompt_len: int, output_len: int, seed: int) -> list[BenchRequest]:
+        return make_dataset("random", num_prompts=num_prompts, seed=seed, input_len=prompt_len,
+                            output_len=output_len, tokenizer=tokenizer)
+
+    options = SystemOptions(config.model_dir, config.dtype, startup_timeout_s=STARTUP_TIMEOUT_S)
+    with started("disaggregated", options, Pinning(all_cpus(), all_cpus()), config.log_dir) as system:
         # its own seed: prompts the measured runs repeat would be prefilled from the prefix cache
-        bench(base_url, random_requests(config.model_dir, 4, 64, 8, config.seed - 1), "warm-up", progress=False)
+        bench(system, random_requests(4, 64, 8, config.seed - 1), "warm-up")
         singles = []
         for prompt_len in config.prompt_lens:
             for output_len in config.output_lens:
-                requests = random_requests(config.model_dir, config.num_repeats, prompt_len, output_len,
-                                           config.seed + len(singles))
-                singles.append(bench(base_url, requests, f"single p{prompt_len} o{output_len}", max_concurrency=1,
+                requests = random_requests(config.num_repeats, prompt_len, output_len, config.seed + len(singles))
+                singles.append(bench(system, requests, f"single p{prompt_len} o{output_len}", max_concurrency=1,
                                      request_rate=1 / config.single_gap_s, burstiness=REGULAR_ARRIVALS).records)
         waves = []
         for batch_size, prompt_len, output_len in config.wave_shapes:
             for _ in range(config.num_waves):
-                requests = random_requests(config.model_dir, batch_size, prompt_len, output_len,
-                                           config.seed + 100 + len(waves))
-                waves.append(bench(base_url, requests, f"wave of {batch_size} p{prompt_len} o{output_len}").records)
+                requests = random_requests(batch_size, prompt_len, output_len, config.seed + 100 + len(waves))
+                waves.append(bench(system, requests, f"wave of {batch_size} p{prompt_len} o{output_len}").records)
         single_e2el_s = {(run[0].prompt_len, run[0].output_len): statistics.median(r.e2el_s for r in run)
                          for run in singles}
         staggered = []
         for in_flight, prompt_len, output_len in config.staggered_shapes:
             for _ in range(config.num_staggered_runs):
-                requests = random_requests(config.model_dir, config.num_staggered, prompt_len, output_len,
+                requests = random_requests(config.num_staggered, prompt_len, output_len,
                                            config.seed + 200 + len(staggered))
                 rate = in_flight / single_e2el_s[prompt_len, output_len]  # Little's law, at idle latency
-                staggered.append(bench(base_url, requests, f"staggered {in_flight} p{prompt_len} o{output_len}",
+                staggered.append(bench(system, requests, f"staggered {in_flight} p{prompt_len} o{output_len}",
                                        request_rate=rate, burstiness=REGULAR_ARRIVALS).records)
     return overhead_from_records(profile, singles, waves, staggered)
+
+
+def bench(system: Served, requests: list[BenchRequest], label: str, **options) -> BenchResult:
+    """One run's result; raises when a request failed, which would bias every overhead read."""
+    result = run_on(system, requests, label, **options)
+    if result.metrics.failed:
+        errors = sorted({record.error for record in result.records if record.error})
+        raise RuntimeError(f"{label}: {result.metrics.failed} requests failed: {errors[:3]}")
+    return result
 
 
 def overhead_from_records(profile: Profile, singles: list[list[RequestRecord]], waves: list[list[RequestRecord]],

@@ -26,8 +26,8 @@ from triton import knobs
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.engine.sampling_params import SamplingParams
-from pdserve.checkpoints.tiny_model import write_tiny_model
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.checkpoints.tiny.model import write_tiny_model
 
 PROMPTS = ([1, 2, 3, 4], [50, 60, 70], [7] * 40, list(range(9, 259)), list(range(100, 400)))
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

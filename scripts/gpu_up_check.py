@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--startup-timeout-s", type=float, default=150.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pdserve-up-check-") as tmp:
-        from pdserve.checkpoints.tiny_model import write_tiny_model
+        from pdserve.checkpoints.tiny.model import write_tiny_model
 
         model_dir = write_tiny_model(Path(tmp) / "tiny", dtype="float32")
         expected = [transformers_greedy(model_dir, prompt) for prompt in PROMPTS]
@@ -49,7 +49,7 @@ def transformers_greedy(model_dir: Path, prompt: str) -> list[int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdserve.engine.tokenizer import load_tokenizer
+    from pdserve.protocol.tokenizer import load_tokenizer
 
     prompt_ids = load_tokenizer(model_dir).encode(prompt)  # as the gateway encodes it
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -1,6 +1,6 @@
-"""`pdserve bench` end to end against a real `pdserve serve` process: the result files exist, the
-JSON has vLLM's fields, every request completed with the tokens it asked for, and the server's
-own counters agree. Nothing here is about speed."""
+"""`pdserve bench serve` end to end, against a running `pdserve serve` and against a system it
+starts itself: the result files exist, the JSON has vLLM's fields, every request completed with
+the tokens it asked for, and the server's own counters agree. Nothing here is about speed."""
 import json
 import subprocess
 import sys
@@ -39,7 +39,7 @@ def server(tiny_model, tmp_path_factory):
 
 
 def bench(*flags):
-    result = subprocess.run([sys.executable, "-m", "pdserve", "bench", "--backend", "openai", "--disable-tqdm",
+    result = subprocess.run([sys.executable, "-m", "pdserve", "bench", "serve", "--backend", "openai", "--disable-tqdm",
                              *flags], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -70,18 +70,13 @@ def test_one_run_writes_vllm_shaped_results(server, tmp_path):
     assert (tmp_path / "smoke_latency_cdf.png").read_bytes().startswith(PNG_MAGIC)
 
 
-def test_a_sweep_runs_every_rate_and_plots_them(server, tmp_path, capsys):
-    _, url = server  # in this process, through the same command line
-    status = pdserve_main(["bench", "--backend", "openai", "--target", f"{url}/v1", "--vocab-size", "1000",
-                           "--num-prompts", "4", "--input-len", "8", "--output-len", "3", "--max-concurrency", "2",
-                           "--sweep", "8,inf", "--result-dir", str(tmp_path), "--label", "sweep", "--disable-tqdm"])
+def test_a_system_started_by_the_bench_is_measured_and_stopped(tiny_model, tmp_path, capsys):
+    status = pdserve_main(["bench", "serve", "--system", "colocated", "--model", tiny_model(), "--num-prompts", "4",
+                           "--input-len", "8", "--output-len", "3", "--max-concurrency", "2", "--label", "started",
+                           "--result-dir", str(tmp_path), "--disable-tqdm"])
     assert status == 0
-    sweep = json.loads((tmp_path / "sweep_sweep.json").read_text())
-    assert [point["request_rate"] for point in sweep["points"]] == [8.0, "inf"]
-    assert [point["completed"] for point in sweep["points"]] == [4, 4]
-    stdout = capsys.readouterr().out
-    for name in ("sweep_rate8", "sweep_rateinf"):
-        run = json.loads((tmp_path / f"{name}.json").read_text())
-        assert run["max_concurrency"] == 2 and 1 <= run["max_concurrent_requests"] <= 2
-        assert f"Serving Benchmark Result: {name}" in stdout
-    assert (tmp_path / "sweep_sweep.png").read_bytes().startswith(PNG_MAGIC)
+    run = json.loads((tmp_path / "started.json").read_text())
+    assert (run["completed"], run["max_concurrency"]) == (4, 2) and 1 <= run["max_concurrent_requests"] <= 2
+    assert run["server"]["counters"]  # its /metrics, scraped without being named
+    assert "Serving Benchmark Result: started" in capsys.readouterr().out
+    assert (tmp_path / "started_latency_cdf.png").read_bytes().startswith(PNG_MAGIC)

@@ -1,6 +1,6 @@
 """The offline table from a hand-made result: pdserve ÷ vLLM per dtype, and agreeing outputs."""
-from pdserve.bench.offline_compare import num_same_outputs
-from pdserve.bench.offline_report import markdown, throughput_ratio
+from pdserve.bench.offline import num_same_outputs
+from pdserve.bench.report_offline import markdown, throughput_ratio
 
 
 def engine(seconds: float, num_output_tokens: int = 400) -> dict:
@@ -11,7 +11,7 @@ def engine(seconds: float, num_output_tokens: int = 400) -> dict:
 
 def combined() -> dict:
     return {
-        "date": "2026-01-01T00:00:00+00:00", "command": ["python", "-m", "pdserve.bench.offline_compare"],
+        "date": "2026-01-01T00:00:00+00:00", "command": ["pdserve", "bench", "offline"],
         "model": {"architectures": ["LlamaForCausalLM"]}, "machine": {}, "versions": {"torch": "2"},
         "cpus": [1], "num_threads": 1,
         "workload": {"dataset": "prompt-heavy", "num_prompts": 8, "output_len": 50, "seed": 0, "num_warmup_runs": 1,

@@ -1,12 +1,11 @@
-"""The markdown summary and the plots, from results built out of synthetic records."""
+"""A serve run's markdown summary and plot, from results built out of synthetic records."""
+import json
 import math
 
 from pdserve.bench.metrics import compute_metrics
-from pdserve.bench.plots import plot_latency_cdf, plot_sweep
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.report import render_markdown
+from pdserve.bench.report_serve import render_markdown, write_report
 from pdserve.bench.runner import BenchConfig, BenchResult
-from pdserve.bench.sweep import parse_rates, rate_label, sweep_json
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -18,7 +17,7 @@ def result(request_rate, slos=None):
                       error="BackendError: HTTP 400: a | b\nc"),
     ]
     config = BenchConfig(backend="openai", target="http://h:1/v1", request_rate=request_rate,
-                         goodput_slos_ms=slos or {}, label=rate_label("t", request_rate))
+                         goodput_slos_ms=slos or {}, label=f"t_rate{request_rate:g}")
     return BenchResult(config=config, model_id="m", date="2026-01-01T00:00:00+00:00", records=records,
                        metrics=compute_metrics(records, 1.0, config.goodput_slos_ms), server=None)
 
@@ -36,14 +35,10 @@ def test_without_slos_there_is_no_goodput_row():
     assert "goodput" not in render_markdown(result(math.inf).to_json_dict())
 
 
-def test_plots_are_pngs(tmp_path):
-    runs = [result(1.0), result(4.0), result(math.inf)]
-    assert plot_latency_cdf(runs[0].to_json_dict(), tmp_path / "cdf.png").read_bytes().startswith(PNG_MAGIC)
-    sweep = sweep_json("t", runs)
-    assert [point["request_rate"] for point in sweep["points"]] == [1.0, 4.0, "inf"]
-    assert [point["label"] for point in sweep["points"]] == ["t_rate1", "t_rate4", "t_rateinf"]
-    assert plot_sweep(sweep, tmp_path / "sweep.png").read_bytes().startswith(PNG_MAGIC)
-
-
-def test_sweep_rates_parse_with_inf():
-    assert parse_rates("1, 2.5,inf") == [1.0, 2.5, math.inf]
+def test_the_report_writes_markdown_and_a_cdf_beside_the_json(tmp_path):
+    figures = result(2.0).to_json_dict()
+    path = tmp_path / "t_rate2.json"
+    path.write_text(json.dumps(figures))
+    markdown = write_report(figures, path)
+    assert (tmp_path / "t_rate2.md").read_text() == markdown == render_markdown(figures)
+    assert (tmp_path / "t_rate2_latency_cdf.png").read_bytes().startswith(PNG_MAGIC)

@@ -1,29 +1,19 @@
-"""Each system's command line: every one loads the weights in the comparison's dtype, parsed by the
-real command's own parser."""
-import argparse
+"""Each system's command line: every one loads the weights in the run's dtype, parsed by the real
+command's own parser; the peers run only with their scripts (and llama.cpp with its GGUF)."""
 import dataclasses
 from pathlib import Path
 
 import pytest
 
-from pdserve.bench.systems import SystemOptions, SystemUnavailable, system_spec
+from pdserve.bench.errors import BenchConfigError
+from pdserve.bench.systems import LLAMA_CPP_SLOTS, SystemOptions, SystemUnavailable, parse_systems, system_spec
 
 
-def options(dtype: str, vllm_script: Path | None = None) -> SystemOptions:
-    return SystemOptions(model_dir=Path("/models/tiny"), static_max_batch_size=8, vllm_script=vllm_script,
-                         startup_timeout_s=10.0, vllm_startup_timeout_s=10.0, dtype=dtype)
+def options(dtype: str = "float32", **peers) -> SystemOptions:
+    return SystemOptions(model_dir=Path("/models/tiny"), dtype=dtype, **peers)
 
 
-def parse_static(argv: tuple[str, ...]) -> argparse.Namespace:
-    from pdserve.bench.static_server import add_arguments
-
-    assert argv[1:3] == ("-m", "pdserve.bench.static_server")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv[3:])
-
-
-def parse_pdserve(argv: tuple[str, ...]) -> argparse.Namespace:
+def parse_pdserve(argv: tuple[str, ...]):
     from pdserve.cli import build_parser
 
     assert argv[1:3] == ("-m", "pdserve")
@@ -31,46 +21,48 @@ def parse_pdserve(argv: tuple[str, ...]) -> argparse.Namespace:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_static_colocated_and_disaggregated_load_the_asked_dtype(dtype):
-    assert parse_static(system_spec("static", options(dtype)).argv).dtype == dtype
-    assert parse_pdserve(system_spec("colocated", options(dtype)).argv).dtype == dtype
+def test_colocated_and_disaggregated_load_the_asked_dtype(dtype):
+    colocated = parse_pdserve(system_spec("colocated", options(dtype)).argv)
+    assert (colocated.dtype, colocated.enable_prefix_caching) == (dtype, True)
     disaggregated = parse_pdserve(system_spec("disaggregated", options(dtype)).argv)
     assert (disaggregated.model, disaggregated.dtype) == ("/models/tiny", dtype)
+
+
+def test_disaggregated_runs_the_asked_xpyd():
+    up = parse_pdserve(system_spec("disaggregated", dataclasses.replace(
+        options(), num_prefill_replicas=2, num_decode_replicas=3)).argv)
+    assert (up.prefill, up.decode) == (2, 3)
 
 
 def test_vllm_gets_the_dtype_and_prefix_caching_after_the_peer_scripts_own(tmp_path):
     script = tmp_path / "peer"
     script.write_text("#!/bin/sh\n")
-    argv = system_spec("vllm", options("bfloat16", script)).argv
+    argv = system_spec("vllm", options("bfloat16", peer_vllm=script)).argv
     assert argv[:4] == (str(script), "serve", "/models/tiny", argv[3])
     assert argv[4:] == ("--dtype", "bfloat16", "--enable-prefix-caching")
 
 
-def test_colocated_caches_prefixes_and_colocated_nocache_does_not():
-    assert parse_pdserve(system_spec("colocated", options("float32")).argv).enable_prefix_caching
-    assert not parse_pdserve(system_spec("colocated-nocache", options("float32")).argv).enable_prefix_caching
+def test_llama_cpp_serves_the_gguf_with_its_slots(tmp_path):
+    script, gguf = tmp_path / "peer", tmp_path / "model.gguf"
+    script.write_text("#!/bin/sh\n")
+    gguf.write_bytes(b"GGUF")
+    argv = system_spec("llama-cpp", options(peer_llama_cpp=script, gguf=gguf)).argv
+    assert argv[:3] == (str(script), "serve", str(gguf)) and argv[4] == str(LLAMA_CPP_SLOTS)
+    with pytest.raises(SystemUnavailable, match="--gguf"):
+        system_spec("llama-cpp", options(peer_llama_cpp=script))
 
 
-def test_vllm_without_its_peer_script_is_unavailable(tmp_path):
+def test_a_peer_without_its_script_is_unavailable(tmp_path):
     with pytest.raises(SystemUnavailable, match="no --peer-vllm"):
-        system_spec("vllm", options("float32"))
+        system_spec("vllm", options())
     with pytest.raises(SystemUnavailable, match="not found"):
-        system_spec("vllm", options("float32", tmp_path / "missing"))
+        system_spec("vllm", options(peer_vllm=tmp_path / "missing"))
+    with pytest.raises(SystemUnavailable, match="no --peer-llama-cpp"):
+        system_spec("llama-cpp", options())
 
 
-def test_bench_compare_records_the_dtype_and_the_slos(tmp_path):
-    from pdserve.bench.compare import add_arguments, config_from
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    config = config_from(parser.parse_args(["--model", str(tmp_path), "--dtype", "bfloat16",
-                                            "--goodput", "ttft:1000", "tpot:50"]))
-    workload = config.workload_dict()
-    assert (workload["dtype"], workload["goodput_slos_ms"]) == ("bfloat16", {"ttft": 1000.0, "tpot": 50.0})
-
-
-def test_disaggregated_load_routes_by_load_alone_on_the_asked_decode_replicas():
-    many = dataclasses.replace(options("float32"), num_decode_replicas=2)
-    cache_aware, load = (parse_pdserve(system_spec(name, many).argv) for name in ("disaggregated", "disaggregated-load"))
-    assert (cache_aware.routing, load.routing) == ("cache-aware", "load")
-    assert cache_aware.decode == load.decode == 2
+def test_systems_parse_in_order_and_unknown_or_repeated_names_are_refused():
+    assert parse_systems("vllm, colocated") == ("vllm", "colocated")
+    for text in ("static", "colocated,colocated", ""):
+        with pytest.raises(BenchConfigError):
+            parse_systems(text)

@@ -1,15 +1,15 @@
-"""`python -m bench.offline_compare`: pdserve's offline engine against vLLM's, per dtype, same prompts.
+"""`pdserve bench offline`: pdserve's offline engine against vLLM's, per dtype, same prompts.
 
     prompts: bench.datasets "prompt-heavy" (seeded; 40..550 tokens in, --output-len out each,
-             greedy, ignore_eos), the very requests `bench-compare --dataset prompt-heavy` sends
+             greedy, ignore_eos)
        │
        for each --dtypes entry:
        ├─▶ pdserve  python -m bench.offline_pdserve SPEC RESULT              (this interpreter)
        └─▶ vllm     PEER_SCRIPT python bench/offline_vllm.py SPEC RESULT     (the peer's)
                     each: one warm-up generate of every prompt, then --num-runs timed ones
        │
-    result dir: offline.json (everything, per engine per dtype), offline.md (seconds, output
-    and total tok/s, pdserve ÷ vLLM), offline.png, logs/<engine>_<dtype>.log
+    result dir: offline.json (everything, per engine per dtype), then the report layer's
+    offline.md (seconds, output and total tok/s, pdserve ÷ vLLM) and offline.png; logs/
 
 Invariant: the engines run one at a time, each in its own process (its children included) on
 the same CPUs with the same thread-count environment (`bench.systems.Pinning.server_env`),
@@ -31,9 +31,9 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pdserve.bench.compare import length_summary, machine_summary, model_summary, versions
-from pdserve.bench.offline_report import RESULT_JSON_NAME, write_report
-from pdserve.bench.systems import DTYPES, Pinning, cpu_list_text, default_pinning, parse_cpu_list, pinned_child_setup
+from pdserve.bench.machine import length_summary, machine_summary, model_summary, versions
+from pdserve.bench.report_offline import RESULT_JSON_NAME, write_report
+from pdserve.bench.systems import DTYPES, Pinning, all_cpus, parse_cpu_list, pinned_child_setup
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ def run_engine(argv: list[str], cpus: tuple[int, ...], log_path: Path, timeout_s
     None when it outlived `timeout_s` (then its whole process group is killed)."""
     env = {**os.environ, **Pinning(cpus, cpus).server_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=env, start_new_session=True, preexec_fn=pinned_child_setup(cpus))
+                               env=env, cwd=log_path.parent,  # not the checkout: see bench.systems
+                               start_new_session=True, preexec_fn=pinned_child_setup(cpus))
     timed_out = threading.Event()
 
     def kill() -> None:
@@ -83,16 +84,17 @@ def measure(engine: str, dtype: str, spec: dict, args: argparse.Namespace, cpus:
     if engine == "vllm" and not args.peer_vllm.is_file():
         return {"status": "skipped", "note": f"peer script {args.peer_vllm} not found"}
     name = f"{engine}_{dtype}"
-    spec_path, result_path = args.result_dir / "logs" / f"{name}_spec.json", args.result_dir / "logs" / f"{name}.json"
+    logs = args.result_dir.resolve() / "logs"
+    spec_path, result_path = logs / f"{name}_spec.json", logs / f"{name}.json"
     spec_path.write_text(json.dumps({**spec, "dtype": dtype}))
     result_path.unlink(missing_ok=True)
     argv = engine_argv(engine, spec_path, result_path, args.peer_vllm)
-    log_path = args.result_dir / "logs" / f"{name}.log"
+    log_path = logs / f"{name}.log"
     logger.info("%s %s: %s", engine, dtype, " ".join(argv))
     exit_status = run_engine(argv, cpus, log_path, args.timeout_s)
     if exit_status != 0 or not result_path.is_file():
         reason = f"timed out after {args.timeout_s:g} s" if exit_status is None else f"exit status {exit_status}"
-        return {"status": "failed", "note": f"{reason}; see {log_path.relative_to(args.result_dir)}"}
+        return {"status": "failed", "note": f"{reason}; see logs/{log_path.name}"}
     run = json.loads(result_path.read_text())
     seconds = statistics.median(run["timed_s"])
     logger.info("%s %s: median %.2f s over %d timed runs", engine, dtype, seconds, len(run["timed_s"]))
@@ -109,14 +111,14 @@ def num_same_outputs(results: dict[str, dict]) -> int | None:
     return sum(mine == theirs for mine, theirs in pairs)
 
 
-def run_offline_compare(args: argparse.Namespace, cpus: tuple[int, ...]) -> dict:
+def run_offline(args: argparse.Namespace, cpus: tuple[int, ...]) -> dict:
     from transformers import AutoTokenizer
 
     from pdserve.bench.datasets import make_dataset
-    from pdserve.checkpoints.tiny_model_cache import cache_root, ensure_tiny_model
+    from pdserve.checkpoints.model_ref import resolve_model
 
     machine = machine_summary()
-    model_dir = (args.model or ensure_tiny_model(cache_root(os.environ))).resolve()
+    model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
     requests = make_dataset("prompt-heavy", num_prompts=args.num_prompts, seed=args.seed,
                             output_len=args.output_len, tokenizer=AutoTokenizer.from_pretrained(str(model_dir)))
     prompt_token_ids = [request.prompt_token_ids for request in requests]
@@ -125,7 +127,7 @@ def run_offline_compare(args: argparse.Namespace, cpus: tuple[int, ...]) -> dict
     (args.result_dir / "logs").mkdir(parents=True, exist_ok=True)
     combined = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": ["python", "-m", "pdserve.bench.offline_compare", *sys.argv[1:]],
+        "command": ["pdserve", *sys.argv[1:]],
         "model": model_summary(model_dir),
         "workload": {"dataset": "prompt-heavy", "num_prompts": args.num_prompts, "output_len": args.output_len,
                      "seed": args.seed, "ignore_eos": True, "temperature": 0.0, "num_warmup_runs": 1,
@@ -141,13 +143,15 @@ def run_offline_compare(args: argparse.Namespace, cpus: tuple[int, ...]) -> dict
         for result in results.values():
             result.pop("output_token_ids", None)  # compared above; too bulky to keep
         combined["dtypes"][dtype] = {"engines": results, "num_same_outputs": same}
+    (args.result_dir / RESULT_JSON_NAME).write_text(json.dumps(combined, indent=1, allow_nan=False))
     write_report(combined, args.result_dir)
     return combined
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, metavar="DIR",
-                        help="Hugging Face model folder (default: the cached tiny model pdserve up serves)")
+    parser.description = "pdserve's offline LLM.generate against vLLM's, per dtype, on the same prompts and CPUs."
+    parser.add_argument("--model", metavar="SPEC",
+                        help="what `pdserve up --model` takes (default: SmolLM2-135M-Instruct, fetched once)")
     parser.add_argument("--peer-vllm", type=Path, metavar="SCRIPT",
                         help="script whose `python ARGS` runs the peer's python with vLLM; without it, pdserve alone")
     parser.add_argument("--dtypes", type=_dtypes, default=DTYPES, metavar="LIST",
@@ -157,8 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-runs", type=int, default=3, help="timed runs after the warm-up (default 3)")
     parser.add_argument("--cpus", type=parse_cpu_list, default=None, metavar="LIST",
-                        help="CPUs both engines are pinned to, one thread each "
-                             "(default: bench-compare's server CPUs, all usable but the lowest)")
+                        help="CPUs both engines are pinned to, one thread each (default: every usable CPU)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per engine and dtype (default 1800)")
     parser.add_argument("--result-dir", type=Path, default=Path("bench/results/offline"))
 
@@ -170,20 +173,12 @@ def _dtypes(text: str) -> tuple[str, ...]:
     return dtypes
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.offline_compare", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args()
+def run(args: argparse.Namespace) -> int:
     if args.num_prompts < 1 or args.output_len < 1 or args.num_runs < 1:
-        parser.error("--num-prompts, --output-len and --num-runs must be at least 1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cpus = args.cpus or default_pinning(os.sched_getaffinity(0)).server_cpus
-    logger.info("engines on CPUs %s with %d thread(s)", cpu_list_text(cpus), len(cpus))
-    combined = run_offline_compare(args, cpus)
+        raise SystemExit("pdserve bench offline: --num-prompts, --output-len and --num-runs must be at least 1")
+    cpus = args.cpus or all_cpus()
+    logger.info("engines on CPUs %s with %d thread(s)", cpus, len(cpus))
+    combined = run_offline(args, cpus)
     print(args.result_dir / RESULT_JSON_NAME)
     return 0 if all(result["status"] != "failed" for entry in combined["dtypes"].values()
                     for result in entry["engines"].values()) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python -m bench.offline_compare` without the peer: pdserve's offline engine alone, end to end."""
+"""`pdserve bench offline` without the peer: pdserve's offline engine alone, end to end."""
 import json
 import subprocess
 import sys
@@ -10,7 +10,7 @@ OUTPUT_LEN = 4
 def test_pdserve_alone_reports_its_throughput_and_skips_vllm(tiny_model, tmp_path):
     result_dir = tmp_path / "offline"
     completed = subprocess.run(
-        [sys.executable, "-m", "pdserve.bench.offline_compare", "--model", tiny_model(), "--dtypes", "bfloat16",
+        [sys.executable, "-m", "pdserve", "bench", "offline", "--model", tiny_model(), "--dtypes", "bfloat16",
          "--num-prompts", str(NUM_PROMPTS), "--output-len", str(OUTPUT_LEN), "--num-runs", "2",
          "--result-dir", str(result_dir)],
         capture_output=True, text=True, timeout=120)

@@ -1,14 +1,11 @@
-"""The files of a `pdserve bench goodput` run: goodput.json, goodput.md and goodput.png.
+"""The report of a `pdserve bench goodput` run: goodput.md and goodput.png from goodput.json.
 
-    python -m pdserve.bench.goodput_report RESULT_DIR     # redraws the markdown and the plot from the JSON
-
-The markdown states each system's goodput (the median over repeats, each repeat's beside it), its
+A pure function of the JSON (`pdserve bench report` redraws them). The markdown states each system's goodput (the median over repeats, each repeat's beside it), its
 ratio to every other system's, and every measured point; the plot draws attainment against
 request rate, one line per system and repeat, with the target as a horizontal line.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -17,8 +14,6 @@ JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "goodput.json", "goodput.md", "goodput.png
 
 
 def write_report(combined: dict, result_dir: Path) -> None:
-    result_dir.mkdir(parents=True, exist_ok=True)
-    (result_dir / JSON_NAME).write_text(json.dumps(combined, indent=2) + "\n")
     (result_dir / MARKDOWN_NAME).write_text(render_markdown(combined))
     plot_attainment(combined, result_dir / PLOT_NAME)
 
@@ -121,9 +116,3 @@ def _measured(systems: dict) -> list[str]:
 def _ratio(value: float, other: float) -> str:
     return f"{value / other:.2f}x" if other else ("—" if not value else "∞")
 
-
-if __name__ == "__main__":
-    import sys
-
-    result_dir = Path(sys.argv[1])
-    write_report(json.loads((result_dir / JSON_NAME).read_text()), result_dir)

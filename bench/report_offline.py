@@ -1,4 +1,4 @@
-"""The report of one `bench.offline_compare` run: a markdown table, the JSON, a bar plot.
+"""The report of a `pdserve bench offline` run: offline.md and offline.png from offline.json.
 
 A pure function of the combined result (`offline.json`). Per dtype, each engine's median seconds
 over its timed runs, output tokens/s and total (prompt + output) tokens/s, and pdserve's
@@ -7,10 +7,8 @@ never judged. How many prompts got identical greedy tokens from both engines is 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pdserve.bench.compare_report import format_cell, shown_command
 
 RESULT_JSON_NAME = "offline.json"
 MARKDOWN_NAME = "offline.md"
@@ -22,6 +20,11 @@ def throughput_ratio(engines: dict[str, dict], field: str) -> float | None:
     if any(engines.get(engine, {}).get("status") != "ok" for engine in ("pdserve", "vllm")):
         return None
     return engines["pdserve"][field] / engines["vllm"][field]
+
+
+def shown_command(argv: list[str]) -> list[str]:
+    """The command with the peer script named by its file name only (its folder is local)."""
+    return [Path(arg).name if previous == "--peer-vllm" else arg for previous, arg in zip(["", *argv], argv)]
 
 
 def markdown(combined: dict) -> str:
@@ -54,7 +57,7 @@ def markdown(combined: dict) -> str:
                 continue
             shown_ratio = throughput_ratio(engines, "output_tok_per_s") if engine == "pdserve" else None
             lines.append(f"| {dtype} | {engine} | {result['seconds']:.2f} | {result['output_tok_per_s']:.0f} | "
-                         f"{result['total_tok_per_s']:.0f} | {format_cell(shown_ratio, '{:.2f}x')} |")
+                         f"{result['total_tok_per_s']:.0f} | {'—' if shown_ratio is None else f'{shown_ratio:.2f}x'} |")
         if entry["num_same_outputs"] is not None:
             notes.append(f"- {dtype}: {entry['num_same_outputs']} of {workload['num_prompts']} prompts got the "
                          "same greedy tokens from both engines")
@@ -81,8 +84,7 @@ def write_plot(combined: dict, path: Path) -> Path | None:
 
 
 def write_report(combined: dict, result_dir: Path) -> None:
-    """offline.json, offline.md and offline.png, into `result_dir`."""
-    (result_dir / RESULT_JSON_NAME).write_text(json.dumps(combined, indent=1, allow_nan=False))
+    """offline.md and offline.png, into `result_dir`."""
     (result_dir / MARKDOWN_NAME).write_text(markdown(combined))
     write_plot(combined, result_dir / PNG_NAME)
 
