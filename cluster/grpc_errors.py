@@ -14,14 +14,8 @@ import logging
 
 import grpc
 
-from pdserve.protocol.errors import (
-    AbortedError,
-    InvalidRequestError,
-    NotFoundError,
-    PreconditionError,
-    ResourceExhaustedError,
-    UnavailableError,
-)
+from pdserve.protocol.errors import (AbortedError, InvalidRequestError, NotFoundError, PreconditionError,
+                                     ResourceExhaustedError, UnavailableError)
 
 logger = logging.getLogger(__name__)
 

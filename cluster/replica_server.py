@@ -32,9 +32,9 @@ import grpc
 from redis.exceptions import RedisError
 
 from pdserve.cluster.grpc_server import GrpcServer
+from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.prefix_digest import MAX_DIGEST_HASHES
 from pdserve.cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
-from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.service_args import internal_auth_from, replica_id_from
 from pdserve.cluster.startup_log import log_loading, log_ready
 

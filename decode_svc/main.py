@@ -6,10 +6,11 @@ import asyncio
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
-from pdserve.cluster.service_args import add_replica_arguments, configure_logging, served_model_name, with_resolved_model
-from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
+from pdserve.cluster.service_args import (add_replica_arguments, configure_logging, served_model_name,
+                                          with_resolved_model)
 from pdserve.decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from pdserve.decode_svc.service import DecodeService
+from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
 from pdserve.kvtransfer.receiver import KVReceiver
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 

@@ -28,14 +28,14 @@ from pdserve.decode_svc.reservations import Reservation, ReservationTable
 from pdserve.decode_svc.session import DecodeSession, ReplicaStoppingError
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import model_id
-from pdserve.protocol.kv_blocks import num_blocks_for
 from pdserve.engine.engine_config import EngineConfig
-from pdserve.protocol.errors import InvalidRequestError
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.kv_blocks import num_blocks_for
 from pdserve.v1 import common_pb2
 
 logger = logging.getLogger(__name__)

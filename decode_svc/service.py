@@ -18,9 +18,9 @@ from pdserve.cluster.internal_auth import caller_of
 from pdserve.cluster.proto_convert import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from pdserve.decode_svc.replica import DecodeReplica
 from pdserve.decode_svc.session import DecodeSession, SessionClosedError
-from pdserve.protocol.errors import InvalidRequestError
 from pdserve.engine.output_group import GroupEntry, RequestFailure
 from pdserve.kvtransfer.wire import target_to_proto
+from pdserve.protocol.errors import InvalidRequestError
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pdserve.decode_svc.reservations import ReservationError, ReservationTable
 from pdserve.engine.async_engine import AsyncEngine
-from pdserve.protocol.errors import PdserveError, UnavailableError
 from pdserve.engine.output_group import GroupEntry, OutputGroup, RequestFailure
+from pdserve.protocol.errors import PdserveError, UnavailableError
 from pdserve.protocol.sampling_params import SamplingParams
 
 

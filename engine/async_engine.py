@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdserve.engine.device_guard import bind_thread
-from pdserve.protocol.errors import AbortedError, UnavailableError
 from pdserve.engine.output_group import GroupEntry, OutputGroup
-from pdserve.protocol.outputs import RequestOutput
 from pdserve.engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
+from pdserve.protocol.errors import AbortedError, UnavailableError
+from pdserve.protocol.outputs import RequestOutput
 
 if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gateway's gRPC edge)
     from pdserve.engine.llm_engine import LLMEngine

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from pdserve.protocol.kv_blocks import BlockHash, num_blocks_for
 from pdserve.protocol.errors import ResourceExhaustedError
+from pdserve.protocol.kv_blocks import BlockHash, num_blocks_for
 
 
 class OutOfBlocksError(ResourceExhaustedError):

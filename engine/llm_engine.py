@@ -24,25 +24,25 @@ from pathlib import Path
 
 import torch
 
-from pdserve.protocol.request_checks import draw_seed, validate_prompt
 from pdserve.engine.block_allocator import BlockAllocator, OutOfBlocksError
-from pdserve.protocol.kv_blocks import block_hashes, num_blocks_for
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.device_guard import bind_thread, resolve_device
 from pdserve.engine.engine_config import EngineConfig
-from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.engine.memory_profile import profiled_kv_pool_bytes
 from pdserve.engine.model import CausalLM
 from pdserve.engine.model_runner import ModelRunner, ModelRunnerOutput
 from pdserve.engine.output_processor import OutputProcessor
-from pdserve.protocol.outputs import RequestOutput
 from pdserve.engine.request import Request, RequestStatus
-from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.engine.scheduler import Scheduler, SchedulerOutput
-from pdserve.protocol.tokenizer import load_tokenizer
 from pdserve.engine.warm_up import warm_up
 from pdserve.engine.weights import load_model
+from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
+from pdserve.protocol.kv_blocks import block_hashes, num_blocks_for
+from pdserve.protocol.outputs import RequestOutput
+from pdserve.protocol.request_checks import draw_seed, validate_prompt
+from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.protocol.tokenizer import load_tokenizer
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
 

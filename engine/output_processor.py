@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.engine.request import Request
 from pdserve.protocol.detokenizer import IncrementalDetokenizer
 from pdserve.protocol.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from pdserve.engine.request import Request
 from pdserve.protocol.stop import StopDecision, check_stop
 
 

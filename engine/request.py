@@ -15,8 +15,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pdserve.protocol.kv_blocks import BlockHash, extend_block_hashes
 from pdserve.protocol.errors import IllegalTransitionError
+from pdserve.protocol.kv_blocks import BlockHash, extend_block_hashes
 from pdserve.protocol.sampling_params import SamplingParams
 
 

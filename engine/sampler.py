@@ -31,8 +31,8 @@ import torch
 
 from pdserve.engine.logits_processors import apply_logits_processors
 from pdserve.engine.noise import exponential_noise
-from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.sampling_inputs import SamplingInputs
+from pdserve.protocol.outputs import TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ from typing import Protocol
 import torch
 
 from pdserve.engine.kv_cache import KVCacheMismatchError, KVCacheSpec
-from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout, check_layout
 from pdserve.kvtransfer.target import KVTarget
+from pdserve.protocol.errors import TransferError
 
 
 @dataclass(frozen=True, slots=True)

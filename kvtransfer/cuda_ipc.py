@@ -35,12 +35,12 @@ import torch
 
 from pdserve.engine.device_guard import resolve_device
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.rpc import ChannelFactory
 from pdserve.kvtransfer.target import KVTarget
+from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.v1 import common_pb2
 
 GENERATION_BYTES = 16

@@ -36,12 +36,12 @@ from pdserve.engine.device_guard import on_device
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.base import TransferResult, validate_send
 from pdserve.kvtransfer.chunk_wire import MalformedChunk, ReceivedChunk, encode_chunk
-from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient, Refusal
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.wire import layout_from_proto, layout_to_proto
+from pdserve.protocol.errors import TransferError
 from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)

@@ -27,11 +27,11 @@ import torch
 from pdserve.engine.device_guard import on_device
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.base import TransferResult, validate_send
-from pdserve.protocol.transport_choice import transport_name
-from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient
 from pdserve.kvtransfer.target import KVTarget
+from pdserve.protocol.errors import TransferError
+from pdserve.protocol.transport_choice import transport_name
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from typing import Protocol
 
 import grpc
 
-from pdserve.protocol.errors import NotFoundError, PreconditionError, LayoutMismatchError, WriteTokenError
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.chunk_wire import decode_chunk_or_malformed
 from pdserve.kvtransfer.grpc_stream import receive_push
@@ -25,6 +24,7 @@ from pdserve.kvtransfer.layout import KVLayout, check_layout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.rpc import Refusal
 from pdserve.kvtransfer.wire import layout_from_proto
+from pdserve.protocol.errors import NotFoundError, PreconditionError, LayoutMismatchError, WriteTokenError
 from pdserve.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc
 
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from pdserve.protocol.errors import TransferError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.wire import layout_to_proto
+from pdserve.protocol.errors import TransferError
 from pdserve.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc
 
 

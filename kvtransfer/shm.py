@@ -21,10 +21,10 @@ from multiprocessing import shared_memory
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.target import KVTarget
+from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.v1 import common_pb2
 
 # Linux exposes POSIX shared-memory segments as files in this directory.

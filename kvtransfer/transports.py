@@ -11,11 +11,11 @@ import torch
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer import cuda_ipc, grpc_stream, shm
 from pdserve.kvtransfer.base import KVSender
-from pdserve.protocol.transport_choice import transport_name
-from pdserve.protocol.errors import TransportUnavailableError
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.rpc import ChannelFactory
+from pdserve.protocol.errors import TransportUnavailableError
+from pdserve.protocol.transport_choice import transport_name
 from pdserve.v1 import common_pb2
 
 DEFAULT_RPC_TIMEOUT_S = 30.0

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdserve.protocol.errors import PdserveError
 from pdserve.child_process import Child, ChildSpec, UpLog
+from pdserve.protocol.errors import PdserveError
 from pdserve.redis_process import RedisProcess, RedisStartError, start_redis
 
 _POLL_INTERVAL_S = 0.2

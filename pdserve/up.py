@@ -48,13 +48,13 @@ from typing import TextIO
 
 import grpc
 
-from pdserve.cluster.ports import free_port
-from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.checkpoints.errors import CheckpointError
 from pdserve.checkpoints.model_ref import ResolvedModel, resolve_model
-from pdserve.gateway.front.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.child_process import ChildSpec, UpLog, UpLogHandler
+from pdserve.cluster.ports import free_port
+from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
+from pdserve.gateway.front.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.gpu_placement import PlacementError, place_replicas
 from pdserve.redis_process import RedisStartError, start_redis, without_password
 from pdserve.supervisor import Slot, StopRequested, Supervisor, UpError

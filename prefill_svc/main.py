@@ -6,11 +6,12 @@ import asyncio
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
-from pdserve.cluster.service_args import add_replica_arguments, configure_logging, served_model_name, with_resolved_model
+from pdserve.cluster.service_args import (add_replica_arguments, configure_logging, served_model_name,
+                                          with_resolved_model)
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
-from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from pdserve.prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
 from pdserve.prefill_svc.service import PrefillService
+from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 
 SERVICE_NAMES = [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name]
 

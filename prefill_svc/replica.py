@@ -27,13 +27,13 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import model_id
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.protocol.outputs import TokenLogprobs
-from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.kvtransfer.base import KVSender, TransferResult
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.transports import create_sender
 from pdserve.prefill_svc.layer_feed import LayerFeed
+from pdserve.protocol.outputs import TokenLogprobs
+from pdserve.protocol.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

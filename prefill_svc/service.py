@@ -5,8 +5,8 @@ from pdserve.cluster.grpc_errors import grpc_errors
 from pdserve.cluster.proto_convert import FINISH_REASONS, logprobs_to_proto, params_from_proto
 from pdserve.kvtransfer.base import TransferResult
 from pdserve.kvtransfer.wire import target_from_proto
-from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 from pdserve.prefill_svc.replica import FirstToken, PrefillReplica
+from pdserve.v1 import prefill_pb2, prefill_pb2_grpc
 
 
 class PrefillService(prefill_pb2_grpc.PrefillServicer):

@@ -11,10 +11,10 @@ import time
 from collections.abc import AsyncIterator
 
 from pdserve.engine.async_engine import AsyncEngine
-from pdserve.protocol.outputs import RequestOutput
 from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk
 from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
 from pdserve.gateway.front.tokenization import PromptBuilder
+from pdserve.protocol.outputs import RequestOutput
 
 
 class ColocatedFrontend:

@@ -14,8 +14,8 @@ from pdserve.cluster.startup_log import log_loading, log_ready
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
 from pdserve.engine.llm_engine import LLMEngine
-from pdserve.gateway.front.admission import Admission
 from pdserve.gateway.colocated.frontend import ColocatedFrontend
+from pdserve.gateway.front.admission import Admission
 from pdserve.gateway.front.front_config import add_front_arguments, front_config_from
 from pdserve.gateway.front.http_api import create_app
 from pdserve.gateway.front.http_server import serving_http, wait_for_stop_signal

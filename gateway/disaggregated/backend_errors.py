@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import grpc
 
-from pdserve.protocol.errors import InvalidRequestError
 from pdserve.gateway.front.frontend_types import UnavailableError
+from pdserve.protocol.errors import InvalidRequestError
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 

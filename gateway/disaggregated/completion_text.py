@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.gateway.front.frontend_types import StreamChunk
 from pdserve.protocol.detokenizer import IncrementalDetokenizer
 from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.protocol.stop import find_stop_string, text_without_new
-from pdserve.gateway.front.frontend_types import StreamChunk
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,17 +28,17 @@ from pdserve.cluster.registry import LiveReplicas
 from pdserve.gateway.disaggregated.backend_errors import BackendError
 from pdserve.gateway.disaggregated.channels import ChannelPool
 from pdserve.gateway.disaggregated.completion_text import CompletionText
-from pdserve.gateway.disaggregated.request import DisaggregatedRequest, Route
-from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk, UnavailableError
-from pdserve.gateway.front.metrics import GatewayMetrics
 from pdserve.gateway.disaggregated.migration import Migrations
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
 from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillClient, Timeouts
+from pdserve.gateway.disaggregated.request import DisaggregatedRequest, Route
 from pdserve.gateway.disaggregated.request_store import RequestStore
 from pdserve.gateway.disaggregated.router import NoReplicaError, Router
+from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk, UnavailableError
+from pdserve.gateway.front.metrics import GatewayMetrics
 from pdserve.gateway.front.tokenization import PromptBuilder
-from pdserve.protocol.transport_choice import choose_transport
 from pdserve.protocol.errors import TransportUnavailableError
+from pdserve.protocol.transport_choice import choose_transport
 
 logger = logging.getLogger(__name__)
 

@@ -16,20 +16,20 @@ from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import LiveReplicas
 from pdserve.cluster.routing_policies import ROUTING_POLICIES
 from pdserve.cluster.service_args import (add_internal_auth_arguments, add_model_argument, add_redis_url_argument,
-                                  add_served_model_name_argument, configure_logging, internal_auth_from,
-                                  served_model_name, with_resolved_model)
-from pdserve.protocol.model_limits import ModelLimits
-from pdserve.protocol.tokenizer import load_tokenizer
-from pdserve.gateway.front.admission import Admission
+                                          add_served_model_name_argument, configure_logging, internal_auth_from,
+                                          served_model_name, with_resolved_model)
 from pdserve.gateway.disaggregated.frontend import DisaggregatedConfig, DisaggregatedFrontend
+from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
+from pdserve.gateway.disaggregated.request_store import RequestStore
+from pdserve.gateway.front.admission import Admission
 from pdserve.gateway.front.front_config import add_front_arguments, front_config_from
+from pdserve.gateway.front.grpc_service import GatewayService
 from pdserve.gateway.front.http_api import create_app
 from pdserve.gateway.front.http_server import serving_http
 from pdserve.gateway.front.metrics import GatewayMetrics
-from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
-from pdserve.gateway.disaggregated.request_store import RequestStore
-from pdserve.gateway.front.grpc_service import GatewayService
 from pdserve.gateway.front.tokenization import PromptBuilder
+from pdserve.protocol.model_limits import ModelLimits
+from pdserve.protocol.tokenizer import load_tokenizer
 from pdserve.protocol.transport_choice import transport_from_name, TRANSPORT_NAMES
 from pdserve.v1 import gateway_pb2
 

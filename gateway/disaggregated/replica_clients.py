@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import grpc
 
 from pdserve.cluster.proto_convert import FINISH_REASON_NAMES, logprobs_from_proto, params_to_proto
-from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.gateway.disaggregated.backend_errors import BackendError, backend_error
 from pdserve.gateway.disaggregated.completion_text import SampledToken
 from pdserve.gateway.disaggregated.decode_session import DecodeSession, DecodeStep
+from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.protocol.transport_choice import transport_name
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2, prefill_pb2_grpc
 

@@ -38,18 +38,18 @@ from dataclasses import dataclass
 import grpc
 
 from pdserve.cluster.redis_client import StateStoreUnavailableError
-from pdserve.protocol.request_checks import draw_seed
-from pdserve.protocol.errors import AbortedError, IllegalTransitionError
-from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.gateway.disaggregated.backend_errors import BackendError
 from pdserve.gateway.disaggregated.completion_text import CompletionText, SampledToken
-from pdserve.gateway.front.frontend_types import StreamChunk
-from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
 from pdserve.gateway.disaggregated.migration import Migrations
 from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillClient
-from pdserve.gateway.front.request_state import RequestState
 from pdserve.gateway.disaggregated.request_store import RequestNotFoundError, RequestStore
+from pdserve.gateway.front.frontend_types import StreamChunk
+from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
+from pdserve.gateway.front.request_state import RequestState
 from pdserve.gateway.front.run_to_end import run_to_end
+from pdserve.protocol.errors import AbortedError, IllegalTransitionError
+from pdserve.protocol.request_checks import draw_seed
+from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.protocol.transport_choice import transport_name
 
 logger = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from pdserve.cluster.redis_client import state_store_errors
-from pdserve.protocol.errors import IllegalTransitionError, InvalidConfigError, InvalidRequestError, PdserveError
 from pdserve.gateway.front.request_state import RequestNotFoundError, RequestRecord, RequestState, transition
+from pdserve.protocol.errors import IllegalTransitionError, InvalidConfigError, InvalidRequestError, PdserveError
 
 # Retries of one WATCH transaction when another writer changed the request in between; each
 # retry follows a winning writer, so this bounds how many writers can race on one request.

@@ -27,8 +27,8 @@ from types import MappingProxyType
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdserve.protocol.kv_blocks import num_blocks_for
 from pdserve.protocol.errors import PdserveError
+from pdserve.protocol.kv_blocks import num_blocks_for
 
 if TYPE_CHECKING:
     from pdserve.cluster.registry import ReplicaInfo

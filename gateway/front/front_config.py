@@ -16,9 +16,9 @@ from pathlib import Path
 
 import grpc
 
-from pdserve.protocol.errors import InvalidConfigError
 from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS
 from pdserve.gateway.front.api_keys import ENV_VAR, ApiKeys, api_keys_from
+from pdserve.protocol.errors import InvalidConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,12 +22,12 @@ from google.protobuf.message import DecodeError
 
 from pdserve.cluster.grpc_errors import grpc_errors
 from pdserve.cluster.proto_convert import FINISH_REASONS, logprobs_to_proto, params_from_proto
-from pdserve.protocol.errors import InvalidRequestError
 from pdserve.gateway.front.admission import Admission, OverloadedError
 from pdserve.gateway.front.api_keys import ApiKeys
 from pdserve.gateway.front.frontend import Frontend
 from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk
 from pdserve.gateway.front.request_state import RequestNotFoundError, RequestRecord
+from pdserve.protocol.errors import InvalidRequestError
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 

@@ -36,7 +36,6 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 
 from aiohttp import web
 
-from pdserve.protocol.errors import InvalidRequestError, PdserveError, UnavailableError
 from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission, OverloadedError
 from pdserve.gateway.front.api_keys import ApiKeys, UnauthenticatedError
 from pdserve.gateway.front.fan_out import choice_inputs, merge
@@ -44,15 +43,11 @@ from pdserve.gateway.front.frontend import Frontend
 from pdserve.gateway.front.frontend_types import StreamChunk
 from pdserve.gateway.front.json_body import decode_json_body
 from pdserve.gateway.front.metrics import GatewayMetrics
-from pdserve.gateway.front.openai_protocol import (
-    ApiError,
-    ParsedRequest,
-    parse_chat_request,
-    parse_completion_request,
-    parse_detokenize_request,
-    parse_tokenize_request,
-)
+from pdserve.gateway.front.openai_protocol import (ApiError, ParsedRequest, parse_chat_request,
+                                                   parse_completion_request, parse_detokenize_request,
+                                                   parse_tokenize_request)
 from pdserve.gateway.front.openai_shaping import Shaper, create_shaper
+from pdserve.protocol.errors import InvalidRequestError, PdserveError, UnavailableError
 
 logger = logging.getLogger(__name__)
 

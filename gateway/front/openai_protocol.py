@@ -16,9 +16,9 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from pdserve.gateway.front.frontend_types import GenerateInput
 from pdserve.protocol.errors import InvalidRequestError, PdserveError
 from pdserve.protocol.sampling_params import SamplingParams
-from pdserve.gateway.front.frontend_types import GenerateInput
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 

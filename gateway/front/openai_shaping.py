@@ -13,9 +13,9 @@ the sampled token.
 """
 from collections.abc import Callable
 
-from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.gateway.front.frontend_types import StreamChunk
 from pdserve.gateway.front.openai_protocol import Endpoint, ParsedRequest
+from pdserve.protocol.outputs import TokenLogprobs
 
 MIN_LOGPROB = -9999.0
 

@@ -17,10 +17,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pdserve.protocol.request_checks import validate_prompt
-from pdserve.protocol.errors import InvalidRequestError
-from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.gateway.front.frontend_types import GenerateInput
+from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.request_checks import validate_prompt
+from pdserve.protocol.sampling_params import SamplingParams
 
 
 class PromptBuilder:

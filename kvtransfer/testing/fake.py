@@ -14,10 +14,10 @@ import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.base import TransferResult, validate_send
-from pdserve.protocol.errors import PdserveError, TransferError
 from pdserve.kvtransfer.layout import KVLayout, check_layout
 from pdserve.kvtransfer.receiver import ReservationView
 from pdserve.kvtransfer.target import KVTarget
+from pdserve.protocol.errors import PdserveError, TransferError
 from pdserve.v1 import common_pb2
 
 

@@ -26,12 +26,12 @@ import grpc
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.protocol.errors import NotFoundError, TransportUnavailableError, WriteTokenError
 from pdserve.kvtransfer.grpc_stream import DEFAULT_MAX_CHUNK_BYTES
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.receiver import KVReceiver
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.protocol.errors import NotFoundError, TransportUnavailableError, WriteTokenError
 
 _CLONE_NEWNET = 0x40000000  # from <sched.h>
 
