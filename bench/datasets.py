@@ -13,23 +13,18 @@ Kinds, as in `vllm bench serve`:
   letters after a leading space), so no two prompts share a prefix and each tokenizes to about
   one token a word; every request asks for exactly `output_len` tokens. Needs a tokenizer; the
   request carries the text and its token ids.
-- "jsonl": one JSON object per line, {"prompt": str} or {"prompt_token_ids": [int]}, and
-  "output_len" (the `output_len` argument when absent); the first `num_prompts` lines, in order.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pdserve.bench.errors import BenchConfigError
 
-DATASET_KINDS = ("random", "prompt-heavy", "words", "jsonl")
-RANDOM_KINDS = ("random", "prompt-heavy", "words")
+DATASET_KINDS = ("random", "prompt-heavy", "words")
 PROMPT_HEAVY_INPUT_LENS = (40, 550)  # tokens, both ends included
 WORD_MIN_CHARS = 3
 
@@ -37,7 +32,7 @@ WORD_MIN_CHARS = 3
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
     """One request to send. At least one prompt form; when both are given they are the same
-    prompt (the text is the decoding of the ids) and backends send the ids, whose length is exact."""
+    prompt (the text is the decoding of the ids) and the client sends the ids, whose length is exact."""
 
     prompt: str | None
     prompt_token_ids: list[int] | None
@@ -54,16 +49,11 @@ class BenchRequest:
 
 def make_dataset(kind: str, *, num_prompts: int, seed: int, input_len: int = 1024,
                  output_len: int = 128, range_ratio: float = 0.0, prefix_len: int = 0,
-                 tokenizer: Any = None, path: str | Path | None = None,
-                 vocab_size: int | None = None) -> list[BenchRequest]:
+                 tokenizer: Any = None, vocab_size: int | None = None) -> list[BenchRequest]:
     """`tokenizer` is a Hugging Face tokenizer (`len()`, `all_special_ids`, `decode`)."""
     if num_prompts < 1:
         raise BenchConfigError(f"num_prompts must be at least 1, got {num_prompts}")
-    if kind == "jsonl":
-        if path is None:
-            raise BenchConfigError("the jsonl dataset needs a path")
-        return _read_jsonl(Path(path), num_prompts, output_len)
-    if kind not in RANDOM_KINDS:
+    if kind not in DATASET_KINDS:
         raise BenchConfigError(f"dataset kind {kind!r} is not one of {DATASET_KINDS}")
     if not 0.0 <= range_ratio < 1.0:
         raise BenchConfigError(f"range_ratio must be in [0, 1), got {range_ratio}")
@@ -122,37 +112,3 @@ def _uniform_lens(rng: np.random.Generator, length: int, range_ratio: float, num
     low = max(1, math.floor(length * (1 - range_ratio)))
     high = max(low, math.ceil(length * (1 + range_ratio)))
     return rng.integers(low, high + 1, size=num)  # [num]
-
-
-def _read_jsonl(path: Path, num_prompts: int, default_output_len: int) -> list[BenchRequest]:
-    requests = []
-    with path.open() as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if len(requests) == num_prompts:
-                break
-            if not line.strip():
-                continue
-            try:
-                requests.append(_parse_line(json.loads(line), default_output_len))
-            except (ValueError, TypeError) as error:
-                raise BenchConfigError(f"{path}:{line_number}: {error}") from error
-    if len(requests) < num_prompts:
-        raise BenchConfigError(f"{path} holds {len(requests)} requests, fewer than {num_prompts}")
-    return requests
-
-
-def _parse_line(item: Any, default_output_len: int) -> BenchRequest:
-    if not isinstance(item, dict):
-        raise TypeError("each line must be a JSON object")
-    prompt, token_ids = item.get("prompt"), item.get("prompt_token_ids")
-    if (prompt is None) == (token_ids is None):
-        raise ValueError('each line needs exactly one of "prompt" and "prompt_token_ids"')
-    if prompt is not None and not isinstance(prompt, str):
-        raise TypeError('"prompt" must be a string')
-    if token_ids is not None and not (isinstance(token_ids, list)
-                                      and all(isinstance(t, int) and t >= 0 for t in token_ids)):
-        raise TypeError('"prompt_token_ids" must be a list of non-negative integers')
-    output_len = item.get("output_len", default_output_len)
-    if not isinstance(output_len, int):
-        raise TypeError('"output_len" must be an integer')
-    return BenchRequest(prompt=prompt, prompt_token_ids=token_ids, output_len=output_len)

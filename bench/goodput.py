@@ -23,7 +23,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pdserve.bench.datasets import RANDOM_KINDS, make_dataset
+from pdserve.bench.datasets import DATASET_KINDS, make_dataset
 from pdserve.bench.errors import BenchConfigError
 from pdserve.bench.goodput_search import Point, attainment, goodput, search
 from pdserve.bench.machine import machine_summary, model_summary, versions
@@ -142,7 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bisect-steps", type=int, default=1,
                         help="runs between the last rate met and the first missed (default 1)")
     parser.add_argument("--repeats", type=int, default=1, help="searches per system, each with other prompts")
-    parser.add_argument("--dataset", choices=RANDOM_KINDS, default="words",
+    parser.add_argument("--dataset", choices=DATASET_KINDS, default="words",
                         help="default words: distinct prompts of --input-len ± --range-ratio words")
     parser.add_argument("--num-prompts", type=int, default=40, help="requests per rate, at least (default 40)")
     parser.add_argument("--duration-s", type=float, default=30.0,

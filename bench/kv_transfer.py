@@ -7,7 +7,7 @@ ratios measured side by side are the result. `pdserve bench kv-transfer --mib 64
 
 With `--decode-netns NS --decode-host ADDR` it also times grpc to a second decode process that
 serves at ADDR from network namespace NS (another host, as far as the network goes; run the bench
-itself in another namespace: tests/faults/test_across_hosts.py does).
+itself in another namespace: tests/system/faults/test_across_hosts.py does).
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # as tests/faults runs it, inside a network namespace
+if __name__ == "__main__":  # as tests/system/faults runs it, inside a network namespace
     main_parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(main_parser)
     raise SystemExit(run(main_parser.parse_args()))

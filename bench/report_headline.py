@@ -21,8 +21,7 @@ from pathlib import Path
 
 RUNS = {"bfloat16": "goodput_bf16", "float32": "goodput_fp32"}
 OFFLINE_RUN = "offline_smollm2"
-SHOWN = {"disaggregated": "pdserve up (1P1D)", "colocated": "pdserve serve", "vllm": "vLLM",
-         "llama-cpp": "llama.cpp"}
+SHOWN = {"disaggregated": "pdserve up (1P1D)", "colocated": "pdserve serve", "vllm": "vLLM"}
 MARK_BEGIN = "<!-- headline: written by `pdserve bench report`; edit bench/report_headline.py, not this -->"
 MARK_END = "<!-- headline: end -->"
 

@@ -38,7 +38,7 @@ def write_report(result: dict, json_path: Path) -> str:
 
 def render_markdown(result: dict) -> str:
     lines = [f"## Serving Benchmark Result: {result['label']}", "",
-             f"{result['backend']} → `{result['target']}`, model `{result['model_id']}`, "
+             f"`{result['target']}`, model `{result['model_id']}`, "
              f"{result['num_prompts']} prompts, {result['date']}", "",
              "| Metric | Value |", "|---|---:|"]
     for title, key in RUN_ROWS:
@@ -61,27 +61,12 @@ def render_markdown(result: dict) -> str:
 
 
 def _server_lines(server: dict) -> list[str]:
-    lines = ["### Server"]
-    if "metrics_url" in server:
-        errors = f"; errors: {'; '.join(server['scrape_errors'])}" if server["scrape_errors"] else ""
-        lines += ["", f"Scraped `{server['metrics_url']}` {server['num_scrapes']} times{errors}."]
-    rows = [(f"`{key}` increase", _figure(value)) for key, value in server.get("counters", {}).items() if value]
+    lines = ["### Server", "", f"Scraped `{server['metrics_url']}` before and after the run."]
+    if server["scrape_errors"]:
+        return lines + ["", f"Scrape errors: {'; '.join(server['scrape_errors'])}."]
+    rows = [(f"`{key}` increase", _figure(value)) for key, value in server["counters"].items() if value]
     rows += [(f"`{key}` mean of {figures['count']:g}", _figure(figures["mean"]))
-             for key, figures in server.get("histograms", {}).items() if figures["count"]]
-    rows += [(f"`{key}` mean / max / last", " / ".join(_figure(figures[stat]) for stat in ("mean", "max", "last")))
-             for key, figures in server.get("gauges", {}).items()]
-    kv = server.get("kv_transfer")
-    if kv:
-        rows += [("KV transfer bytes", _figure(kv["bytes"])), ("KV transfers", _figure(kv["num_transfers"])),
-                 ("KV transfer GB/s (while transferring)", _figure(kv["gb_per_s"])),
-                 ("KV bytes per transfer", _figure(kv["bytes_per_transfer"]))]
-    per_request = server.get("requests")
-    if per_request:
-        rows += [("Final states (GetRequest)", _counts(per_request["states"])),
-                 ("Transports (GetRequest)", _counts(per_request["transports"])),
-                 ("KV bytes per request (GetRequest)", _figure(per_request["kv_bytes_per_request"])),
-                 ("Mean KV transfer time (s) (GetRequest)", _figure(per_request["kv_transfer_s_mean"])),
-                 ("KV transfer GB/s (GetRequest)", _figure(per_request["kv_transfer_gb_per_s"]))]
+             for key, figures in server["histograms"].items() if figures["count"]]
     if rows:
         lines += ["", "| Figure | Value |", "|---|---:|", *(f"| {name} | {value} |" for name, value in rows)]
     return lines
@@ -97,10 +82,6 @@ def _figure(value: float | None) -> str:
     if value is None:
         return "-"
     return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{key}: {count}" for key, count in counts.items())
 
 
 def _cell(text: str) -> str:

@@ -2,11 +2,10 @@
 
 Each request waits for its arrival offset (`bench.arrivals`), then for a slot when
 `max_concurrency` is set (requests queue at the client, as in vLLM), then streams through the
-backend while `bench.timing` times it. The run's duration spans the first send to the last
+client while `bench.timing` times it. The run's duration spans the first send to the last
 answer. A request that fails or outlives `timeout_s` is a failed record; the run never hangs on
-it. With `metrics_url` the server's Prometheus figures are scraped around and during the run;
-afterwards the backend is asked what the server recorded per request. `run_on` is the one way
-every workload (and the planner) sends a trace to a system `bench.systems.started` runs.
+it. With `metrics_url` the server's Prometheus figures are scraped before and after the run.
+`run_on` is the one way every workload sends a trace to a system `bench.systems.started` runs.
 """
 from __future__ import annotations
 
@@ -22,25 +21,20 @@ from datetime import datetime, timezone
 from tqdm import tqdm
 
 from pdserve.bench.arrivals import arrival_offsets_s
-from pdserve.bench.backend_base import SendOptions
-from pdserve.bench.backends import BACKENDS, create_backend
+from pdserve.bench.client import CompletionsClient, SendOptions
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.errors import BenchConfigError
 from pdserve.bench.metrics import BenchMetrics, compute_metrics, validate_slos
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.request_details import summarise_request_details
-from pdserve.bench.server_metrics import MetricsScraper
+from pdserve.bench.server_metrics import scrape, server_section
 from pdserve.bench.systems import Served
 from pdserve.bench.timing import time_stream
-
-SCRAPE_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
-    backend: str                      # "pdserve-grpc" | "openai"
-    target: str                       # "host:port" (gRPC) or "http://host:port/v1" (openai)
-    model: str | None = None          # openai model id; None = the first of GET /v1/models
+    target: str                       # the OpenAI base URL, "http://host:port/v1"
+    model: str | None = None          # model id; None = the first of GET /v1/models
     request_rate: float = math.inf    # requests/s; inf sends all at once
     burstiness: float = 1.0           # gamma shape of the gaps; 1 = Poisson
     max_concurrency: int | None = None
@@ -53,12 +47,7 @@ class BenchConfig:
     label: str = "pdserve-bench"
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise BenchConfigError(f"backend {self.backend!r} is not one of {BACKENDS}")
-        if not self.request_rate > 0:
-            raise BenchConfigError(f"request_rate must be positive (or inf), got {self.request_rate}")
-        if not self.burstiness > 0:
-            raise BenchConfigError(f"burstiness must be positive, got {self.burstiness}")
+        arrival_offsets_s(0, self.request_rate, self.burstiness, self.seed)  # refuses a bad rate or burstiness
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise BenchConfigError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
         if not self.timeout_s > 0:
@@ -78,17 +67,16 @@ class BenchResult:
     date: str                         # ISO 8601, UTC, when the run started
     records: list[RequestRecord]      # in dataset order
     metrics: BenchMetrics
-    server: dict | None               # scraped figures and per-request details; None if neither
+    server: dict | None               # the scraped figures; None when not scraped
 
     def to_json_dict(self) -> dict:
-        """vLLM `bench serve`'s result fields, then ours ("e2els", "request_ids", "server")."""
+        """vLLM `bench serve`'s result fields, then ours ("e2els", "server")."""
         return {
             "date": self.date,
-            "backend": self.config.backend,
             "label": self.config.label,
             "model_id": self.model_id,
             "num_prompts": len(self.records),
-            **{key: value for key, value in self.config.to_json_dict().items() if key not in ("backend", "label")},
+            **{key: value for key, value in self.config.to_json_dict().items() if key != "label"},
             **self.metrics.to_dict(),
             "input_lens": [record.prompt_len for record in self.records],
             "output_lens": [record.output_len for record in self.records],
@@ -96,7 +84,6 @@ class BenchResult:
             "itls": [record.itl_s for record in self.records],
             "errors": [record.error for record in self.records],
             "e2els": [record.e2el_s for record in self.records],
-            "request_ids": [record.request_id for record in self.records],
             "server": self.server,
         }
 
@@ -105,15 +92,13 @@ async def run_benchmark(config: BenchConfig, requests: list[BenchRequest], progr
     if not requests:
         raise BenchConfigError("the benchmark needs at least one request")
     offsets_s = arrival_offsets_s(len(requests), config.request_rate, config.burstiness, config.seed)
-    options = SendOptions(temperature=config.temperature, ignore_eos=config.ignore_eos, timeout_s=config.timeout_s)
-    backend = create_backend(config.backend, config.target, config.model, options)
+    client = CompletionsClient(config.target, config.model,
+                               SendOptions(temperature=config.temperature, ignore_eos=config.ignore_eos))
     run_tag = uuid.uuid4().hex[:8]
     slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-    scraper = MetricsScraper(config.metrics_url, SCRAPE_INTERVAL_S) if config.metrics_url else None
     try:
-        model_id = await backend.open()
-        if scraper is not None:
-            await scraper.start()
+        model_id = await client.open()
+        before = await scrape(config.metrics_url) if config.metrics_url else None
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
         with tqdm(total=len(requests), disable=not progress, desc=config.label, unit="req") as bar:
             started_at = time.perf_counter()
@@ -121,27 +106,20 @@ async def run_benchmark(config: BenchConfig, requests: list[BenchRequest], progr
             async def send(index: int, request: BenchRequest) -> RequestRecord:
                 await asyncio.sleep(max(0.0, started_at + offsets_s[index] - time.perf_counter()))
                 async with slots if slots is not None else contextlib.nullcontext():
-                    request_id = f"bench-{run_tag}-{index}"
                     known_len = len(request.prompt_token_ids) if request.prompt_token_ids is not None else None
-                    record = await time_stream(backend.stream(request, request_id), known_prompt_len=known_len,
-                                               timeout_s=config.timeout_s, start_s=time.perf_counter() - started_at,
-                                               request_id=request_id)
+                    record = await time_stream(client.stream(request, f"bench-{run_tag}-{index}"),
+                                               known_prompt_len=known_len, timeout_s=config.timeout_s,
+                                               start_s=time.perf_counter() - started_at)
                 bar.update(1)
                 return record
 
             records = list(await asyncio.gather(*(send(i, r) for i, r in enumerate(requests))))
             duration_s = time.perf_counter() - started_at
-        scraped = await scraper.stop() if scraper is not None else None
-        details = await backend.describe([record.request_id for record in records])
+        server = None
+        if config.metrics_url:
+            server = server_section(config.metrics_url, before, await scrape(config.metrics_url))
     finally:
-        if scraper is not None:
-            await scraper.close()
-        await backend.close()
-    records = [dataclasses.replace(record, server=details.get(record.request_id, {})) for record in records]
-    per_request = summarise_request_details([record.server for record in records])
-    server = None
-    if scraped is not None or per_request is not None:
-        server = {**(scraped or {}), "requests": per_request}
+        await client.close()
     return BenchResult(config=config, model_id=model_id, date=date, records=records,
                        metrics=compute_metrics(records, duration_s, config.goodput_slos_ms), server=server)
 
@@ -150,6 +128,6 @@ def run_on(served: Served, requests: list[BenchRequest], label: str, *, progress
            scrape: bool = False, **options) -> BenchResult:
     """`requests` sent to a started system over its OpenAI HTTP API; `options` are BenchConfig's
     (request_rate, max_concurrency, seed, goodput_slos_ms, ...); `scrape` reads its /metrics."""
-    config = BenchConfig(backend="openai", target=served.spec.base_url, model=served.model_id, label=label,
+    config = BenchConfig(target=served.spec.base_url, model=served.model_id, label=label,
                          metrics_url=served.spec.metrics_url if scrape else None, **options)
     return asyncio.run(run_benchmark(config, requests, progress))

@@ -13,8 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from pdserve.bench.backend_base import BackendError
-from pdserve.bench.backends import BACKENDS
+from pdserve.bench.client import BackendError
 from pdserve.bench.datasets import DATASET_KINDS, make_dataset
 from pdserve.bench.errors import BenchConfigError
 from pdserve.bench.metrics import SLO_KEYS, parse_slos
@@ -28,18 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "or a concurrency cap and reports TTFT, TPOT, ITL, E2EL, throughput and goodput "
                           "with vLLM's field names, plus the server's own Prometheus figures.")
     target = parser.add_argument_group("server: --target (running) or --system (started here)")
-    target.add_argument("--backend", choices=BACKENDS, default="openai",
-                        help="pdserve-grpc: the gateway's gRPC API; openai: /v1/completions (default)")
-    target.add_argument("--target",
-                        help="HOST:PORT for pdserve-grpc, a base URL such as http://127.0.0.1:8000/v1 for openai")
-    target.add_argument("--metrics-url", help="a Prometheus /metrics URL to scrape before, during and after")
-    target.add_argument("--system", choices=SYSTEMS, help="start this system, measure it over openai, stop it")
-    target.add_argument("--model", help="with --target: the model id for openai (default: the first of "
-                                         "GET /v1/models); with --system: what `pdserve up --model` takes")
+    target.add_argument("--target", help="an OpenAI base URL such as http://127.0.0.1:8000/v1")
+    target.add_argument("--metrics-url", help="a Prometheus /metrics URL to scrape before and after")
+    target.add_argument("--system", choices=SYSTEMS, help="start this system, measure it, stop it")
+    target.add_argument("--model", help="with --target: the model id (default: the first of GET /v1/models); "
+                                         "with --system: what `pdserve up --model` takes")
     add_system_arguments(target, model=False)
     data = parser.add_argument_group("dataset")
     data.add_argument("--dataset", choices=DATASET_KINDS, default="random")
-    data.add_argument("--dataset-path", type=Path, help="the jsonl file")
     data.add_argument("--num-prompts", type=int, default=1000, help="default 1000")
     data.add_argument("--input-len", type=int, default=1024, help="random prompt tokens (default 1024)")
     data.add_argument("--output-len", type=int, default=128, help="tokens to generate (default 128)")
@@ -64,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"SLOs for goodput, keys {', '.join(SLO_KEYS)} (e.g. ttft:500 tpot:50)")
     out = parser.add_argument_group("output")
     out.add_argument("--result-dir", type=Path, help="write JSON, markdown and PNG plots here")
-    out.add_argument("--label", help="name of the run and its files (default BACKEND-DATASET)")
+    out.add_argument("--label", help="name of the run and its files (default SYSTEM-DATASET)")
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
@@ -77,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         options, pinning = options_from(args)
         result_dir = args.result_dir or Path("bench/results/serve")
         with started(args.system, options, pinning, result_dir / "logs") as served:
-            args.backend, args.metrics_url = "openai", args.metrics_url or served.spec.metrics_url
+            args.metrics_url = args.metrics_url or served.spec.metrics_url
             args.tokenizer = args.tokenizer or options.model_dir
             return run_against(args, served.spec.base_url, served.model_id)
     except (SystemUnavailable, SystemStartError) as error:
@@ -87,15 +82,15 @@ def run(args: argparse.Namespace) -> int:
 def run_against(args: argparse.Namespace, target: str, model: str | None) -> int:
     try:
         config = BenchConfig(
-            backend=args.backend, target=target, model=model, request_rate=args.request_rate,
+            target=target, model=model, request_rate=args.request_rate,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
             ignore_eos=args.ignore_eos, temperature=args.temperature, goodput_slos_ms=parse_slos(args.goodput),
             metrics_url=args.metrics_url, timeout_s=args.timeout_s,
-            label=args.label or f"{args.backend}-{args.dataset}")
+            label=args.label or f"{args.system or 'server'}-{args.dataset}")
         requests = make_dataset(
             args.dataset, num_prompts=args.num_prompts, seed=args.seed, input_len=args.input_len,
             output_len=args.output_len, range_ratio=args.range_ratio, prefix_len=args.prefix_len,
-            tokenizer=_load_tokenizer(args.tokenizer), path=args.dataset_path, vocab_size=args.vocab_size)
+            tokenizer=_load_tokenizer(args.tokenizer), vocab_size=args.vocab_size)
     except BenchConfigError as error:
         raise SystemExit(f"pdserve bench: {error}") from error
     try:

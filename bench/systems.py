@@ -7,11 +7,9 @@ Every system is one OpenAI-compatible HTTP server on loopback, started as its ow
                    (its own Redis, N prefill and M decode replicas, the gateway's HTTP front;
                    on two or more server CPUs each replica pinned to its share)
     vllm           PEER serve DIR P --dtype D --enable-prefix-caching           (vLLM's CPU build)
-    llama-cpp      PEER serve FILE.gguf P SLOTS THREADS                         (llama.cpp's server)
 
-The peers are the scripts in ../shared/peers. vLLM's script passes its own `--dtype` and
-`--no-enable-prefix-caching` first and vLLM keeps the last value, so the appended ones win;
-llama.cpp runs the GGUF as stored (its own quantization, whatever D says).
+PEER is ../shared/peers/vllm-cpu. It passes its own `--dtype` and `--no-enable-prefix-caching`
+first and vLLM keeps the last value, so the appended ones win.
 
 Invariant: every process a system runs sits on `Pinning.server_cpus` with the same thread-count
 environment, so the systems differ in software only; the affinity is set in the child before it
@@ -41,9 +39,8 @@ from pdserve.cluster.ports import free_port
 from pdserve.protocol.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
-SYSTEMS = ("colocated", "disaggregated", "vllm", "llama-cpp")
+SYSTEMS = ("colocated", "disaggregated", "vllm")
 DTYPES = ("float32", "bfloat16")
-LLAMA_CPP_SLOTS = 16
 _POLL_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 2.0
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -54,7 +51,7 @@ class SystemStartError(PdserveError):
 
 
 class SystemUnavailable(PdserveError):
-    """A system that cannot run as configured (no peer script, no GGUF file): skipped."""
+    """A system that cannot run as configured (no peer script): skipped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +105,6 @@ class SystemOptions:
     num_prefill_replicas: int = 1  # of disaggregated
     num_decode_replicas: int = 1  # of disaggregated
     peer_vllm: Path | None = None  # ../shared/peers/vllm-cpu; None: vllm cannot run
-    peer_llama_cpp: Path | None = None  # ../shared/peers/llama-cpp
-    gguf: Path | None = None  # the file llama-cpp serves
     startup_timeout_s: float = 900.0
 
 
@@ -144,23 +139,15 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
                                  "--prefill", str(num_p), "--decode", str(num_d)), port,
                           f"pdserve up: gateway + {num_p} prefill + {num_d} decode + Redis, KV over shared memory")
     if name == "vllm":
-        script = _peer_script(options.peer_vllm, "--peer-vllm")
-        return SystemSpec(name, (script, "serve", model, str(port), *dtype, "--enable-prefix-caching"), port,
-                          "vLLM CPU build, OpenAI server, prefix caching on")
-    if name == "llama-cpp":
-        script = _peer_script(options.peer_llama_cpp, "--peer-llama-cpp")
-        if options.gguf is None or not options.gguf.is_file():
-            raise SystemUnavailable(f"llama-cpp needs --gguf FILE (got {options.gguf})")
-        threads = str(len(os.sched_getaffinity(0)))
-        return SystemSpec(name, (script, "serve", str(options.gguf.resolve()), str(port), str(LLAMA_CPP_SLOTS),
-                                 threads), port,
-                          f"llama.cpp server (xllamacpp), {LLAMA_CPP_SLOTS} slots, the GGUF as stored")
+        return SystemSpec(name, (peer_script(options.peer_vllm), "serve", model, str(port), *dtype,
+                                 "--enable-prefix-caching"), port, "vLLM CPU build, OpenAI server, prefix caching on")
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
 
 
-def _peer_script(path: Path | None, flag: str) -> str:
+def peer_script(path: Path | None) -> str:
+    """The vLLM peer's script; SystemUnavailable without one."""
     if path is None:
-        raise SystemUnavailable(f"no {flag} script given")
+        raise SystemUnavailable("no --peer-vllm script given")
     if not path.is_file():
         raise SystemUnavailable(f"peer script {path} not found")
     return str(path.resolve())
@@ -265,8 +252,6 @@ def add_system_arguments(parser, model: bool = True) -> None:
     parser.add_argument("--decode-replicas", type=int, default=1, metavar="M", help="of disaggregated (default 1)")
     parser.add_argument("--peer-vllm", type=Path, metavar="SCRIPT",
                         help="../shared/peers/vllm-cpu (its `serve` and `python`); without it vllm is skipped")
-    parser.add_argument("--peer-llama-cpp", type=Path, metavar="SCRIPT", help="../shared/peers/llama-cpp")
-    parser.add_argument("--gguf", type=Path, metavar="FILE", help="the GGUF file llama-cpp serves")
     parser.add_argument("--server-cpus", type=parse_cpu_list, metavar="LIST",
                         help="CPUs every system runs on (default: every usable CPU)")
     parser.add_argument("--client-cpus", type=parse_cpu_list, metavar="LIST",
@@ -280,5 +265,5 @@ def options_from(args) -> tuple[SystemOptions, Pinning]:
 
     model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
     options = SystemOptions(model_dir, args.dtype, args.prefill_replicas, args.decode_replicas, args.peer_vllm,
-                            args.peer_llama_cpp, args.gguf, args.startup_timeout_s)
+                            args.startup_timeout_s)
     return options, Pinning(args.server_cpus or all_cpus(), args.client_cpus or all_cpus())

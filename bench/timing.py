@@ -13,24 +13,21 @@ from pdserve.bench.records import RequestRecord, StreamPiece
 
 
 async def time_stream(pieces: AsyncIterator[StreamPiece], *, known_prompt_len: int | None, timeout_s: float,
-                      start_s: float = 0.0, request_id: str = "") -> RequestRecord:
+                      start_s: float = 0.0) -> RequestRecord:
     """`pieces` is not started yet; its clock starts here. `start_s` only labels the record."""
     sent_at = time.perf_counter()
     ttft_s, last_output_at, itl_s = 0.0, sent_at, []
-    num_output_pieces, num_streamed_tokens = 0, 0
+    num_output_pieces = 0
     prompt_tokens = completion_tokens = None
-    server_id = request_id
     error = ""
     try:
         async with asyncio.timeout(timeout_s):
             async for piece in pieces:
                 now = time.perf_counter()
-                server_id = piece.request_id or server_id
                 if piece.prompt_tokens is not None:
                     prompt_tokens = piece.prompt_tokens
                 if piece.completion_tokens is not None:
                     completion_tokens = piece.completion_tokens
-                num_streamed_tokens += piece.num_tokens or 0
                 if not piece.has_output:
                     continue
                 if num_output_pieces == 0:
@@ -51,10 +48,10 @@ async def time_stream(pieces: AsyncIterator[StreamPiece], *, known_prompt_len: i
     prompt_len = prompt_tokens if prompt_tokens is not None else (known_prompt_len or 0)
     if error:
         return RequestRecord(prompt_len=prompt_len, output_len=0, ttft_s=ttft_s, itl_s=itl_s, e2el_s=e2el_s,
-                             success=False, error=error, start_s=start_s, request_id=server_id)
-    output_len = completion_tokens if completion_tokens is not None else (num_streamed_tokens or num_output_pieces)
+                             success=False, error=error, start_s=start_s)
+    output_len = completion_tokens if completion_tokens is not None else num_output_pieces
     return RequestRecord(prompt_len=prompt_len, output_len=output_len, ttft_s=ttft_s, itl_s=itl_s,
-                         e2el_s=e2el_s, success=True, error="", start_s=start_s, request_id=server_id)
+                         e2el_s=e2el_s, success=True, error="", start_s=start_s)
 
 
 async def _close(pieces: AsyncIterator[StreamPiece]) -> None:

@@ -39,7 +39,7 @@ def server(tiny_model, tmp_path_factory):
 
 
 def bench(*flags):
-    result = subprocess.run([sys.executable, "-m", "pdserve", "bench", "serve", "--backend", "openai", "--disable-tqdm",
+    result = subprocess.run([sys.executable, "-m", "pdserve", "bench", "serve", "--disable-tqdm",
                              *flags], capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout

@@ -1,5 +1,5 @@
 """Datasets: lengths as asked, the seed fixes the prompts, "prompt-heavy" has its spread of
-prompts, "words" draws distinct prompts of whole words; jsonl parses."""
+prompts, "words" draws distinct prompts of whole words."""
 import json
 
 import pytest
@@ -69,39 +69,6 @@ def test_words_prompts_count_words_within_the_range_are_distinct_and_tokenized(t
 def test_random_needs_a_tokenizer_or_a_vocab_size():
     with pytest.raises(BenchConfigError, match="tokenizer or a vocab_size"):
         make_dataset("random", num_prompts=2, seed=0)
-
-
-def test_jsonl_reads_both_prompt_forms_in_order(tmp_path):
-    path = tmp_path / "requests.jsonl"
-    path.write_text("\n".join(json.dumps(line) for line in [
-        {"prompt": "hello there", "output_len": 5},
-        {"prompt_token_ids": [1, 2, 3], "output_len": 9},
-        {"prompt": "uses the default output length"},
-        {"prompt": "not read: beyond num_prompts", "output_len": 1},
-    ]) + "\n")
-    requests = make_dataset("jsonl", num_prompts=3, seed=0, output_len=11, path=path)
-    assert requests == [BenchRequest("hello there", None, 5), BenchRequest(None, [1, 2, 3], 9),
-                        BenchRequest("uses the default output length", None, 11)]
-
-
-@pytest.mark.parametrize("line, message", [
-    ({"output_len": 3}, "exactly one"),
-    ({"prompt": "a", "prompt_token_ids": [1], "output_len": 3}, "exactly one"),
-    ({"prompt_token_ids": ["x"], "output_len": 3}, "non-negative integers"),
-    ({"prompt": "a", "output_len": 0}, "at least 1"),
-])
-def test_jsonl_errors_name_the_line(tmp_path, line, message):
-    path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps({"prompt": "fine", "output_len": 2}) + "\n" + json.dumps(line) + "\n")
-    with pytest.raises(BenchConfigError, match=f"bad.jsonl:2: .*{message}"):
-        make_dataset("jsonl", num_prompts=2, seed=0, path=path)
-
-
-def test_jsonl_with_too_few_lines_is_an_error(tmp_path):
-    path = tmp_path / "short.jsonl"
-    path.write_text(json.dumps({"prompt": "only one", "output_len": 2}) + "\n")
-    with pytest.raises(BenchConfigError, match="fewer than 2"):
-        make_dataset("jsonl", num_prompts=2, seed=0, path=path)
 
 
 def test_prompt_heavy_spreads_prompts_over_its_whole_range_with_fixed_outputs():

@@ -16,7 +16,7 @@ def result(request_rate, slos=None):
         RequestRecord(prompt_len=8, output_len=0, ttft_s=0.0, itl_s=[], e2el_s=0.01, success=False,
                       error="BackendError: HTTP 400: a | b\nc"),
     ]
-    config = BenchConfig(backend="openai", target="http://h:1/v1", request_rate=request_rate,
+    config = BenchConfig(target="http://h:1/v1", request_rate=request_rate,
                          goodput_slos_ms=slos or {}, label=f"t_rate{request_rate:g}")
     return BenchResult(config=config, model_id="m", date="2026-01-01T00:00:00+00:00", records=records,
                        metrics=compute_metrics(records, 1.0, config.goodput_slos_ms), server=None)

@@ -25,19 +25,17 @@ EMPTY = StreamPiece(has_output=False)
 
 def test_pieces_without_output_do_not_count_and_usage_sets_the_lengths():
     record = timed(stream(EMPTY, OUT, EMPTY, OUT, OUT,
-                          StreamPiece(has_output=False, prompt_tokens=11, completion_tokens=3, request_id="r1")))
+                          StreamPiece(has_output=False, prompt_tokens=11, completion_tokens=3)))
     assert record.success and record.error == ""
-    assert (record.prompt_len, record.output_len, record.request_id) == (11, 3, "r1")
+    assert (record.prompt_len, record.output_len) == (11, 3)
     assert record.ttft_s >= 0.02  # two pauses before the first output
     assert len(record.itl_s) == 2 and all(gap_s >= 0.01 for gap_s in record.itl_s)
     assert record.e2el_s >= record.ttft_s + sum(record.itl_s)
 
 
-def test_without_usage_tokens_in_chunks_then_output_pieces_are_counted():
-    with_ids = timed(stream(StreamPiece(True, num_tokens=2), StreamPiece(True, num_tokens=3)))
-    assert (with_ids.output_len, with_ids.prompt_len) == (5, 7)
+def test_without_usage_output_pieces_are_counted_and_the_prompt_is_the_known_length():
     without = timed(stream(OUT, OUT, OUT))
-    assert without.output_len == 3
+    assert (without.output_len, without.prompt_len) == (3, 7)
 
 
 def test_a_failing_stream_is_a_failed_record():

@@ -1,24 +1,39 @@
-"""The "openai" backend: streaming `POST {base}/completions` with server-sent events.
+"""The benchmark's client: streaming `POST {base}/completions` with server-sent events, the
+OpenAI API that pdserve's HTTP front and vLLM's server both speak.
 
-Each request asks for `stream_options.include_usage`, so the server's token counts arrive in a
-last usage event; `ignore_eos` is vLLM's extension, which pdserve's HTTP front accepts too. A
-prompt with token ids is sent as the id list (exact length), otherwise as text.
+It only translates: it sends one `BenchRequest` and yields `StreamPiece`s as the server streams;
+`bench.timing` owns the clock. Each request asks for `stream_options.include_usage`, so the
+server's token counts arrive in a last usage event; `ignore_eos` is vLLM's extension, which
+pdserve's HTTP front accepts too. A prompt with token ids is sent as the id list (exact length),
+otherwise as text.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 
-from pdserve.bench.backend_base import BackendError, SendOptions
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.records import StreamPiece
 
 MODELS_TIMEOUT_S = 30.0
 
 
-class OpenAICompletionsBackend:
+class BackendError(Exception):
+    """The server refused or broke one request; the runner records it as that request's error."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    """What every request of a run asks for besides its prompt and output length."""
+
+    temperature: float
+    ignore_eos: bool
+
+
+class CompletionsClient:
     def __init__(self, base_url: str, model: str | None, options: SendOptions) -> None:
         self._base_url = base_url.rstrip("/")
         self._model = model
@@ -26,6 +41,7 @@ class OpenAICompletionsBackend:
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> str:
+        """Connects; returns the model id the run uses (the first of GET /models unless given)."""
         # limit=0: the benchmark, not the connection pool, decides how many requests are in flight.
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                               timeout=aiohttp.ClientTimeout(total=None))
@@ -47,6 +63,7 @@ class OpenAICompletionsBackend:
         return models[0]["id"]
 
     async def stream(self, request: BenchRequest, request_id: str) -> AsyncIterator[StreamPiece]:
+        """The pieces of one request, sent only when iteration starts."""
         body = {
             "model": self._model,
             "prompt": request.prompt_token_ids if request.prompt_token_ids is not None else request.prompt,
@@ -69,9 +86,6 @@ class OpenAICompletionsBackend:
                 yield _piece(json.loads(data))
         raise BackendError("the event stream ended without [DONE]")
 
-    async def describe(self, request_ids: list[str]) -> dict[str, dict]:
-        return {}
-
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -82,9 +96,5 @@ def _piece(event: dict) -> StreamPiece:
         raise BackendError(f"server error in stream: {event['error']}")
     choices = event.get("choices") or []
     usage = event.get("usage") or {}
-    return StreamPiece(
-        has_output=any(choice.get("text") for choice in choices),
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-        request_id=event.get("id"),
-    )
+    return StreamPiece(has_output=any(choice.get("text") for choice in choices),
+                       prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
