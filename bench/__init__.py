@@ -4,6 +4,7 @@ Layout: `datasets` builds the requests, `arrivals` decides when each is sent, `c
 the OpenAI completions API and yields stream pieces, `timing` turns one stream into a
 `RequestRecord`, `metrics` aggregates records into vLLM's figures, `server_metrics` scrapes the
 server's Prometheus endpoint, `runner` ties them into `run_benchmark`; `systems` starts what is
-measured; `report*` and `plots` present the result; `micro/` holds the step, kernel and KV
-transfer micro-benchmarks; `cli` is `pdserve bench WORKLOAD`.
+measured; `report*` and `plots` present the result. The micro-benchmarks, each on the CPU or a
+GPU (`--device`): `profile_decode_step`, `decode_kernel`, `kv_transfer`, timed by `bandwidth`.
+`cli` is `pdserve bench WORKLOAD`.
 """

@@ -14,8 +14,8 @@ WORKLOADS = {  # name -> (module, what it measures)
     "serve": ("serve", "one run at a request rate or concurrency cap, like `vllm bench serve`"),
     "offline": ("offline", "the engines alone: pdserve's LLM.generate against vLLM's, same prompts"),
     "decode-step": ("profile_decode_step", "one engine decode step split into its parts, against its read roofline"),
-    "decode-kernel": ("cpu_decode_kernel", "the CPU decode attention kernel on scattered KV blocks"),
-    "kv-transfer": ("kv_transfer", "KV transport bandwidth between a prefill and a decode pool"),
+    "decode-kernel": ("decode_kernel", "the decode attention kernel (CPU or GPU) on scattered KV blocks"),
+    "kv-transfer": ("kv_transfer", "KV transport bandwidth between a prefill and a decode pool (CPU or GPU)"),
     "report": ("report", "markdown tables, plots and the headline's goals from result JSON (no measuring)"),
 }
 

@@ -2,8 +2,14 @@
 
 A decode replica runs in its own process (kvtransfer/testing/loopback.py); this process sends a
 prompt's worth of scattered blocks with each transport and times `send` end to end, commit or
-acknowledgement included. Not a test: on a shared machine absolute numbers are noise, the
-ratios measured side by side are the result. `pdserve bench kv-transfer --mib 64`.
+acknowledgement included. Afterwards the decode process reads its own pool back: the reserved
+blocks must hold the sent bytes exactly and every other block must be untouched, or the run
+fails. On a shared machine absolute numbers are noise, the ratios measured side by side are the
+result. On the CPU the transports are shm and grpc; with `--device cuda:N` the pools are on GPUs
+and the transport is cuda_ipc (`--decode-device cuda:M` for the decode pool on another GPU).
+
+    pdserve bench kv-transfer --mib 64
+    pdserve bench kv-transfer --mib 256 --device cuda:0 --decode-device cuda:1
 
 With `--decode-netns NS --decode-host ADDR` it also times grpc to a second decode process that
 serves at ADDR from network namespace NS (another host, as far as the network goes; run the bench
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from pdserve.bench.bandwidth import best_s
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.protocol.transport_choice import transport_name
 from pdserve.kvtransfer.in_place import copy_blocks
@@ -48,46 +55,45 @@ def bench_spec(dtype: torch.dtype) -> KVCacheSpec:
     return KVCacheSpec(num_layers=8, num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype)
 
 
+class KVNotLanded(AssertionError):
+    """The decode pool does not hold exactly the bytes sent to it."""
+
+
 def measure(
     num_bytes: int = 64 * 2**20,
     dtype: torch.dtype = torch.bfloat16,
-    transports: tuple[int, ...] = (common_pb2.TRANSPORT_SHM, common_pb2.TRANSPORT_GRPC),
     num_repeats: int = 5,
     decode_netns: tuple[str, str] | None = None,  # (namespace, address) of a decode across the network
+    device: torch.device = torch.device("cpu"),
+    decode_device: torch.device | None = None,  # default: `device`
 ) -> list[BandwidthRow]:
+    decode_device = decode_device or device
+    transports = ((common_pb2.TRANSPORT_CUDA_IPC,) if device.type == "cuda"
+                  else (common_pb2.TRANSPORT_SHM, common_pb2.TRANSPORT_GRPC))
     spec = bench_spec(dtype)
     num_blocks = max(1, num_bytes // spec.bytes_per_block)
     moved_bytes = num_blocks * spec.bytes_per_block
     generator = torch.Generator().manual_seed(0)
-    src = spec.allocate(num_blocks, torch.device("cpu"))
-    src.copy_(torch.randn(src.shape, generator=generator))
+    src = torch.randn(spec.shape(num_blocks), generator=generator).to(device, dtype)
     src_ids = torch.randperm(num_blocks, generator=generator).tolist()
     # The decode pool is twice as large and the prompt's blocks scattered over it.
     dst_ids = torch.randperm(2 * num_blocks, generator=generator)[:num_blocks].tolist()
 
-    def best_of(run) -> float:
-        timings_s = []
-        for repeat in range(num_repeats):
-            start_s = time.perf_counter()
-            run(repeat)
-            timings_s.append(time.perf_counter() - start_s)
-        return min(timings_s)
-
-    dense_dst = torch.empty_like(src)
-    scattered_dst = spec.allocate(2 * num_blocks, torch.device("cpu"))
+    dense_dst = torch.empty_like(src, device=decode_device)
+    scattered_dst = spec.allocate(2 * num_blocks, decode_device)
     rows = [
-        BandwidthRow("torch copy_ (contiguous)", moved_bytes, best_of(lambda _: dense_dst.copy_(src))),
-        BandwidthRow(
-            "torch block copy (scattered)",
-            moved_bytes,
-            best_of(lambda _: copy_blocks(scattered_dst, dst_ids, src, src_ids)),
-        ),
+        BandwidthRow("torch copy_ (contiguous)", moved_bytes,
+                     best_s(lambda: dense_dst.copy_(src), num_repeats, decode_device)),
+        BandwidthRow("torch block copy (scattered)", moved_bytes,
+                     best_s(lambda: copy_blocks(scattered_dst, dst_ids, src.to(decode_device), src_ids),
+                            num_repeats, decode_device)),
     ]
-    config = LoopbackConfig(spec, 2 * num_blocks, "cpu", "bench")
+    config = LoopbackConfig(spec, 2 * num_blocks, str(decode_device), "bench", call_timeout_s=120.0)
     with LoopbackDecode(config) as decode:
         for transport in transports:
             seconds = asyncio.run(_time_sends(decode, transport, src, src_ids, dst_ids, num_repeats))
             rows.append(BandwidthRow(f"kvtransfer {transport_name(transport)}", moved_bytes, seconds))
+        check_landed(decode.pool(), src.cpu(), src_ids, dst_ids)
     if decode_netns is not None:
         namespace, host = decode_netns
         with LoopbackDecode(dataclasses.replace(config, host=host, netns=namespace)) as decode:
@@ -114,6 +120,16 @@ async def _time_sends(
     return min(timings_s)
 
 
+def check_landed(pool: torch.Tensor, src: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
+    """Raises KVNotLanded unless `pool`'s `dst_ids` blocks hold `src`'s `src_ids` blocks byte for
+    byte and every other block of `pool` is zero (untouched)."""
+    if not torch.equal(pool[:, :, dst_ids].view(torch.uint8), src[:, :, src_ids].view(torch.uint8)):
+        raise KVNotLanded("the reserved blocks do not hold the bytes sent")
+    untouched = sorted(set(range(pool.shape[2])) - set(dst_ids))
+    if pool[:, :, untouched].view(torch.uint8).any():
+        raise KVNotLanded("a block that was not reserved was written")
+
+
 def format_table(rows: list[BandwidthRow]) -> str:
     baseline = rows[0]
     lines = ["| path | MiB | seconds | GB/s | vs torch copy_ |", "|---|---:|---:|---:|---:|"]
@@ -132,13 +148,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--decode-netns", metavar="NS", help="also time grpc to a decode in this `ip netns`")
     parser.add_argument("--decode-host", metavar="ADDR", help="the address that decode serves at, in NS")
+    parser.add_argument("--device", default="cpu", help="the prefill pool's: cpu, or cuda:N for cuda_ipc")
+    parser.add_argument("--decode-device", help="the decode pool's (default: --device)")
 
 
 def run(args: argparse.Namespace) -> int:
     if (args.decode_netns is None) != (args.decode_host is None):
         raise SystemExit("pdserve bench kv-transfer: --decode-netns and --decode-host go together")
     decode_netns = (args.decode_netns, args.decode_host) if args.decode_netns else None
-    rows = measure(args.mib * 2**20, getattr(torch, args.dtype), num_repeats=args.repeats, decode_netns=decode_netns)
+    rows = measure(args.mib * 2**20, getattr(torch, args.dtype), num_repeats=args.repeats, decode_netns=decode_netns,
+                   device=torch.device(args.device),
+                   decode_device=torch.device(args.decode_device) if args.decode_device else None)
     print(format_table(rows))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

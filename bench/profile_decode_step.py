@@ -2,6 +2,7 @@
 
     pdserve bench decode-step                           # SmolLM2, float32, batches 1, 8, 16
     pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,8,32 --threads 1
+    pdserve bench decode-step --device cuda --model tiny --batch-sizes 1,32,64
 
 `--batch-sizes` sequences, each with a `--context-len`-token prompt, are prefilled, then
 `--steps` decode steps run through `LLMEngine.step` (scheduling, input preparation, the forward,
@@ -11,8 +12,8 @@ objects: the Linear layers (LM head apart), decode attention and KV writes insid
 dispatch between them); "step bookkeeping" is the step less the runner.
 
 The roofline is what a step must read once, the weights (the LM head's too) and every
-sequence's K and V, divided by this core's read bandwidth (a float32 sum over a buffer far larger
-than the caches, on the same threads): a step can be no faster.
+sequence's K and V, divided by the device's read bandwidth (`bench.bandwidth`, on the same
+threads): a step can be no faster. On a GPU each timed part synchronises the device around it.
 """
 from __future__ import annotations
 
@@ -24,15 +25,15 @@ from collections.abc import Callable
 import torch
 
 from pdserve import kernels
+from pdserve.bench.bandwidth import read_gbps, synchronize
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.cpu_linear import PackedLinear
 
-READ_BUFFER_BYTES = 1 << 30
-
 
 class PartTimer:
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self._device = device
         self._undo: list[Callable[[], None]] = []
 
     def wrap(self, owner: object, attribute: str, part: str) -> None:
@@ -40,10 +41,12 @@ class PartTimer:
         had_own = attribute in vars(owner)
 
         def timed(*args, **kwargs):
+            synchronize(self._device)
             start = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
+                synchronize(self._device)
                 self.seconds[part] += time.perf_counter() - start
 
         setattr(owner, attribute, timed)
@@ -52,15 +55,6 @@ class PartTimer:
     def undo(self) -> None:
         while self._undo:
             self._undo.pop()()
-
-
-def read_gbps(num_iters: int = 5) -> float:
-    buffer = torch.ones(READ_BUFFER_BYTES // 4, dtype=torch.float32)
-    buffer.sum()
-    start = time.perf_counter()
-    for _ in range(num_iters):
-        buffer.sum()
-    return READ_BUFFER_BYTES * num_iters / (time.perf_counter() - start) / 1e9
 
 
 def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: float) -> dict:
@@ -75,7 +69,7 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
     while waiting:  # the prefills, up to every request's first token
         waiting -= {output.request_id for output in engine.step()}
     model = engine.runner.model
-    timer = PartTimer()
+    timer = PartTimer(engine.device)
     timer.wrap(engine, "step", "step")
     timer.wrap(engine.runner, "run", "runner")
     timer.wrap(model, "forward", "forward")
@@ -127,6 +121,7 @@ def _dtype_bytes(model: torch.nn.Module) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="what `pdserve up --model` takes (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--batch-sizes", default="1,8,16")
     parser.add_argument("--context-len", type=int, default=400)
     parser.add_argument("--steps", type=int, default=20)
@@ -141,9 +136,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model, os.environ).model_dir
-    llm = LLM(str(model_dir), dtype=args.dtype, kv_cache_bytes=2 << 30, enable_prefix_caching=False)
-    gbps = read_gbps()
-    print(f"{model_dir.name}, {args.dtype}, {torch.get_num_threads()} thread(s), context {args.context_len}, "
+    llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, kv_cache_bytes=2 << 30,
+              enable_prefix_caching=False)
+    gbps = read_gbps(llm.engine.device)
+    print(f"{model_dir.name}, {args.dtype} on {args.device}, {torch.get_num_threads()} thread(s), "
+          f"context {args.context_len}, "
           f"read bandwidth {gbps:.1f} GB/s")
     for batch_size in (int(size) for size in args.batch_sizes.split(",")):
         result = profile(llm, batch_size, args.context_len, args.steps, gbps)

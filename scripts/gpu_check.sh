@@ -17,15 +17,15 @@
 #   kernels       tests/kernels compiled for the GPU (TRITON_INTERPRET=0): fp32, fp16, bf16
 #   warm_up       an engine on GPU 0 compiles no kernel once started; greedy equals the CPU's
 #   device_guard  the same on the last GPU: every step runs there (needs 2 GPUs)
-#   bandwidth     decode attention at 4k/8k/16k context, batch 32 and 64, GQA 8:1, head dim 128,
-#                 against the measured device copy bandwidth
-#   roofline      an 8B-shaped decode step against its weight+KV roofline
-#   ipc_same_gpu  cuda_ipc between two processes on GPU 0
-#   ipc_cross_gpu cuda_ipc from GPU 0 to GPU 1 (needs 2 GPUs)
+#   bandwidth     `pdserve bench decode-kernel --device cuda`: the Triton decode kernel on an 8B
+#                 layer (GQA 8:1, head dim 128, bf16), batch 64 at 8k context, against the reference
+#                 and the device's read bandwidth
+#   roofline      `pdserve bench decode-step --device cuda`: the tiny model's decode step split
+#                 into its parts, against its weight+KV read roofline
+#   ipc_same_gpu  `pdserve bench kv-transfer --device cuda:0`: cuda_ipc between two processes on
+#                 GPU 0, the landed bytes checked
+#   ipc_cross_gpu the same from GPU 0 to GPU 1 (needs 2 GPUs)
 #   up            `pdserve up --device cuda` on a tiny model: greedy equals transformers
-#   launch_sweep  the decode kernel's launch candidates (split, tile, warps, stages) timed at
-#                 the bandwidth step's shapes, the fastest first; every time in launch_sweep.json.
-#                 Last, so that it takes only what the other steps leave of the deadline
 #
 # $OUT/status.tsv holds one line per step (step, status, seconds, log); each step's output is
 # in $OUT/<step>.log. Exit status: 0 if no step FAILed or TIMEDOUT. A SKIP says what it lacked.
@@ -119,16 +119,15 @@ if ((gpus >= 2)); then
 else
     skip_step device_guard "$gpus GPU"
 fi
-run_step bandwidth 45 "$python" scripts/decode_bandwidth.py
-run_step roofline 75 "$python" scripts/decode_step_roofline.py
-run_step ipc_same_gpu 40 "$python" scripts/gpu_kv_ipc_check.py --device cuda:0
+run_step bandwidth 45 "$python" -m pdserve bench decode-kernel --device cuda --dtype bfloat16 --num-seqs 64 --num-kv-heads 8 --num-heads 32 --head-dim 128 --min-context 8192 --max-context 8192
+run_step roofline 75 "$python" -m pdserve bench decode-step --device cuda --model tiny --batch-sizes 1,32,64
+run_step ipc_same_gpu 40 "$python" -m pdserve bench kv-transfer --device cuda:0 --mib 256
 if ((gpus >= 2)); then
-    run_step ipc_cross_gpu 40 "$python" scripts/gpu_kv_ipc_check.py --device cuda:0 --decode-device cuda:1
+    run_step ipc_cross_gpu 40 "$python" -m pdserve bench kv-transfer --device cuda:0 --decode-device cuda:1 --mib 256
 else
     skip_step ipc_cross_gpu "$gpus GPU"
 fi
 run_step up 100 "$python" scripts/gpu_up_check.py --device cuda --prefill 1 --decode 1
-run_step launch_sweep 120 "$python" scripts/decode_launch_sweep.py --budget-s 90 --out "$out/launch_sweep.json"
 
 echo "== summary ($SECONDS s, output in $out)"
 column -t -s $'\t' "$status_file" 2>/dev/null || cat "$status_file"

@@ -2,7 +2,8 @@
 to the step time, and the roofline is positive and below it."""
 import pytest
 
-from pdserve.bench.profile_decode_step import profile, read_gbps
+from pdserve.bench.bandwidth import read_gbps
+from pdserve.bench.profile_decode_step import profile
 from pdserve.engine import LLM
 
 

@@ -1,9 +1,9 @@
 """scripts/gpu_check.sh, checked where no GPU is: it parses, it runs every step the GPU path needs
-under its own timeout, every script it calls takes the flags it is given, and the checks that
-have a CPU mode pass in it. What the steps measure on a GPU is not proven here."""
+under its own timeout, every command it runs takes the flags it is given, and the steps that have
+a CPU mode pass in it. What the steps measure on a GPU is not proven here."""
+import argparse
 import contextlib
 import io
-import json
 import re
 import runpy
 import subprocess
@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from pdserve.bench.cli import add_arguments as add_bench_arguments
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-STEPS = ("env", "versions", "kernels", "warm_up", "device_guard", "bandwidth", "roofline", "ipc_same_gpu", "ipc_cross_gpu", "up", "launch_sweep")
+STEPS = ("env", "versions", "kernels", "warm_up", "device_guard", "bandwidth", "roofline", "ipc_same_gpu",
+         "ipc_cross_gpu", "up")
 BUDGET_S = 8 * 60
 
 
@@ -42,10 +45,15 @@ def test_every_step_has_a_timeout_and_the_run_fits_in_eight_minutes():
     assert all(0 < timeout_s <= BUDGET_S for timeout_s, _ in steps.values())
 
 
-@pytest.mark.parametrize("command", python_commands(), ids=lambda command: command[0])
+@pytest.mark.parametrize("command", python_commands(), ids=lambda command: " ".join(command[:4]))
 def test_every_python_step_accepts_its_flags(command):
-    if command[0] == "-m":
-        return  # pytest
+    if command[:2] == ["-m", "pytest"]:
+        return
+    if command[:3] == ["-m", "pdserve", "bench"]:
+        parser = argparse.ArgumentParser()
+        add_bench_arguments(parser)
+        parser.parse_args(command[3:])  # exits on a flag it does not take
+        return
     script, *flags = command
     parser_help = script_help(ROOT / script)
     for flag in flags:
@@ -55,8 +63,7 @@ def test_every_python_step_accepts_its_flags(command):
 
 def script_help(script: Path) -> str:
     """What `python SCRIPT --help` prints, run in this process: every script parses its flags
-    before anything else, so a fresh interpreter for each (seconds of imports) adds nothing; the
-    tests below run two of them as scripts."""
+    before anything else, so a fresh interpreter for each (seconds of imports) adds nothing."""
     argv, path = sys.argv, list(sys.path)
     sys.argv, sys.path[:0] = [str(script), "--help"], [str(script.parent)]  # as `python SCRIPT` sets them
     try:
@@ -68,26 +75,13 @@ def script_help(script: Path) -> str:
     return printed.getvalue()
 
 
-def test_the_roofline_script_runs_on_a_tiny_shape_on_cpu():
+def test_the_roofline_step_runs_on_the_tiny_model_on_cpu(tiny_model):
     result = subprocess.run(
-        [sys.executable, "scripts/decode_step_roofline.py", "--tiny", "--device", "cpu", "--batch-sizes", "2",
-         "--context-len", "32", "--iters", "1", "--copy-mib", "16"],
+        [sys.executable, "-m", "pdserve", "bench", "decode-step", "--device", "cpu", "--model", tiny_model(),
+         "--batch-sizes", "2", "--context-len", "32", "--steps", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "roofline" in result.stdout
-
-
-def test_the_launch_sweep_runs_on_a_tiny_grid_on_cpu(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "scripts/decode_launch_sweep.py", "--device", "cpu", "--batch-sizes", "1",
-         "--context-lens", "32,48", "--split-tokens", "default,16", "--tile-tokens", "default", "--num-warps", "4",
-         "--num-stages", "3", "--iters", "1", "--out", str(tmp_path / "sweep.json")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "(default)" in result.stdout
-    timed = json.loads((tmp_path / "sweep.json").read_text())
-    assert [launch["split_tokens"] for launch in timed] == [None, 16]
-    assert all(set(launch["seconds"]) == {"1x32", "1x48"} for launch in timed)
 
 
 @pytest.mark.e2e  # starts `pdserve up`: Redis, a prefill, a decode and a gateway
