@@ -1,6 +1,6 @@
 """`pdserve plan`: profile a model on this device, simulate xPyD configurations, recommend a split.
 
-    pdserve plan profile   --model DIR --out profile.json [--cpus 1] [--no-serving]
+    pdserve plan profile   --model DIR --out profile.json [--cpus 1]
     pdserve plan simulate  --profile profile.json --config 1P1D --config 2P6D --request-rate 4 ...
     pdserve plan recommend --profile profile.json --gpus 8,16,32 --rate-per-gpu 3 ... --result-dir DIR
 
@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from pdserve.bench.datasets import RANDOM_KINDS
+from pdserve.bench.datasets import DATASET_KINDS
 
 DEFAULT_RESULT_DIR = Path("bench/results/plan")
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "discrete-event simulation of xPyD serving, the recommended P:D split.")
     commands = parser.add_subparsers(dest="plan_command", metavar="STEP", required=True)
 
-    profile = commands.add_parser("profile", help="measure the engine's step times and the serving overheads")
+    profile = commands.add_parser("profile", help="measure the engine's step times and KV copy bandwidth")
     profile.add_argument("--model", type=Path, required=True, metavar="DIR")
     profile.add_argument("--out", type=Path, default=DEFAULT_RESULT_DIR / "profile.json")
     profile.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
@@ -39,9 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     profile.add_argument("--prefill-num-seqs", type=_ints, metavar="LIST")
     profile.add_argument("--decode-num-seqs", type=_ints, metavar="LIST")
     profile.add_argument("--decode-context-lens", type=_ints, metavar="LIST")
-    profile.add_argument("--serving", action=argparse.BooleanOptionalAction, default=True,
-                         help="also measure the serving path's overheads through `pdserve up` (CPU only; default on)")
-    profile.add_argument("--log-dir", type=Path, default=DEFAULT_RESULT_DIR / "logs")
 
     simulate = commands.add_parser("simulate", help="predict TTFT, TPOT and goodput of xPyD configurations")
     _add_profile_workload_slo(simulate)
@@ -62,7 +59,7 @@ def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bo
     parser.add_argument("--profile", type=Path, required=True, metavar="JSON")
     parser.add_argument("--request-rate", type=float, required=rate_required, help="requests/s (inf: all at once)")
     parser.add_argument("--num-prompts", type=int, default=500)
-    parser.add_argument("--dataset", choices=RANDOM_KINDS, default="random")
+    parser.add_argument("--dataset", choices=DATASET_KINDS, default="random")
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--range-ratio", type=float, default=0.0)
@@ -79,7 +76,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     from pdserve.planner.measure import MeasureConfig, measure_profile
-    from pdserve.planner.serving import ServingRunConfig, measure_serving_overhead
 
     sizes = {name: tuple(getattr(args, name)) for name in
              ("prefill_prompt_lens", "prefill_num_seqs", "decode_num_seqs", "decode_context_lens")
@@ -91,9 +87,6 @@ def _profile(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, args.cpus)
     profile = measure_profile(config)
     os.sched_setaffinity(0, all_cpus)
-    if args.serving and args.device == "cpu":
-        overhead = measure_serving_overhead(profile, ServingRunConfig(args.model, args.log_dir, dtype=args.dtype))
-        profile = dataclasses.replace(profile, serving=overhead)
     print(profile.save(args.out))
     return 0
 

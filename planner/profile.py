@@ -1,8 +1,8 @@
 """A measured profile of one model on one device: step-time fits, KV size, transfer, overheads.
 
-Invariant: every figure here was measured (engine steps timed on the device, serving runs
-through `pdserve up`), and `fit_linear` only turns samples into coefficients; nothing is tuned
-to a benchmark the planner is later checked against. Step times are linear models:
+Invariant: every figure here was measured (engine steps timed on the device) or stated in the
+profile (the serving path's overheads), and `fit_linear` only turns samples into coefficients;
+nothing is tuned to a benchmark the planner is later checked against. Step times are linear models:
 
     prefill step_s = intercept_s + per_token_s * batch_tokens
                      + per_attention_pair_s * sum(chunk_len * (chunk_start + chunk_len))
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def fit_linear(features: list[list[float]], targets: list[float]) -> list[float]:
@@ -102,8 +102,9 @@ class DecodeFit:
 
 @dataclass(frozen=True, slots=True)
 class ServingOverhead:
-    """What the serving path adds to the engine's steps, measured through `pdserve up`
-    (planner/serving.py); zeros for an engine-only profile."""
+    """What the serving path adds to the engine's steps (gateway, RPCs, streaming), in seconds:
+    zeros as `pdserve plan profile` writes it, which times the engine alone; a profile may state
+    them, read off runs of `pdserve bench serve --system disaggregated` on the same host."""
 
     gateway_s: float = 0.0  # per request, served one at a time before it reaches a prefill queue
     ttft_s: float = 0.0  # the rest of TTFT beyond the gateway and the prefill step, on an idle system
@@ -113,7 +114,6 @@ class ServingOverhead:
     # a served step grows more slowly with its batch than the engine's fit (no less than
     # -decode.per_seq_s, so that a step never shrinks as its batch grows)
     per_seq_step_s: float = 0.0
-    samples: list[dict] = field(default_factory=list)  # the runs' requests the overheads were read from
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from pdserve.bench.arrivals import arrival_offsets_s
-from pdserve.bench.datasets import RANDOM_KINDS, make_dataset
+from pdserve.bench.datasets import DATASET_KINDS, make_dataset
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +37,13 @@ class Workload:
     input_len: int
     output_len: int
     range_ratio: float = 0.0
-    dataset: str = "random"  # one of bench.datasets.RANDOM_KINDS
+    dataset: str = "random"  # one of bench.datasets.DATASET_KINDS
     burstiness: float = 1.0  # gamma shape of the arrival gaps; 1 = Poisson
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dataset not in RANDOM_KINDS:
-            raise ValueError(f"dataset {self.dataset!r} is not one of {RANDOM_KINDS}")
+        if self.dataset not in DATASET_KINDS:
+            raise ValueError(f"dataset {self.dataset!r} is not one of {DATASET_KINDS}")
 
     def requests(self) -> list[SimRequest]:
         dataset = make_dataset(self.dataset, num_prompts=self.num_requests, seed=self.seed,

@@ -57,7 +57,7 @@ def test_a_profile_of_an_earlier_planner_is_refused_with_what_to_do(tmp_path):
 def test_profile_measures_the_tiny_model_quickly(tiny_model, tmp_path):
     out = tmp_path / "profile.json"
     started = time.monotonic()
-    assert main(["plan", "profile", "--model", tiny_model(), "--out", str(out), "--no-serving", "--repeats", "2",
+    assert main(["plan", "profile", "--model", tiny_model(), "--out", str(out), "--repeats", "2",
                  "--prefill-prompt-lens", "16,64,256", "--prefill-num-seqs", "1,4", "--decode-num-seqs", "1,8",
                  "--decode-context-lens", "32,128"]) == 0
     assert time.monotonic() - started < 60
