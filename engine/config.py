@@ -1,8 +1,10 @@
 """Model configuration read from a Hugging Face folder's config.json.
 
-Only the fields the forward pass needs are kept. What the architecture is made of (engine/
-families.py) and the values its config gives those choices become `Parts`, which is all the
-forward reads beyond the sizes; RoPE reads to a `RopeConfig` (engine/rope_config.py).
+Only the fields the forward pass needs are kept. The architecture's row (engine/families.py) is
+read here and nowhere else: its parts, with the values the config gives them, become `Parts`,
+which is all the forward reads beyond the sizes; its checkpoint rules travel as `checkpoint`
+(engine/weights.py and the layers' load hooks apply them); RoPE reads to a `RopeConfig` by the
+row's rules (engine/rope_config.py).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.protocol.errors import InvalidModelError
-from pdserve.engine.families import FAMILIES, SUPPORTED_ARCHITECTURES, Family
+from pdserve.engine.families import FAMILIES, SUPPORTED_ARCHITECTURES, Checkpoint, Family
 from pdserve.engine.rope_config import RopeConfig, read_ropes
 
 HF_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config's -> engine/model.py's
@@ -64,6 +66,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     torch_dtype: str
     parts: Parts = Parts()
+    checkpoint: Checkpoint = Checkpoint()
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -83,7 +86,7 @@ class ModelConfig:
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         attention_bias = raw.get("attention_bias", False)
-        rope, local_rope = read_ropes(raw, head_dim)
+        rope, local_rope = read_ropes(raw, head_dim, family.rope)
         eos = raw.get("eos_token_id")
         return cls(
             architecture=arch,
@@ -100,16 +103,17 @@ class ModelConfig:
             qkv_bias=attention_bias if family.qkv_bias is None else family.qkv_bias,
             o_bias=attention_bias if family.o_bias is None else family.o_bias,
             mlp_bias=raw.get("mlp_bias", False),
-            tie_word_embeddings=raw.get("tie_word_embeddings", family.gemma),  # Gemma folders leave it out
+            tie_word_embeddings=raw.get("tie_word_embeddings", family.tie_word_embeddings),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype") or "float32",
             parts=_read_parts(raw, family, local_rope),
+            checkpoint=family.checkpoint,
         )
 
 
 def _read_parts(raw: dict, family: Family, local_rope: RopeConfig | None) -> Parts:
-    activation = raw.get("hidden_activation") or raw.get("hidden_act", "silu")
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or family.activation
     if activation not in HF_ACTIVATIONS:
         raise InvalidModelError(f"unsupported activation {activation!r}; supported: {', '.join(HF_ACTIVATIONS)}")
     if raw.get("use_bidirectional_attention"):
@@ -117,12 +121,12 @@ def _read_parts(raw: dict, family: Family, local_rope: RopeConfig | None) -> Par
     window, sliding_layers = _read_windows(raw, family)
     return Parts(
         qk_norm=family.qk_norm,
-        norm_adds_one=family.gemma,
-        post_norms=family.gemma,
-        scale_embeddings=family.gemma,
-        query_pre_attn_scalar=raw.get("query_pre_attn_scalar") if family.gemma else None,
+        norm_adds_one=family.norm_adds_one,
+        post_norms=family.post_norms,
+        scale_embeddings=family.scale_embeddings,
+        query_pre_attn_scalar=raw.get("query_pre_attn_scalar") if family.query_pre_attn_scalar else None,
         attn_logit_softcap=raw.get("attn_logit_softcapping") if family.attn_softcap else None,
-        final_logit_softcap=raw.get("final_logit_softcapping") if family.gemma else None,
+        final_logit_softcap=raw.get("final_logit_softcapping") if family.final_softcap else None,
         sliding_window=window,
         sliding_layers=sliding_layers,
         local_rope=local_rope,

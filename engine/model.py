@@ -6,40 +6,46 @@ then attends over the pool (see `AttentionMetadata`). The pool is one tensor
 `kv_cache [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`, so layer `i` reads
 `kv_cache[i, 0]` (K) and `kv_cache[i, 1]` (V), each `[num_blocks, block_size, num_kv_heads, head_dim]`.
 
-Families differ only in the parts `config.parts` picks: q/k norms, Gemma's (1 + w) norms on both
-sides of attention and MLP and its scaled embeddings, sliding-window layers (with their own rope
-in Gemma 3), softcaps on attention scores and logits, the MLP's activation, and a mixture of
-experts in place of the dense MLP.
+Families differ only in the parts `config.parts` picks: q/k norms, (1 + w) norms, norms after
+attention and the MLP too, scaled embeddings, sliding-window layers (each kind with its own rope
+where the config gives two), softcaps on attention scores and logits, SwiGLU or GeGLU, and a
+mixture of experts (engine/moe.py) in place of the dense MLP. Every op goes through `kernels`,
+which picks what serves the tensors; nothing here branches on a device.
 
 Layers hand on the residual stream as a pair (x, residual) whose sum it is, so each residual add
-is done by the RMSNorm after it (in one pass with it on CPU: kernels/cpu_layer_ops.py).
+is done by the RMSNorm after it (`kernels.add_rms_norm`, one pass on CPU).
 
-q/k/v and gate/up projections are fused into one matmul each, and each MoE layer's experts are
-stacked into one tensor per projection; `weights.py` packs the Hugging Face tensors into them.
-Parameter names otherwise follow the Hugging Face checkpoint.
+q/k/v and gate/up projections are fused into one matmul each. Checkpoints that keep them apart
+are fused on load, by a load hook on the layer that splits them (`fuse_on_load`); a family whose
+checkpoint stores them fused (`config.checkpoint.fused`) loads them as they are. Parameter names
+otherwise follow the Hugging Face checkpoint, after the family's renames (engine/weights.py).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import nn
 
 from pdserve import kernels
-from pdserve.kernels import cpu_layer_ops
 from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.rope import RotaryEmbedding, apply_rotary
+from pdserve.engine.moe import SparseMoE
+from pdserve.engine.rope import RotaryEmbedding
 
-ACTIVATIONS = {"silu": nn.functional.silu, "gelu_tanh": partial(nn.functional.gelu, approximate="tanh")}
+GATED_ACTIVATIONS = {"silu": kernels.silu_and_mul, "gelu_tanh": kernels.gelu_tanh_and_mul}  # SwiGLU, GeGLU
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rope on x [num_tokens, num_heads, head_dim]: in place by the compiled CPU op where it serves,
-    else out of place (engine/rope.py)."""
-    rotated = cpu_layer_ops.rotary_(x, cos, sin)
-    return apply_rotary(x, cos, sin) if rotated is None else rotated
+def fuse_on_load(module: nn.Module, fused: str, parts: tuple[str, ...]) -> None:
+    """The checkpoint's `parts` (weights [rows_i, in], biases [rows_i]) load as `fused`, their rows
+    stacked in that order: the order in which `module`'s forward splits the fused output."""
+    def hook(module, state_dict, prefix, *args) -> None:
+        for suffix in ("weight", "bias"):
+            names = [f"{prefix}{part}.{suffix}" for part in parts]
+            if all(name in state_dict for name in names):
+                state_dict[f"{prefix}{fused}.{suffix}"] = torch.cat([state_dict.pop(name) for name in names])
+
+    module.register_load_state_dict_pre_hook(hook)
 
 
 class RMSNorm(nn.Module):
@@ -51,25 +57,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """rms_norm(x); given the residual stream, (rms_norm(residual + x), residual + x), the sum
-        written into residual where the compiled op serves."""
+        possibly written into residual."""
         if residual is None:
-            return self._normalize(x)
-        compiled = cpu_layer_ops.add_rms_norm(x, residual, self.weight, self.eps, self.adds_one)
-        if compiled is not None:
-            return compiled, residual
-        residual = residual + x
-        return self._normalize(residual), residual
-
-    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
-        compiled = cpu_layer_ops.rms_norm(x, self.weight, self.eps, self.adds_one)
-        if compiled is not None:
-            return compiled
-        # Normalised in fp32 (one fused op), then as Hugging Face does it: Llama rounds back and
-        # scales by w; Gemma scales by (1 + w) in fp32 and rounds last.
-        normalized = nn.functional.rms_norm(x.float(), self.weight.shape, eps=self.eps)
-        if self.adds_one:
-            return (normalized * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * normalized.to(x.dtype)
+            return kernels.rms_norm(x, self.weight, self.eps, self.adds_one)
+        return kernels.add_rms_norm(x, residual, self.weight, self.eps, self.adds_one)
 
 
 def make_norm(config: ModelConfig, size: int | None = None) -> RMSNorm:
@@ -94,6 +85,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.q_norm = make_norm(config, config.head_dim) if parts.qk_norm else None
         self.k_norm = make_norm(config, config.head_dim) if parts.qk_norm else None
+        if not config.checkpoint.fused:
+            fuse_on_load(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
@@ -105,7 +98,7 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:  # each head normalised over head_dim, before rope
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k = kernels.apply_rope(q, cos, sin), kernels.apply_rope(k, cos, sin)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
 
@@ -126,71 +119,15 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-        self.activation = ACTIVATIONS[config.parts.activation]
-        self.is_silu = config.parts.activation == "silu"
+        self.act_and_mul = GATED_ACTIVATIONS[config.parts.activation]
+        if not config.checkpoint.fused:
+            fuse_on_load(self, "gate_up_proj", ("gate_proj", "up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if self.is_silu and (fused := cpu_layer_ops.silu_and_mul(gate_up)) is not None:
-            return self.down_proj(fused)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.down_proj(self.activation(gate) * up)
-
-
-class SparseMoE(nn.Module):
-    """Each token's output is its top-k experts' outputs weighted by the router's softmax over all
-    experts (those k weights renormalised to sum to 1 where the config says so)."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        moe = config.parts.moe
-        self.top_k = moe.num_experts_per_tok
-        self.renormalize = moe.renormalize
-        self.gate = nn.Linear(config.hidden_size, moe.num_experts, bias=False)
-        self.experts = Experts(moe.num_experts, config.hidden_size, moe.intermediate_size,
-                               ACTIVATIONS[config.parts.activation])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, hidden]
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [num_tokens, num_experts]
-        weights, expert_ids = probs.topk(self.top_k, dim=-1)  # [num_tokens, top_k]
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return self.experts(x, expert_ids, weights.to(x.dtype))
-
-
-class Experts(nn.Module):
-    """Stacked gated MLPs, run grouped: the (token, expert) assignments are sorted by expert, so
-    each expert multiplies one contiguous block of the tokens routed to it, once per projection.
-
-    The group sizes are read back to the host once per layer (a sync on CUDA); a grouped-GEMM
-    kernel that takes the sizes on the device would remove it.
-    """
-
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 activation: Callable[[torch.Tensor], torch.Tensor]):
-        super().__init__()
-        self.num_experts = num_experts
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        self.activation = activation
-
-    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, hidden]; expert_ids, weights: [num_tokens, top_k]
-        top_k = expert_ids.shape[1]
-        order = expert_ids.flatten().argsort(stable=True)  # [num_tokens * top_k] assignments by expert
-        tokens = order // top_k  # [num_tokens * top_k] the token of each assignment
-        group_sizes = torch.bincount(expert_ids.flatten(), minlength=self.num_experts).tolist()
-        outputs = []
-        for expert, rows in enumerate(x[tokens].split(group_sizes)):  # rows: [group_size, hidden]
-            if len(rows):
-                gate, up = (rows @ self.gate_up_proj[expert].T).chunk(2, dim=-1)  # [group_size, intermediate]
-                outputs.append((self.activation(gate) * up) @ self.down_proj[expert].T)
-        weighted = torch.cat(outputs) * weights.flatten()[order, None]  # [num_tokens * top_k, hidden]
-        return torch.zeros_like(x).index_add_(0, tokens, weighted)
+        # x: [num_tokens, hidden] -> gate_up: [num_tokens, 2 * intermediate]
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -203,7 +140,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = make_norm(config)
         self.pre_feedforward_layernorm = make_norm(config) if post_norms else None
         self.post_feedforward_layernorm = make_norm(config) if post_norms else None
-        self.mlp = SparseMoE(config) if moe is not None and layer in moe.layers else MLP(config)
+        act_and_mul = GATED_ACTIVATIONS[config.parts.activation]
+        self.mlp = SparseMoE(config, act_and_mul) if moe is not None and layer in moe.layers else MLP(config)
 
     def forward(self, x, residual, cos, sin, kv_cache, attn):
         """The layer's input is x + residual (residual None in the first layer: x alone); returns its
@@ -239,7 +177,19 @@ class CausalLM(nn.Module):
         self.model = DecoderModel(config, max_model_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self._tie_head()
+            self.register_load_state_dict_pre_hook(self._head_from_embeddings)
+            self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module._tie_head())
+
+    def _tie_head(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def _head_from_embeddings(module, state_dict, prefix, *args) -> None:
+        """A tied checkpoint's head is its embeddings, whether or not it stores lm_head.weight."""
+        embeddings = state_dict.get(f"{prefix}model.embed_tokens.weight")
+        if embeddings is not None:
+            state_dict[f"{prefix}lm_head.weight"] = embeddings
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata, on_layer_done: Callable[[int], None] | None = None) -> torch.Tensor:

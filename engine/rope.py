@@ -1,4 +1,5 @@
-"""Rotary position embedding (rotate-half convention, as Hugging Face Llama/Qwen2/Mistral/Phi-3).
+"""Rotary position embedding: the cos and sin every layer rotates its q and k by
+(`kernels.apply_rope`, rotate-half, as Hugging Face Llama/Qwen2/Mistral/Phi-3/Gemma).
 
 Frequencies follow the config: plain `theta ** (-2i / rotary_dim)`, all divided by a linear
 `factor`, Llama 3's scaling that divides long wavelengths by `factor` and blends the band between
@@ -66,17 +67,3 @@ class RotaryEmbedding:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [num_tokens, rotary_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [num_tokens, num_heads, head_dim]; the first rotary_dim = cos.shape[-1] of each head rotate
-    rotary_dim = cos.shape[-1]
-    if rotary_dim == x.shape[-1]:
-        return x * cos + _rotate_half(x) * sin
-    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
-    return torch.cat((rotated * cos + _rotate_half(rotated) * sin, passed), dim=-1)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

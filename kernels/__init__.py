@@ -1,6 +1,10 @@
-"""Paged-KV attention kernels: Triton when the tensors are on CUDA; on CPU a compiled C kernel
-for float32 and bfloat16 decode attention when a C compiler is at hand (`cpu_decode_attention`),
-pure torch otherwise.
+"""The model's kernels, one function per op; each picks what serves its tensors, so the model
+never branches on a device.
+
+Attention (here): Triton when the tensors are on CUDA; on CPU a compiled C kernel for float32 and
+bfloat16 decode attention when a C compiler is at hand (`cpu_decode_attention`), pure torch
+otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
+serve, torch otherwise.
 
 KV cache layout, per layer: `k_cache` and `v_cache` are each
 `[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous, with one shared layout. The token
@@ -15,19 +19,24 @@ Triton modules are imported on first CUDA call, so importing this package loads 
 """
 import torch
 
-from pdserve.kernels import cpu_decode_attention
+from pdserve.kernels import cpu_decode_attention, cpu_layer_ops
+from pdserve.kernels.layer_ops import add_rms_norm, apply_rope, gelu_tanh_and_mul, rms_norm, silu_and_mul
 from pdserve.kernels.reference import (
     decode_attention_reference,
     prefill_attention_reference,
     store_kv_reference,
 )
 
+__all__ = ["prepare", "store_kv", "decode_attention", "prefill_attention",
+           "rms_norm", "add_rms_norm", "apply_rope", "silu_and_mul", "gelu_tanh_and_mul"]
+
 
 def prepare(device: torch.device, dtype: torch.dtype) -> None:
-    """Builds or loads ahead of time what attention on (device, dtype) will use, so that the
+    """Builds or loads ahead of time what the kernels on (device, dtype) will use, so that the
     first request does not wait for a compiler."""
     if device.type == "cpu":
         cpu_decode_attention.load(dtype)
+        cpu_layer_ops.load(dtype)
 
 
 def store_kv(

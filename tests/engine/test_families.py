@@ -14,7 +14,7 @@ turns reach past them.
 """
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config, Qwen3Config
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen3Config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from pdserve.engine import LLM, SamplingParams
@@ -205,3 +205,53 @@ def test_hub_configs_without_layer_types_read_as_transformers_reads_them(config_
 def test_an_unsupported_architecture_is_refused_with_the_supported_list():
     with pytest.raises(InvalidModelError, match="supported: LlamaForCausalLM, .*Gemma3ForCausalLM"):
         ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"]})
+
+
+def test_phi3_reads_su_and_yarn_as_longrope_with_its_original_context_at_the_top_level():
+    """Phi-3's own rope spelling (its row in engine/families.py): older names of LongRoPE, and an
+    original context that defaults to 4096 and wins over the rope parameters'."""
+    for old_name in ("su", "yarn"):
+        raw = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+               "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "max_position_embeddings": 131072, "rope_theta": 10000.0, "pad_token_id": 32000,
+               "rope_scaling": {"type": old_name, "short_factor": [1.0 + i / 100 for i in range(48)],
+                                "long_factor": [1.0 + i for i in range(48)], "original_max_position_embeddings": 8192}}
+        rope = ModelConfig.from_dict(raw).rope
+        assert (rope.rope_type, rope.original_max_position_embeddings) == ("longrope", 4096)
+        theirs = Phi3Config(**raw)
+        for max_model_len in (4096, 131072):
+            inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["longrope"](theirs, None, seq_len=max_model_len)
+            assert torch.equal(inverse_frequencies(rope, 96, max_model_len), inv_freq)
+            assert rope.attention_factor == attention_factor
+
+
+@pytest.mark.parametrize("config_class, architecture", [(Gemma2Config, "Gemma2ForCausalLM"),
+                                                        (Gemma3TextConfig, "Gemma3ForCausalLM")])
+def test_a_gemma_config_that_names_no_activation_or_tying_reads_as_transformers_defaults_them(config_class,
+                                                                                              architecture):
+    raw = {"architectures": [architecture], "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
+           "max_position_embeddings": 8192}
+    ours, theirs = ModelConfig.from_dict(raw), config_class(**raw)
+    assert (theirs.hidden_activation, ours.parts.activation) == ("gelu_pytorch_tanh", "gelu_tanh")
+    assert ours.tie_word_embeddings == theirs.tie_word_embeddings is True
+    assert ours.parts.norm_adds_one and ours.parts.post_norms and ours.parts.scale_embeddings
+
+
+def test_a_family_whose_checkpoints_come_fused_refuses_one_kept_apart(hf_model, tmp_path):
+    """Phi-3's row says its qkv_proj and gate_up_proj come fused: a Llama checkpoint's separate
+    q/k/v and gate/up, read as Phi-3's, are tensors a Phi-3 does not have."""
+    import json
+    import shutil
+
+    from pdserve.engine.weights import load_model
+
+    llama_dir = hf_model(LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                     num_key_value_heads=4, **SHAPE))
+    phi3_dir = tmp_path / "phi3"
+    shutil.copytree(llama_dir, phi3_dir)
+    raw = json.loads((phi3_dir / "config.json").read_text())
+    (phi3_dir / "config.json").write_text(json.dumps({**raw, "architectures": ["Phi3ForCausalLM"]}))
+    load_model(llama_dir, ModelConfig.from_dir(llama_dir), torch.float32, torch.device("cpu"))
+    with pytest.raises(InvalidModelError, match="does not match Phi3ForCausalLM: .*q_proj"):
+        load_model(phi3_dir, ModelConfig.from_dir(phi3_dir), torch.float32, torch.device("cpu"))

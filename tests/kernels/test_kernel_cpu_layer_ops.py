@@ -1,14 +1,15 @@
-"""The compiled CPU layer ops equal the torch code they replace: RMSNorm (Llama's and Gemma's
-rounding), alone and after the residual add, rope over full and partial rotary dims, in place on a
-view into a fused projection, and SiLU-and-multiply over widths the vectors do and do not divide,
-in float32 and bfloat16 (bit for bit there but at rounding edges, both rounding after every op);
-anything they cannot serve falls back to torch."""
+"""The compiled CPU layer ops equal their torch references (kernels/layer_ops_reference.py):
+RMSNorm (Llama's and Gemma's rounding), alone and after the residual add, rope over full and
+partial rotary dims, in place on a view into a fused projection, and SiLU-and-multiply over widths
+the vectors do and do not divide, in float32 and bfloat16 (bit for bit there but at rounding edges,
+both rounding after every op); what they cannot serve, `kernels` hands to the references."""
 import pytest
 import torch
 
-from pdserve.engine.model import RMSNorm, rotate
-from pdserve.engine.rope import apply_rotary
+from pdserve import kernels
 from pdserve.kernels import cpu_layer_ops
+from pdserve.kernels.layer_ops_reference import rms_norm_reference as torch_rms_norm
+from pdserve.kernels.layer_ops_reference import rope_reference
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -21,13 +22,6 @@ def compiled(tmp_path, monkeypatch):
         pytest.skip("no C compiler: the compiled CPU ops are unavailable")
     yield
     cpu_layer_ops.load.cache_clear()
-
-
-def torch_rms_norm(x, weight, eps, adds_one):
-    normalized = torch.nn.functional.rms_norm(x.float(), weight.shape, eps=eps)
-    if adds_one:
-        return (normalized * (1.0 + weight.float())).to(x.dtype)
-    return weight * normalized.to(x.dtype)
 
 
 def assert_equal_for(dtype, out, expected):
@@ -86,7 +80,7 @@ def test_rope_in_place_on_a_fused_projection_equals_torch(dtype, head_dim, rotar
     cos, sin = (torch.cat((f(angles), f(angles)), dim=-1).to(dtype) for f in (torch.cos, torch.sin))
     q = qkv[:, :num_heads * head_dim].view(num_tokens, num_heads, head_dim)
     k = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
-    expected_q, expected_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    expected_q, expected_k = rope_reference(q, cos, sin), rope_reference(k, cos, sin)
     v = qkv[:, (num_heads + num_kv_heads) * head_dim:]
     v_before = v.clone()
 
@@ -96,21 +90,41 @@ def test_rope_in_place_on_a_fused_projection_equals_torch(dtype, head_dim, rotar
     assert torch.equal(v, v_before)
 
 
-def test_what_the_ops_cannot_serve_falls_back_to_torch(monkeypatch):
+def test_what_the_ops_cannot_serve_kernels_hands_to_torch(monkeypatch):
     x = torch.randn(4, 8, 32)
     transposed = x.transpose(0, 1)
-    assert cpu_layer_ops.rms_norm(transposed, torch.ones(32), 1e-6, False) is None
-    assert cpu_layer_ops.rms_norm(x.half(), torch.ones(32).half(), 1e-6, False) is None
-    norm = RMSNorm(32, 1e-6)
-    torch.testing.assert_close(norm(transposed), torch_rms_norm(transposed, norm.weight, 1e-6, False))
+    weight = torch.randn(32)
+    assert cpu_layer_ops.rms_norm(transposed, weight, 1e-6, False) is None
+    assert cpu_layer_ops.rms_norm(x.half(), weight.half(), 1e-6, False) is None
+    torch.testing.assert_close(kernels.rms_norm(transposed, weight, 1e-6), torch_rms_norm(transposed, weight, 1e-6, False))
     residual = torch.randn(8, 4, 32)
-    normed, summed = norm(transposed, residual.clone())  # x not contiguous: torch's add, then norm
+    normed, summed = kernels.add_rms_norm(transposed, residual.clone(), weight, 1e-6)  # torch's add, then norm
     torch.testing.assert_close(summed, residual + transposed)
-    torch.testing.assert_close(normed, torch_rms_norm(residual + transposed, norm.weight, 1e-6, False))
+    torch.testing.assert_close(normed, torch_rms_norm(residual + transposed, weight, 1e-6, False))
     assert cpu_layer_ops.silu_and_mul(x.transpose(1, 2)) is None
+    gate, up = x.transpose(1, 2).chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_and_mul(x.transpose(1, 2)), torch.nn.functional.silu(gate) * up)
     cos, sin = torch.ones(4, 1, 32), torch.zeros(4, 1, 32)
     assert cpu_layer_ops.rotary_(x[:, ::2], cos, sin) is None  # heads not contiguous
+    torch.testing.assert_close(kernels.apply_rope(x[:, ::2], cos, sin), x[:, ::2])  # cos 1, sin 0
     monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
     cpu_layer_ops.load.cache_clear()
-    assert cpu_layer_ops.rms_norm(x, torch.ones(32), 1e-6, False) is None
-    torch.testing.assert_close(rotate(x.clone(), cos, sin), x)  # torch's rope: cos 1, sin 0
+    assert cpu_layer_ops.rms_norm(x, weight, 1e-6, False) is None
+    torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-6, True), torch_rms_norm(x, weight, 1e-6, True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_serves_each_op_with_the_compiled_op_where_it_can(dtype):
+    torch.manual_seed(3)
+    x, residual = (torch.randn(9, 64) * 3).to(dtype), (torch.randn(9, 64) * 3).to(dtype)
+    weight = torch.randn(64).to(dtype)
+    assert torch.equal(kernels.rms_norm(x, weight, 1e-6, True), cpu_layer_ops.rms_norm(x, weight, 1e-6, True))
+    expected_residual = residual.clone()
+    expected = cpu_layer_ops.add_rms_norm(x, expected_residual, weight, 1e-6, False)
+    normed, summed = kernels.add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(normed, expected) and torch.equal(summed, expected_residual) and summed is residual
+    assert torch.equal(kernels.silu_and_mul(x), cpu_layer_ops.silu_and_mul(x))
+    q = x.view(9, 2, 32)
+    cos, sin = torch.randn(9, 1, 32).to(dtype), torch.randn(9, 1, 32).to(dtype)
+    expected_q = cpu_layer_ops.rotary_(q.clone(), cos, sin)
+    assert kernels.apply_rope(q, cos, sin) is q and torch.equal(q, expected_q)
