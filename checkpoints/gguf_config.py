@@ -11,13 +11,25 @@ then means float32 on a CPU and bfloat16 on a GPU, as for any float32 checkpoint
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from pdserve.checkpoints.errors import GGUFError
 from pdserve.checkpoints.gguf_file import GGUFFile
 
-# general.architecture -> the transformers class and what that family's config adds.
+
+@dataclass(frozen=True, slots=True)
+class GGUFFamily:
+    """All that sets one general.architecture apart from the layout the families share
+    (gguf_weights.py): its transformers class, what its config adds, and its tensors' quirks."""
+    class_name: str
+    config_fields: dict = field(default_factory=dict)
+    biased_parts: tuple[str, ...] = ()  # the layers' parts that carry a bias
+    permuted_qk: bool = False  # llama.cpp's converter interleaved the rows of q_proj and k_proj per head
+
+
 ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}),
-    "qwen2": ("Qwen2ForCausalLM", {"use_sliding_window": False}),
+    "llama": GGUFFamily("LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}, permuted_qk=True),
+    "qwen2": GGUFFamily("Qwen2ForCausalLM", {"use_sliding_window": False}, biased_parts=("attn_q", "attn_k", "attn_v")),
 }
 DEFAULT_ROPE_THETA = 10000.0
 DEFAULT_RMS_NORM_EPS = 1e-5
@@ -36,7 +48,7 @@ def architecture(gguf: GGUFFile) -> str:
 def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
     """config.json of the file's family; `tied_embeddings`: the file has no output.weight."""
     arch = architecture(gguf)
-    class_name, family_fields = ARCHITECTURES[arch]
+    family = ARCHITECTURES[arch]
     _refuse_rope_scaling(gguf, arch)
     num_heads = gguf.get(f"{arch}.attention.head_count")
     hidden_size = gguf.get(f"{arch}.embedding_length")
@@ -49,7 +61,7 @@ def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
         raise GGUFError(f"{gguf.path}: token_embd.weight is {embedding_width} wide, "
                         f"{arch}.embedding_length says {hidden_size}")
     return {
-        "architectures": [class_name],
+        "architectures": [family.class_name],
         "model_type": arch,
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
@@ -68,7 +80,7 @@ def build_config(gguf: GGUFFile, tied_embeddings: bool) -> dict:
         "eos_token_id": gguf.get("tokenizer.ggml.eos_token_id", None),
         "pad_token_id": gguf.get("tokenizer.ggml.padding_token_id", None),
         "dtype": "float32",
-        **family_fields,
+        **family.config_fields,
     }
 
 

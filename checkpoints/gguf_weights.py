@@ -9,11 +9,13 @@ loads them.
     blk.N.ffn_gate|up|down        -> model.layers.N.mlp.gate_proj|up_proj|down_proj
     blk.N.attn_q|k|v.bias         -> model.layers.N.self_attn.q_proj|k_proj|v_proj.bias (qwen2 only)
 
-For llama, llama.cpp's converter reorders the rows of q_proj and k_proj, per head, from HF's
-rotate-half RoPE layout (first half of a head's dims, then the second half) to interleaved pairs;
-`unpermute_rows` puts them back (qwen2 files are not permuted). The file's tensors must be exactly
-the ones the family's model has: a missing or an unknown one raises GGUFError, since a file with
-parts this mapping does not know is a model this converter would get wrong.
+What a family adds to this shared layout is its row in gguf_config.ARCHITECTURES: the parts with
+a bias, and whether q/k rows are permuted. For llama, llama.cpp's converter reorders the rows of
+q_proj and k_proj, per head, from HF's rotate-half RoPE layout (first half of a head's dims, then
+the second half) to interleaved pairs; `unpermute_rows` puts them back (qwen2 files are not
+permuted). The file's tensors must be exactly the ones the family's model has: a missing or an
+unknown one raises GGUFError, since a file with parts this mapping does not know is a model this
+converter would get wrong.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from pdserve.checkpoints.errors import GGUFError
+from pdserve.checkpoints.gguf_config import ARCHITECTURES
 from pdserve.checkpoints.gguf_file import GGUFFile
 
 TOP_LEVEL_NAMES = {
@@ -41,8 +44,6 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-BIASED_PARTS = {"qwen2": ("attn_q", "attn_k", "attn_v")}  # family -> its layers' parts with a bias
-PERMUTED_ARCHITECTURES = ("llama",)
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -70,7 +71,7 @@ def hf_weights(gguf: GGUFFile, config: dict) -> Iterator[tuple[str, np.ndarray]]
     names = {gguf_name: hf_name(gguf_name) for gguf_name in gguf.tensor_names}
     _check_names(names, config, str(gguf.path))
     heads_of = {}
-    if config["model_type"] in PERMUTED_ARCHITECTURES:
+    if ARCHITECTURES[config["model_type"]].permuted_qk:
         heads_of = {".attn_q.": config["num_attention_heads"], ".attn_k.": config["num_key_value_heads"]}
     for gguf_name, name in names.items():
         values = gguf.read_tensor(gguf_name)
@@ -85,7 +86,7 @@ def expected_names(config: dict) -> set[str]:
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if not config["tie_word_embeddings"]:
         names.add("lm_head.weight")
-    biased = BIASED_PARTS.get(config["model_type"], ())
+    biased = ARCHITECTURES[config["model_type"]].biased_parts
     for layer in range(config["num_hidden_layers"]):
         names |= {f"model.layers.{layer}.{part}.weight" for part in LAYER_NAMES.values()}
         names |= {f"model.layers.{layer}.{LAYER_NAMES[part]}.bias" for part in biased}
