@@ -4,8 +4,9 @@
 Frequencies follow the config: plain `theta ** (-2i / rotary_dim)`, all divided by a linear
 `factor`, Llama 3's scaling that divides long wavelengths by `factor` and blends the band between
 the two cut-offs, or LongRoPE's per-frequency divisors. With a `partial_rotary_factor` only the
-first `rotary_dim` of each head rotates. cos/sin are computed in float32 (times LongRoPE's attention factor) and cast to the
-activation dtype, so bf16 runs round like the reference implementation.
+first `rotary_dim` of each head rotates. cos/sin are computed in float32 (times LongRoPE's
+attention factor) and cast to the activation dtype, so bf16 runs round like the reference
+implementation.
 
 LongRoPE has two sets of divisors, short (within the original context) and long. Which one
 rotates a token is fixed for the whole engine: the long set when it serves contexts beyond the

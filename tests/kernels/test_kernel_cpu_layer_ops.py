@@ -96,7 +96,8 @@ def test_what_the_ops_cannot_serve_kernels_hands_to_torch(monkeypatch):
     weight = torch.randn(32)
     assert cpu_layer_ops.rms_norm(transposed, weight, 1e-6, False) is None
     assert cpu_layer_ops.rms_norm(x.half(), weight.half(), 1e-6, False) is None
-    torch.testing.assert_close(kernels.rms_norm(transposed, weight, 1e-6), torch_rms_norm(transposed, weight, 1e-6, False))
+    torch.testing.assert_close(kernels.rms_norm(transposed, weight, 1e-6),
+                               torch_rms_norm(transposed, weight, 1e-6, False))
     residual = torch.randn(8, 4, 32)
     normed, summed = kernels.add_rms_norm(transposed, residual.clone(), weight, 1e-6)  # torch's add, then norm
     torch.testing.assert_close(summed, residual + transposed)
