@@ -4,12 +4,12 @@
              greedy, ignore_eos)
        │
        for each --dtypes entry:
-       ├─▶ pdserve  python -m bench.offline_pdserve SPEC RESULT              (this interpreter)
-       └─▶ vllm     PEER_SCRIPT python bench/offline_vllm.py SPEC RESULT     (the peer's)
+       ├─▶ pdserve  python -m pdserve.bench.offline_engine pdserve SPEC RESULT   (this interpreter)
+       └─▶ vllm     PEER_SCRIPT python bench/offline_engine.py vllm SPEC RESULT   (the peer's)
                     each: one warm-up generate of every prompt, then --num-runs timed ones
        │
     result dir: offline.json (everything, per engine per dtype), then the report layer's
-    offline.md (seconds, output and total tok/s, pdserve ÷ vLLM) and offline.png; logs/
+    offline.md (seconds, output and total tok/s, pdserve ÷ vLLM); logs/
 
 Invariant: the engines run one at a time, each in its own process (its children included) on
 the same CPUs with the same thread-count environment (`bench.systems.Pinning.server_env`),
@@ -41,10 +41,11 @@ ENGINES = ("pdserve", "vllm")
 
 
 def engine_argv(engine: str, spec_path: Path, result_path: Path, vllm_script: Path | None) -> list[str]:
-    if engine == "pdserve":
-        return [sys.executable, "-m", "pdserve.bench.offline_pdserve", str(spec_path), str(result_path)]
-    runner = Path(__file__).with_name("offline_vllm.py")
-    return [str(vllm_script), "python", str(runner), str(spec_path), str(result_path)]
+    if engine == "pdserve":  # as a module: run as a file, bench/'s own modules would shadow others
+        runner = [sys.executable, "-m", "pdserve.bench.offline_engine"]
+    else:
+        runner = [str(vllm_script), "python", str(Path(__file__).with_name("offline_engine.py"))]
+    return [*runner, engine, str(spec_path), str(result_path)]
 
 
 def run_engine(argv: list[str], cpus: tuple[int, ...], log_path: Path, timeout_s: float) -> int | None:

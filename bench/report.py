@@ -1,7 +1,7 @@
 """`pdserve bench report [RESULTS]`: every report redrawn from the result JSON, nothing measured.
 
     RESULTS/*/goodput.json  ─▶ goodput.md, goodput.png           (bench.report_goodput)
-    RESULTS/*/offline.json  ─▶ offline.md, offline.png           (bench.report_offline)
+    RESULTS/*/offline.json  ─▶ offline.md                        (bench.report_offline)
     RESULTS/*/<label>.json  ─▶ <label>.md, <label>_latency_cdf.png of `serve` runs (bench.report_serve)
     RESULTS/headline.md     ─▶ BENCHMARKS.md's headline tables and goals (bench.report_headline);
                                with --benchmarks FILE also written into FILE between its markers

@@ -1,4 +1,4 @@
-"""The report of a `pdserve bench offline` run: offline.md and offline.png from offline.json.
+"""The report of a `pdserve bench offline` run: offline.md from offline.json.
 
 A pure function of the combined result (`offline.json`). Per dtype, each engine's median seconds
 over its timed runs, output tokens/s and total (prompt + output) tokens/s, and pdserve's
@@ -12,7 +12,6 @@ from pathlib import Path
 
 RESULT_JSON_NAME = "offline.json"
 MARKDOWN_NAME = "offline.md"
-PNG_NAME = "offline.png"
 
 
 def throughput_ratio(engines: dict[str, dict], field: str) -> float | None:
@@ -69,22 +68,7 @@ def _vllm_version(combined: dict) -> str:
     return ran[0]["version"] if ran else "—"
 
 
-def write_plot(combined: dict, path: Path) -> Path | None:
-    from pdserve.bench.plots import plot_grouped_bars
-
-    panels = {heading: {dtype: {engine: result[field] for engine, result in entry["engines"].items()
-                                if result["status"] == "ok"}
-                        for dtype, entry in combined["dtypes"].items()}
-              for field, heading in (("output_tok_per_s", "output tokens/s"), ("total_tok_per_s", "total tokens/s"))}
-    if not any(bars for groups in panels.values() for bars in groups.values()):
-        return None
-    workload = combined["workload"]
-    return plot_grouped_bars(panels, f"offline generate: {workload['num_prompts']} prompt-heavy prompts, "
-                                     f"{workload['output_len']} tokens out", path)
-
-
 def write_report(combined: dict, result_dir: Path) -> None:
-    """offline.md and offline.png, into `result_dir`."""
+    """offline.md, into `result_dir`."""
     (result_dir / MARKDOWN_NAME).write_text(markdown(combined))
-    write_plot(combined, result_dir / PNG_NAME)
 

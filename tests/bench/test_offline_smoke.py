@@ -34,4 +34,4 @@ def test_pdserve_alone_reports_its_throughput_and_skips_vllm(tiny_model, tmp_pat
 
     table = (result_dir / "offline.md").read_text()
     assert "| bfloat16 | pdserve |" in table and "vllm bfloat16: skipped" in table
-    assert (result_dir / "offline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (result_dir / "offline.png").exists()  # the table is the report
