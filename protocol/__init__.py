@@ -6,6 +6,6 @@ returns (`RequestOutput`), how it fails (the typed errors every edge maps), how 
 transport moves them, and the limits a model folder sets. The gateway, the replicas, the engine
 and the benchmarks all speak it.
 
-Invariant: no module here imports torch, triton, cupy or grpc (tests/unit/test_layering.py), so
-whatever imports only this package and the others it declares torch-free can never load torch.
+Invariant: no module here imports torch, triton, cupy or grpc (tests/architecture/test_layering.py),
+so whatever imports only this package and the others it declares torch-free can never load torch.
 """

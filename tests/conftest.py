@@ -1,8 +1,10 @@
 """Test-wide set-up: Triton kernels run under the interpreter unless a GPU run says otherwise.
 
 The interpreter flag must be set before any module that defines a Triton kernel is imported.
-tests/tier_check.py fails a test that starts a pdserve service or a Redis server without a tier
-marker (e2e, faults, redis, ...); process helpers shared between folders are in tests/helpers.py.
+tests/tier_check.py reads the tiers from pyproject.toml's markers, gives `pytest --fast` (the fast
+tier) and fails a test that starts a pdserve service or a Redis server without a tier marker.
+tests/real_redis.py holds the fixtures of the redis tier; process helpers shared between folders
+are in tests/helpers.py.
 """
 import os
 
@@ -12,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["tests.tier_check"]
+pytest_plugins = ["tests.tier_check", "tests.real_redis"]
 
 
 def pytest_configure(config):

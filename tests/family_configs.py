@@ -1,6 +1,6 @@
 """Tiny transformers configs of the families the engine serves, shared by the tests that check
 them against transformers: through `LLM` (tests/engine/test_families.py) and through `pdserve up`
-(tests/e2e/test_families_up.py). The `hf_model` fixture writes a checkpoint for any of them.
+(tests/system/test_families_up.py). The `hf_model` fixture writes a checkpoint for any of them.
 
 The shapes vary head dims, GQA ratios and tied embeddings across families; the sliding windows
 (10 to 12 positions) are narrower than most test prompts.

@@ -4,7 +4,7 @@ pid still runs, a process's children from /proc, polling until a condition holds
 health route to answer.
 
 Import them as `from tests.helpers import free_port` (the suite runs with --import-mode=importlib,
-under which `tests` is a namespace package rooted at this folder, as tests/faults and tests/deploy
+under which `tests` is a namespace package rooted at this folder, as tests/system and tests/deploy
 already use it).
 """
 from __future__ import annotations

@@ -1,9 +1,13 @@
-"""A test that starts a pdserve service or a Redis server must say so with a tier marker.
+"""The test tiers, as pyproject.toml declares them, and the two rules that follow from them.
 
-`make test` (the fast tier) leaves out every test marked with one of PROCESS_TIERS; a test that
-starts `pdserve up|serve|prefill|decode|gateway|bench-compare` or a redis-server / valkey-server
-without such a marker would slip a process cluster into it. This plugin (registered by
-tests/conftest.py) fails such a test at the start, naming the command, in every tier.
+A tier is a marker of [tool.pytest.ini_options] whose description starts with "(tier)" (e2e,
+faults, redis, packaging, deploy, real_model); that list is the one place tiers are named.
+
+`pytest --fast` (`make test`) deselects every test that carries a tier marker: what is left is
+the fast tier. A test that starts `pdserve up|serve|prefill|decode|gateway|bench-compare` or a
+redis-server / valkey-server without a tier marker would slip a process cluster into it, so this
+plugin (registered by tests/conftest.py) fails such a test at the start, naming the command, in
+every tier.
 
 It sees what the pytest process itself starts through subprocess (asyncio's subprocesses
 included), not what those children start in turn: a script that launches `pdserve up` itself,
@@ -16,11 +20,17 @@ import subprocess
 
 import pytest
 
-PROCESS_TIERS = ("e2e", "faults", "redis", "packaging", "deploy", "real_model")
+TIER_TAG = "(tier)"
 SERVICE_COMMANDS = {"up", "serve", "prefill", "decode", "gateway", "bench-compare"}
 SERVER_EXECUTABLES = {"redis-server", "valkey-server"}
 
 _running: pytest.Item | None = None  # the test whose set-up, call or teardown runs now
+
+
+def tiers(config: pytest.Config) -> tuple[str, ...]:
+    """The tier markers: those declared in pyproject.toml with a description starting "(tier)"."""
+    declared = (line.partition(":") for line in config.getini("markers"))
+    return tuple(name.strip() for name, _, description in declared if description.strip().startswith(TIER_TAG))
 
 
 def starts_a_service(args) -> str | None:
@@ -42,11 +52,11 @@ def starts_a_service(args) -> str | None:
 class _TierCheckedPopen(subprocess.Popen):
     def __init__(self, args, *rest, **kwargs):
         item = _running
-        if item is not None and not any(item.get_closest_marker(tier) for tier in PROCESS_TIERS):
+        if item is not None and not any(item.get_closest_marker(tier) for tier in tiers(item.config)):
             command = starts_a_service(args)
             if command is not None:
                 pytest.fail(f"{item.nodeid} starts `{command}` but has none of the markers "
-                            f"{', '.join(PROCESS_TIERS)}: mark it (e2e when unsure), so that `make test` "
+                            f"{', '.join(tiers(item.config))}: mark it (e2e when unsure), so that `make test` "
                             f"leaves it out", pytrace=False)
         super().__init__(args, *rest, **kwargs)
 
@@ -54,12 +64,32 @@ class _TierCheckedPopen(subprocess.Popen):
 _POPEN = subprocess.Popen
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="the fast tier: deselect every test with a tier marker (pyproject.toml's markers)")
+
+
 def pytest_configure(config):
+    if not tiers(config):
+        raise pytest.UsageError(f"no marker in pyproject.toml's [tool.pytest.ini_options] is a {TIER_TAG} marker")
     subprocess.Popen = _TierCheckedPopen
 
 
 def pytest_unconfigure(config):
     subprocess.Popen = _POPEN
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("fast"):
+        return
+    tier_markers = tiers(config)
+    kept, deselected = [], []
+    for item in items:
+        tiered = any(item.get_closest_marker(tier) for tier in tier_markers)
+        (deselected if tiered else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.hookimpl(wrapper=True)

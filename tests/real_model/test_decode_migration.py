@@ -1,7 +1,7 @@
 """A decode migration on the real SmolLM2-135M-Instruct gives the tokens of an uninterrupted run.
 
-tests/faults/test_decode_migration.py on the real model and real text: two decode replicas, a
-prefill and a gateway as real processes; greedy and seeded sampled streams (penalties and
+tests/system/faults/test_decode_migration.py on the real model and real text: two decode replicas,
+a prefill and a gateway as real processes; greedy and seeded sampled streams (penalties and
 min_tokens included) run once unharmed, then again while the decode replica serving the first is
 killed with SIGKILL mid-stream. Its requests re-prefill their prompt and streamed tokens on the
 prefill and carry on on the survivor: no stream fails, every token equals the unharmed run's,
@@ -15,9 +15,9 @@ import pytest
 
 from pdserve.redis_process import start_redis
 from pdserve.v1 import common_pb2, gateway_pb2
-from tests.e2e.conftest import Cluster
-from tests.faults.conftest import StreamRun, migrations, request_info
-from tests.faults.test_decode_migration import kill_mid_stream
+from tests.system.conftest import Cluster
+from tests.system.faults.conftest import StreamRun, migrations, request_info
+from tests.system.faults.test_decode_migration import kill_mid_stream
 
 pytestmark = pytest.mark.real_model
 

@@ -1,0 +1,174 @@
+"""tests/system drives whole deployments, so no one package owns its tests: real processes on
+loopback, a private redis-server and pdserve replicas started with the same command line users run
+(`python -m pdserve prefill|decode|gateway ...`), or `pdserve up|serve` itself. Each module carries
+its tier marker (e2e here, faults in faults/, where replicas are killed, cut off or hosted apart)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+
+from pdserve.cluster.health_probe import probe
+from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.redis_process import start_redis
+from tests.helpers import free_port, wait_until
+
+START_TIMEOUT_S = 180.0
+
+
+@dataclass
+class Service:
+    kind: str
+    name: str
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    http_port: int = 0  # gateway only
+    host: str = "127.0.0.1"  # the address it binds and advertises
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def log_tail(self, num_lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+@dataclass
+class Cluster:
+    model_dir: str
+    work_dir: Path
+    redis_url: str
+    internal_secret: str  # the deployment's, which every service gets in its environment
+    services: list[Service] = field(default_factory=list)
+
+    def start(self, kind: str, name: str, *flags: str, host: str = "127.0.0.1",
+              launcher: Sequence[str] = ()) -> Service:
+        """Starts `python -m pdserve KIND` bound to `host`, through `launcher` (a prefix of its
+        command line: tests/system/faults/netns.py runs it on a host of its own that way)."""
+        port, http_port = free_port(), free_port()
+        port_flags = ["--grpc-port", str(port), "--http-port", str(http_port)] if kind == "gateway" \
+            else ["--port", str(port), "--replica-id", name]
+        log_path = self.work_dir / f"{name}.log"
+        command = [*launcher, sys.executable, "-m", "pdserve", kind, "--model", self.model_dir,
+                   "--redis-url", self.redis_url, "--host", host, *port_flags, *flags]
+        with open(log_path, "w") as log:
+            env = {**os.environ, "PDSERVE_INTERNAL_SECRET": self.internal_secret}
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        service = Service(kind, name, process, port, log_path, http_port if kind == "gateway" else 0, host)
+        self.services.append(service)
+        return service
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pending = list(self.services)
+        while pending:
+            for service in list(pending):
+                if service.process.poll() is not None:
+                    raise RuntimeError(f"{service.name} exited:\n{service.log_tail()}")
+                if probe(service.endpoint, timeout_s=1.0).ready:
+                    pending.remove(service)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not ready: {[s.name for s in pending]}")
+            time.sleep(0.2)
+        self.wait_until(lambda: len(self.replicas("prefill")) == self.count("prefill")
+                        and len(self.replicas("decode")) == self.count("decode"), "replicas registered")
+
+    def internal_channel(self, service: Service, caller_id: str = "e2e-test") -> grpc.aio.Channel:
+        """A channel to an internal service that presents the deployment secret, as a gateway's does."""
+        return InternalAuth(self.internal_secret.encode(), caller_id).channel(service.endpoint)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for s in self.services if s.kind == kind and s.process.poll() is None)
+
+    @property
+    def gateway(self) -> Service:
+        return next(s for s in self.services if s.kind == "gateway")
+
+    def replicas(self, kind: str) -> dict[str, dict]:
+        """The registry as the gateway sees it: replica id -> its last heartbeat."""
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=5)
+        try:
+            entries = {}
+            for key in client.scan_iter(f"replica:{kind}:*"):
+                value = client.get(key)
+                if value:
+                    entries[key.split(":", 2)[2]] = json.loads(value)
+            return entries
+        finally:
+            client.close()
+
+    def wait_until(self, condition, what: str, timeout_s: float = 15.0) -> None:
+        wait_until(condition, what, timeout_s, poll_s=0.1)
+
+    def assert_all_kv_free(self, timeout_s: float = 15.0) -> None:
+        """Every live decode replica reports all its blocks free (no reservation, no leak)."""
+        def all_free():
+            decodes = self.replicas("decode")
+            return decodes and all(d["free_blocks"] == d["total_blocks"] > 0 for d in decodes.values())
+        try:
+            self.wait_until(all_free, "every decode replica's KV blocks to be free", timeout_s)
+        except AssertionError:
+            raise AssertionError(f"KV blocks not returned: {self.replicas('decode')}") from None
+
+    def kill(self, service: Service) -> None:
+        service.process.send_signal(signal.SIGKILL)
+        service.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        for service in self.services:
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGTERM)
+        for service in self.services:
+            try:
+                service.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                service.process.kill()
+
+
+@pytest.fixture(scope="session")
+def e2e_model(tiny_model) -> str:
+    return tiny_model()  # the default shape `pdserve up` serves
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = start_redis(data_dir=tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def make_cluster(e2e_model, redis_server, tmp_path_factory):
+    """Starts clusters on one Redis (distinct db per cluster) and stops them after the module."""
+    clusters = []
+
+    def make(layout: list[tuple[str, str, tuple[str, ...]]]) -> Cluster:
+        db = len(clusters) + 1
+        url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
+        cluster = Cluster(e2e_model, tmp_path_factory.mktemp("cluster"), url, secrets.token_hex(32))
+        clusters.append(cluster)
+        for kind, name, flags in layout:
+            cluster.start(kind, name, *flags)
+        cluster.wait_ready()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+
+
+def run(coro):
+    return asyncio.run(coro)
