@@ -1,11 +1,17 @@
-"""The benchmark's client: streaming `POST {base}/completions` with server-sent events, the
-OpenAI API that pdserve's HTTP front and vLLM's server both speak.
+"""The benchmark's clients, one per backend (`bench.runner.create_client` picks one):
 
-It only translates: it sends one `BenchRequest` and yields `StreamPiece`s as the server streams;
-`bench.timing` owns the clock. Each request asks for `stream_options.include_usage`, so the
-server's token counts arrive in a last usage event; `ignore_eos` is vLLM's extension, which
-pdserve's HTTP front accepts too. A prompt with token ids is sent as the id list (exact length),
-otherwise as text.
+- "openai" (`CompletionsClient`, here): streaming `POST {base}/completions` with server-sent
+  events, the OpenAI API that pdserve's HTTP front, vLLM's and llama.cpp's servers all speak;
+- "grpc" (`bench.backend_grpc.GatewayClient`): the gateway's `pdserve.v1.Gateway/Generate`.
+
+Each has `open` (connect, return the model id), `stream` (one request's `StreamPiece`s, sent
+when iteration starts), `describe` (a summary of what the server recorded about the run's
+requests, or None) and `close`. A client only translates; `bench.timing` owns the clock.
+
+An OpenAI request asks for `stream_options.include_usage`, so the server's token counts arrive
+in a last usage event; `ignore_eos` is vLLM's extension, which pdserve's HTTP front and
+llama.cpp accept too. A prompt with token ids is sent as the id list (exact length), otherwise
+as text; so does the gRPC client.
 """
 from __future__ import annotations
 
@@ -85,6 +91,9 @@ class CompletionsClient:
                     return
                 yield _piece(json.loads(data))
         raise BackendError("the event stream ended without [DONE]")
+
+    async def describe(self, request_ids: list[str]) -> None:
+        return None  # the OpenAI API has no per-request record to read back
 
     async def close(self) -> None:
         if self._session is not None:

@@ -29,13 +29,13 @@ from pdserve.bench.goodput_search import Point, attainment, goodput, search
 from pdserve.bench.machine import machine_summary, model_summary, versions
 from pdserve.bench.metrics import parse_slos
 from pdserve.bench.report_goodput import JSON_NAME, write_report
-from pdserve.bench.runner import BenchResult, run_on
+from pdserve.bench.runner import BACKENDS, BenchResult, run_on
 from pdserve.bench.systems import (SYSTEMS, SystemStartError, SystemUnavailable, add_system_arguments, options_from,
                                    parse_systems, started)
 
 logger = logging.getLogger(__name__)
 
-WORKLOAD_KEYS = ("dataset", "num_prompts", "duration_s", "input_len", "output_len", "range_ratio", "seed",
+WORKLOAD_KEYS = ("backend", "dataset", "num_prompts", "duration_s", "input_len", "output_len", "range_ratio", "seed",
                  "num_warmup_prompts", "num_idle_prompts", "dtype", "prefill_replicas", "decode_replicas", "slos_ms",
                  "attainment", "rates", "bisect_steps", "repeats")
 IDLE_SERVER_PARTS = {  # the server's histograms (pdserve's names follow vLLM's) -> what the report calls them
@@ -93,7 +93,7 @@ def run_system(name: str, args: argparse.Namespace, tokenizer) -> dict:
                       timeout_s=args.request_timeout_s, **options)
 
     try:
-        with started(name, args.options, args.pinning, args.result_dir / "logs") as served:
+        with started(name, args.options, args.pinning, args.result_dir / "logs", args.backend) as served:
             if args.num_warmup_prompts:
                 bench(served, math.inf, f"{name}-warmup", args.num_warmup_prompts, point_seed(args, 0, args.repeats))
             idle = None
@@ -133,6 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_system_arguments(parser)
     parser.add_argument("--systems", default="colocated,disaggregated,vllm",
                         help=f"comma-separated, from {','.join(SYSTEMS)} (default: colocated,disaggregated,vllm)")
+    parser.add_argument("--backend", choices=BACKENDS, default="openai",
+                        help="openai (default), or grpc: the gateway's gRPC API (pdserve up alone has one)")
     parser.add_argument("--slo", nargs="+", default=["ttft:2000", "tpot:150"], metavar="KEY:MS",
                         help="SLOs every request must meet (default: ttft:2000 tpot:150)")
     parser.add_argument("--attainment", type=float, default=0.9,

@@ -38,7 +38,7 @@ def write_report(result: dict, json_path: Path) -> str:
 
 def render_markdown(result: dict) -> str:
     lines = [f"## Serving Benchmark Result: {result['label']}", "",
-             f"`{result['target']}`, model `{result['model_id']}`, "
+             f"{result.get('backend', 'openai')} → `{result['target']}`, model `{result['model_id']}`, "
              f"{result['num_prompts']} prompts, {result['date']}", "",
              "| Metric | Value |", "|---|---:|"]
     for title, key in RUN_ROWS:
@@ -61,12 +61,19 @@ def render_markdown(result: dict) -> str:
 
 
 def _server_lines(server: dict) -> list[str]:
-    lines = ["### Server", "", f"Scraped `{server['metrics_url']}` before and after the run."]
-    if server["scrape_errors"]:
-        return lines + ["", f"Scrape errors: {'; '.join(server['scrape_errors'])}."]
-    rows = [(f"`{key}` increase", _figure(value)) for key, value in server["counters"].items() if value]
+    lines = ["### Server"]
+    if "metrics_url" in server:
+        lines += ["", f"Scraped `{server['metrics_url']}` before and after the run."]
+    if server.get("scrape_errors"):
+        lines += ["", f"Scrape errors: {'; '.join(server['scrape_errors'])}."]
+    rows = [(f"`{key}` increase", _figure(value)) for key, value in server.get("counters", {}).items() if value]
     rows += [(f"`{key}` mean of {figures['count']:g}", _figure(figures["mean"]))
-             for key, figures in server["histograms"].items() if figures["count"]]
+             for key, figures in server.get("histograms", {}).items() if figures["count"]]
+    if requests := server.get("requests"):
+        rows += [(f"{name} (GetRequest)", ", ".join(f"{key}: {count}" for key, count in requests[name].items()))
+                 for name in ("states", "transports")]
+        rows += [("KV bytes per request (GetRequest)", _figure(requests["kv_bytes_per_request"])),
+                 ("KV transfer GB/s (GetRequest)", _figure(requests["kv_transfer_gb_per_s"]))]
     if rows:
         lines += ["", "| Figure | Value |", "|---|---:|", *(f"| {name} | {value} |" for name, value in rows)]
     return lines

@@ -2,9 +2,10 @@
 
 Each request waits for its arrival offset (`bench.arrivals`), then for a slot when
 `max_concurrency` is set (requests queue at the client, as in vLLM), then streams through the
-client while `bench.timing` times it. The run's duration spans the first send to the last
+client of the run's backend (`create_client`) while `bench.timing` times it. The run's duration spans the first send to the last
 answer. A request that fails or outlives `timeout_s` is a failed record; the run never hangs on
-it. With `metrics_url` the server's Prometheus figures are scraped before and after the run.
+it. With `metrics_url` the server's Prometheus figures are scraped before and after the run;
+afterwards the client says what the server recorded per request, where its backend can.
 `run_on` is the one way every workload sends a trace to a system `bench.systems.started` runs.
 """
 from __future__ import annotations
@@ -30,11 +31,22 @@ from pdserve.bench.server_metrics import scrape, server_section
 from pdserve.bench.systems import Served
 from pdserve.bench.timing import time_stream
 
+BACKENDS = ("openai", "grpc")
+
+
+def create_client(backend: str, target: str, model: str | None, options: SendOptions):
+    """`target`: an OpenAI base URL (http://host:port/v1) for "openai", HOST:PORT for "grpc"."""
+    if backend == "grpc":  # imported only when picked: an "openai" run loads no grpc
+        from pdserve.bench.backend_grpc import GatewayClient
+        return GatewayClient(target, options)
+    return CompletionsClient(target, model, options)
+
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
-    target: str                       # the OpenAI base URL, "http://host:port/v1"
-    model: str | None = None          # model id; None = the first of GET /v1/models
+    target: str                       # "http://host:port/v1" (openai) or "host:port" (grpc)
+    backend: str = "openai"           # one of BACKENDS
+    model: str | None = None          # openai's model id; None = the first of GET /v1/models
     request_rate: float = math.inf    # requests/s; inf sends all at once
     burstiness: float = 1.0           # gamma shape of the gaps; 1 = Poisson
     max_concurrency: int | None = None
@@ -47,6 +59,8 @@ class BenchConfig:
     label: str = "pdserve-bench"
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise BenchConfigError(f"backend {self.backend!r} is not one of {BACKENDS}")
         arrival_offsets_s(0, self.request_rate, self.burstiness, self.seed)  # refuses a bad rate or burstiness
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise BenchConfigError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
@@ -67,7 +81,7 @@ class BenchResult:
     date: str                         # ISO 8601, UTC, when the run started
     records: list[RequestRecord]      # in dataset order
     metrics: BenchMetrics
-    server: dict | None               # the scraped figures; None when not scraped
+    server: dict | None               # scraped figures and per-request summary; None when neither
 
     def to_json_dict(self) -> dict:
         """vLLM `bench serve`'s result fields, then ours ("e2els", "server")."""
@@ -92,9 +106,9 @@ async def run_benchmark(config: BenchConfig, requests: list[BenchRequest], progr
     if not requests:
         raise BenchConfigError("the benchmark needs at least one request")
     offsets_s = arrival_offsets_s(len(requests), config.request_rate, config.burstiness, config.seed)
-    client = CompletionsClient(config.target, config.model,
-                               SendOptions(temperature=config.temperature, ignore_eos=config.ignore_eos))
-    run_tag = uuid.uuid4().hex[:8]
+    client = create_client(config.backend, config.target, config.model,
+                           SendOptions(temperature=config.temperature, ignore_eos=config.ignore_eos))
+    request_ids = [f"bench-{uuid.uuid4().hex[:8]}-{index}" for index in range(len(requests))]
     slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     try:
         model_id = await client.open()
@@ -107,7 +121,7 @@ async def run_benchmark(config: BenchConfig, requests: list[BenchRequest], progr
                 await asyncio.sleep(max(0.0, started_at + offsets_s[index] - time.perf_counter()))
                 async with slots if slots is not None else contextlib.nullcontext():
                     known_len = len(request.prompt_token_ids) if request.prompt_token_ids is not None else None
-                    record = await time_stream(client.stream(request, f"bench-{run_tag}-{index}"),
+                    record = await time_stream(client.stream(request, request_ids[index]),
                                                known_prompt_len=known_len, timeout_s=config.timeout_s,
                                                start_s=time.perf_counter() - started_at)
                 bar.update(1)
@@ -115,19 +129,21 @@ async def run_benchmark(config: BenchConfig, requests: list[BenchRequest], progr
 
             records = list(await asyncio.gather(*(send(i, r) for i, r in enumerate(requests))))
             duration_s = time.perf_counter() - started_at
-        server = None
-        if config.metrics_url:
-            server = server_section(config.metrics_url, before, await scrape(config.metrics_url))
+        server = server_section(config.metrics_url, before, await scrape(config.metrics_url)) \
+            if config.metrics_url else {}
+        if (described := await client.describe(request_ids)) is not None:
+            server["requests"] = described
     finally:
         await client.close()
     return BenchResult(config=config, model_id=model_id, date=date, records=records,
-                       metrics=compute_metrics(records, duration_s, config.goodput_slos_ms), server=server)
+                       metrics=compute_metrics(records, duration_s, config.goodput_slos_ms), server=server or None)
 
 
 def run_on(served: Served, requests: list[BenchRequest], label: str, *, progress: bool = False,
            scrape: bool = False, **options) -> BenchResult:
-    """`requests` sent to a started system over its OpenAI HTTP API; `options` are BenchConfig's
-    (request_rate, max_concurrency, seed, goodput_slos_ms, ...); `scrape` reads its /metrics."""
-    config = BenchConfig(target=served.spec.base_url, model=served.model_id, label=label,
+    """`requests` sent to a started system over the backend it was started for; `options` are
+    BenchConfig's (request_rate, max_concurrency, seed, goodput_slos_ms, ...); `scrape` reads
+    its /metrics."""
+    config = BenchConfig(target=served.target, backend=served.backend, model=served.model_id, label=label,
                          metrics_url=served.spec.metrics_url if scrape else None, **options)
     return asyncio.run(run_benchmark(config, requests, progress))

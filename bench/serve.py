@@ -18,7 +18,7 @@ from pdserve.bench.datasets import DATASET_KINDS, make_dataset
 from pdserve.bench.errors import BenchConfigError
 from pdserve.bench.metrics import SLO_KEYS, parse_slos
 from pdserve.bench.report_serve import render_markdown, write_report
-from pdserve.bench.runner import BenchConfig, BenchResult, run_benchmark
+from pdserve.bench.runner import BACKENDS, BenchConfig, BenchResult, run_benchmark
 from pdserve.bench.systems import SYSTEMS, SystemStartError, SystemUnavailable, add_system_arguments, options_from, started
 
 
@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "or a concurrency cap and reports TTFT, TPOT, ITL, E2EL, throughput and goodput "
                           "with vLLM's field names, plus the server's own Prometheus figures.")
     target = parser.add_argument_group("server: --target (running) or --system (started here)")
-    target.add_argument("--target", help="an OpenAI base URL such as http://127.0.0.1:8000/v1")
+    target.add_argument("--backend", choices=BACKENDS, default="openai",
+                        help="openai: /v1/completions (default); grpc: the gateway's pdserve.v1.Gateway/Generate")
+    target.add_argument("--target", help="openai: a base URL such as http://127.0.0.1:8000/v1; grpc: HOST:PORT")
     target.add_argument("--metrics-url", help="a Prometheus /metrics URL to scrape before and after")
     target.add_argument("--system", choices=SYSTEMS, help="start this system, measure it, stop it")
     target.add_argument("--model", help="with --target: the model id (default: the first of GET /v1/models); "
@@ -71,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         options, pinning = options_from(args)
         result_dir = args.result_dir or Path("bench/results/serve")
-        with started(args.system, options, pinning, result_dir / "logs") as served:
+        with started(args.system, options, pinning, result_dir / "logs", args.backend) as served:
             args.metrics_url = args.metrics_url or served.spec.metrics_url
             args.tokenizer = args.tokenizer or options.model_dir
-            return run_against(args, served.spec.base_url, served.model_id)
+            return run_against(args, served.target, served.model_id)
     except (SystemUnavailable, SystemStartError) as error:
         raise SystemExit(f"pdserve bench serve: {error}") from error
 
@@ -82,11 +84,11 @@ def run(args: argparse.Namespace) -> int:
 def run_against(args: argparse.Namespace, target: str, model: str | None) -> int:
     try:
         config = BenchConfig(
-            target=target, model=model, request_rate=args.request_rate,
+            target=target, backend=args.backend, model=model, request_rate=args.request_rate,
             burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
             ignore_eos=args.ignore_eos, temperature=args.temperature, goodput_slos_ms=parse_slos(args.goodput),
             metrics_url=args.metrics_url, timeout_s=args.timeout_s,
-            label=args.label or f"{args.system or 'server'}-{args.dataset}")
+            label=args.label or f"{args.system or args.backend}-{args.dataset}")
         requests = make_dataset(
             args.dataset, num_prompts=args.num_prompts, seed=args.seed, input_len=args.input_len,
             output_len=args.output_len, range_ratio=args.range_ratio, prefix_len=args.prefix_len,

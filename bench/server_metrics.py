@@ -1,8 +1,8 @@
 """The server's own figures over a run, from its Prometheus `/metrics` endpoint.
 
 Scraped once before the run and once after it. Every series whose name starts with one of
-`PREFIXES` (pdserve's `pdserve:`, vLLM's `vllm:`) is collected without knowing names in advance:
-a counter as its increase over the run; a histogram or summary as the increase of its count and
+`PREFIXES` (pdserve's, vLLM's, llama.cpp's) is collected without knowing names in advance: a
+counter as its increase over the run; a histogram or summary as the increase of its count and
 sum, and the mean of what was observed during the run. A failed scrape is recorded, never
 raised: the server's figures are extra, the run goes on.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-PREFIXES = ("pdserve:", "vllm:")
+PREFIXES = ("pdserve:", "vllm:", "llamacpp:")
 SCRAPE_TIMEOUT_S = 5.0
 
 

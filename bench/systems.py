@@ -1,15 +1,18 @@
 """The systems a benchmark measures: how each is launched, pinned, checked and stopped.
 
-Every system is one OpenAI-compatible HTTP server on loopback, started as its own process group:
+Every system is one OpenAI-compatible HTTP server on loopback, started as its own process group
+(`pdserve up` serves the gateway's gRPC API too, the one system the "grpc" backend can measure):
 
     colocated      python -m pdserve serve --model DIR --port P --dtype D      (one engine)
     disaggregated  python -m pdserve up --model DIR --http-port P --dtype D --prefill N --decode M
                    (its own Redis, N prefill and M decode replicas, the gateway's HTTP front;
                    on two or more server CPUs each replica pinned to its share)
     vllm           PEER serve DIR P --dtype D --enable-prefix-caching           (vLLM's CPU build)
+    llama-cpp      PEER serve FILE.gguf P SLOTS THREADS                         (llama.cpp's server)
 
-PEER is ../shared/peers/vllm-cpu. It passes its own `--dtype` and `--no-enable-prefix-caching`
-first and vLLM keeps the last value, so the appended ones win.
+The peers are the scripts in ../shared/peers. vLLM's script passes its own `--dtype` and
+`--no-enable-prefix-caching` first and vLLM keeps the last value, so the appended ones win;
+llama.cpp runs the GGUF as stored (its own quantization, whatever D says).
 
 Invariant: every process a system runs sits on `Pinning.server_cpus` with the same thread-count
 environment, so the systems differ in software only; the affinity is set in the child before it
@@ -39,8 +42,9 @@ from pdserve.cluster.ports import free_port
 from pdserve.protocol.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
-SYSTEMS = ("colocated", "disaggregated", "vllm")
+SYSTEMS = ("colocated", "disaggregated", "vllm", "llama-cpp")
 DTYPES = ("float32", "bfloat16")
+LLAMA_CPP_SLOTS = 16
 _POLL_INTERVAL_S = 0.5
 _PROBE_TIMEOUT_S = 2.0
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -51,7 +55,7 @@ class SystemStartError(PdserveError):
 
 
 class SystemUnavailable(PdserveError):
-    """A system that cannot run as configured (no peer script): skipped."""
+    """A system that cannot run as configured (no peer script, no GGUF file, no gRPC front): skipped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,8 @@ class SystemOptions:
     num_prefill_replicas: int = 1  # of disaggregated
     num_decode_replicas: int = 1  # of disaggregated
     peer_vllm: Path | None = None  # ../shared/peers/vllm-cpu; None: vllm cannot run
+    peer_llama_cpp: Path | None = None  # ../shared/peers/llama-cpp
+    gguf: Path | None = None  # the file llama-cpp serves
     startup_timeout_s: float = 900.0
 
 
@@ -114,6 +120,7 @@ class SystemSpec:
     argv: tuple[str, ...]
     http_port: int
     description: str  # one line for the report
+    grpc_port: int | None = None  # the gateway's gRPC API, where the system has one
 
     @property
     def base_url(self) -> str:
@@ -122,6 +129,14 @@ class SystemSpec:
     @property
     def metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.http_port}/metrics"
+
+    def target(self, backend: str) -> str:
+        """Where a client of `backend` ("openai" or "grpc") sends; SystemUnavailable if nowhere."""
+        if backend == "openai":
+            return self.base_url
+        if self.grpc_port is None:
+            raise SystemUnavailable(f"{self.name} has no gRPC front for the grpc backend")
+        return f"{LOOPBACK}:{self.grpc_port}"
 
 
 def system_spec(name: str, options: SystemOptions) -> SystemSpec:
@@ -132,22 +147,30 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
                                  *dtype), port,
                           "pdserve serve: one engine, continuous batching with chunked prefill, prefix caching on")
     if name == "disaggregated":
-        num_p, num_d = options.num_prefill_replicas, options.num_decode_replicas
+        num_p, num_d, grpc_port = options.num_prefill_replicas, options.num_decode_replicas, free_port(LOOPBACK)
         return SystemSpec(name, (sys.executable, "-m", "pdserve", "up", "--model", model,
-                                 "--grpc-port", str(free_port(LOOPBACK)), "--http-port", str(port),
+                                 "--grpc-port", str(grpc_port), "--http-port", str(port),
                                  "--startup-timeout-s", str(options.startup_timeout_s), *dtype,
                                  "--prefill", str(num_p), "--decode", str(num_d)), port,
-                          f"pdserve up: gateway + {num_p} prefill + {num_d} decode + Redis, KV over shared memory")
+                          f"pdserve up: gateway + {num_p} prefill + {num_d} decode + Redis, KV over shared memory",
+                          grpc_port)
     if name == "vllm":
-        return SystemSpec(name, (peer_script(options.peer_vllm), "serve", model, str(port), *dtype,
+        return SystemSpec(name, (peer_script(options.peer_vllm, "--peer-vllm"), "serve", model, str(port), *dtype,
                                  "--enable-prefix-caching"), port, "vLLM CPU build, OpenAI server, prefix caching on")
+    if name == "llama-cpp":
+        script = peer_script(options.peer_llama_cpp, "--peer-llama-cpp")
+        if options.gguf is None or not options.gguf.is_file():
+            raise SystemUnavailable(f"llama-cpp needs --gguf FILE (got {options.gguf})")
+        return SystemSpec(name, (script, "serve", str(options.gguf.resolve()), str(port), str(LLAMA_CPP_SLOTS),
+                                 str(len(os.sched_getaffinity(0)))), port,
+                          f"llama.cpp server (xllamacpp), {LLAMA_CPP_SLOTS} slots, the GGUF as stored")
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
 
 
-def peer_script(path: Path | None) -> str:
-    """The vLLM peer's script; SystemUnavailable without one."""
+def peer_script(path: Path | None, flag: str) -> str:
+    """A peer's script; SystemUnavailable without one."""
     if path is None:
-        raise SystemUnavailable("no --peer-vllm script given")
+        raise SystemUnavailable(f"no {flag} script given")
     if not path.is_file():
         raise SystemUnavailable(f"peer script {path} not found")
     return str(path.resolve())
@@ -208,20 +231,28 @@ class RunningSystem:
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """A system that is up: where to send, and the model id it serves."""
+    """A system that is up: where a client of `backend` sends, and the model id it serves."""
 
     spec: SystemSpec
     model_id: str
+    backend: str = "openai"
+
+    @property
+    def target(self) -> str:
+        return self.spec.target(self.backend)
 
 
 @contextlib.contextmanager
-def started(name: str, options: SystemOptions, pinning: Pinning, log_dir: Path) -> Iterator[Served]:
+def started(name: str, options: SystemOptions, pinning: Pinning, log_dir: Path,
+            backend: str = "openai") -> Iterator[Served]:
     """`name` running and ready while the block runs, stopped after it (logs/<name>.log).
-    Raises SystemUnavailable before starting anything, SystemStartError when it never came up."""
+    Raises SystemUnavailable before starting anything (also when it has no front for
+    `backend`), SystemStartError when it never came up."""
     spec = system_spec(name, options)
+    spec.target(backend)
     system = RunningSystem(spec, pinning, log_dir / f"{name}.log", options.startup_timeout_s)
     try:
-        yield Served(spec, system.wait_ready())
+        yield Served(spec, system.wait_ready(), backend)
     finally:
         system.stop()
 
@@ -252,6 +283,8 @@ def add_system_arguments(parser, model: bool = True) -> None:
     parser.add_argument("--decode-replicas", type=int, default=1, metavar="M", help="of disaggregated (default 1)")
     parser.add_argument("--peer-vllm", type=Path, metavar="SCRIPT",
                         help="../shared/peers/vllm-cpu (its `serve` and `python`); without it vllm is skipped")
+    parser.add_argument("--peer-llama-cpp", type=Path, metavar="SCRIPT", help="../shared/peers/llama-cpp")
+    parser.add_argument("--gguf", type=Path, metavar="FILE", help="the GGUF file llama-cpp serves")
     parser.add_argument("--server-cpus", type=parse_cpu_list, metavar="LIST",
                         help="CPUs every system runs on (default: every usable CPU)")
     parser.add_argument("--client-cpus", type=parse_cpu_list, metavar="LIST",
@@ -265,5 +298,5 @@ def options_from(args) -> tuple[SystemOptions, Pinning]:
 
     model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
     options = SystemOptions(model_dir, args.dtype, args.prefill_replicas, args.decode_replicas, args.peer_vllm,
-                            args.startup_timeout_s)
+                            args.peer_llama_cpp, args.gguf, args.startup_timeout_s)
     return options, Pinning(args.server_cpus or all_cpus(), args.client_cpus or all_cpus())

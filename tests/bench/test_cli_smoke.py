@@ -1,5 +1,5 @@
 """`pdserve bench serve` end to end, against a running `pdserve serve` and against a system it
-starts itself: the result files exist, the JSON has vLLM's fields, every request completed with
+starts itself (over OpenAI HTTP, and over the gateway's gRPC API): the result files exist, the JSON has vLLM's fields, every request completed with
 the tokens it asked for, and the server's own counters agree. Nothing here is about speed."""
 import json
 import subprocess
@@ -80,3 +80,13 @@ def test_a_system_started_by_the_bench_is_measured_and_stopped(tiny_model, tmp_p
     assert run["server"]["counters"]  # its /metrics, scraped without being named
     assert "Serving Benchmark Result: started" in capsys.readouterr().out
     assert (tmp_path / "started_latency_cdf.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_grpc_backend_measures_the_gateway_of_a_started_pdserve_up(tiny_model, tmp_path):
+    status = pdserve_main(["bench", "serve", "--backend", "grpc", "--system", "disaggregated", "--model", tiny_model(),
+                           "--num-prompts", "3", "--input-len", "8", "--output-len", "3", "--label", "grpc",
+                           "--result-dir", str(tmp_path), "--disable-tqdm"])
+    assert status == 0
+    run = json.loads((tmp_path / "grpc.json").read_text())
+    assert (run["backend"], run["completed"], run["output_lens"]) == ("grpc", 3, [3, 3, 3])
+    assert run["server"]["requests"]["states"] == {"finished": 3}  # GetRequest, after the run

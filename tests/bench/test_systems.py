@@ -1,12 +1,13 @@
 """Each system's command line: every one loads the weights in the run's dtype, parsed by the real
-command's own parser; vLLM runs only with its peer script."""
+command's own parser; the peers run only with their scripts (and llama.cpp with its GGUF); only
+`pdserve up` has a gRPC front for the grpc backend."""
 import dataclasses
 from pathlib import Path
 
 import pytest
 
 from pdserve.bench.errors import BenchConfigError
-from pdserve.bench.systems import SystemOptions, SystemUnavailable, parse_systems, system_spec
+from pdserve.bench.systems import LLAMA_CPP_SLOTS, SystemOptions, SystemUnavailable, parse_systems, system_spec
 
 
 def options(dtype: str = "float32", **peers) -> SystemOptions:
@@ -42,15 +43,35 @@ def test_vllm_gets_the_dtype_and_prefix_caching_after_the_peer_scripts_own(tmp_p
     assert argv[4:] == ("--dtype", "bfloat16", "--enable-prefix-caching")
 
 
+def test_llama_cpp_serves_the_gguf_with_its_slots(tmp_path):
+    script, gguf = tmp_path / "peer", tmp_path / "model.gguf"
+    script.write_text("#!/bin/sh\n")
+    gguf.write_bytes(b"GGUF")
+    argv = system_spec("llama-cpp", options(peer_llama_cpp=script, gguf=gguf)).argv
+    assert argv[:3] == (str(script), "serve", str(gguf)) and argv[4] == str(LLAMA_CPP_SLOTS)
+    with pytest.raises(SystemUnavailable, match="--gguf"):
+        system_spec("llama-cpp", options(peer_llama_cpp=script))
+
+
 def test_a_peer_without_its_script_is_unavailable(tmp_path):
     with pytest.raises(SystemUnavailable, match="no --peer-vllm"):
         system_spec("vllm", options())
     with pytest.raises(SystemUnavailable, match="not found"):
         system_spec("vllm", options(peer_vllm=tmp_path / "missing"))
+    with pytest.raises(SystemUnavailable, match="no --peer-llama-cpp"):
+        system_spec("llama-cpp", options())
+
+
+def test_the_grpc_backend_targets_the_gateway_of_pdserve_up_alone():
+    spec = system_spec("disaggregated", options())
+    up = parse_pdserve(spec.argv)
+    assert spec.target("grpc") == f"127.0.0.1:{up.grpc_port}" and spec.target("openai") == spec.base_url
+    with pytest.raises(SystemUnavailable, match="no gRPC front"):
+        system_spec("colocated", options()).target("grpc")
 
 
 def test_systems_parse_in_order_and_unknown_or_repeated_names_are_refused():
     assert parse_systems("vllm, colocated") == ("vllm", "colocated")
-    for text in ("static", "llama-cpp", "colocated,colocated", ""):
+    for text in ("static", "colocated,colocated", ""):
         with pytest.raises(BenchConfigError):
             parse_systems(text)
