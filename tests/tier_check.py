@@ -4,7 +4,7 @@ A tier is a marker of [tool.pytest.ini_options] whose description starts with "(
 faults, redis, packaging, deploy, real_model); that list is the one place tiers are named.
 
 `pytest --fast` (`make test`) deselects every test that carries a tier marker: what is left is
-the fast tier. A test that starts `pdserve up|serve|prefill|decode|gateway|bench-compare` or a
+the fast tier. A test that starts `pdserve up|serve|prefill|decode|gateway` or a
 redis-server / valkey-server without a tier marker would slip a process cluster into it, so this
 plugin (registered by tests/conftest.py) fails such a test at the start, naming the command, in
 every tier.
@@ -21,7 +21,7 @@ import subprocess
 import pytest
 
 TIER_TAG = "(tier)"
-SERVICE_COMMANDS = {"up", "serve", "prefill", "decode", "gateway", "bench-compare"}
+SERVICE_COMMANDS = {"up", "serve", "prefill", "decode", "gateway"}
 SERVER_EXECUTABLES = {"redis-server", "valkey-server"}
 
 _running: pytest.Item | None = None  # the test whose set-up, call or teardown runs now
