@@ -28,6 +28,7 @@ from pdserve import kernels
 from pdserve.bench.bandwidth import read_gbps, synchronize
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.cpu_linear import PackedLinear
+from pdserve.engine.llm_engine import LLMEngine
 
 
 class PartTimer:
@@ -57,17 +58,24 @@ class PartTimer:
             self._undo.pop()()
 
 
+def start_decode_batch(engine: LLMEngine, num_seqs: int, context_len: int, max_tokens: int, tag: str) -> list[str]:
+    """`num_seqs` greedy requests of `context_len` random prompt tokens (seeded by `num_seqs`),
+    ids "TAG-I", stepped until every prompt is computed and all of them decode; their ids."""
+    generator = torch.Generator().manual_seed(num_seqs)
+    request_ids = [f"{tag}-{i}" for i in range(num_seqs)]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for request_id in request_ids:
+        prompt = torch.randint(0, engine.model_config.vocab_size, (context_len,), generator=generator).tolist()
+        engine.add_request(request_id, prompt, params)
+    scheduler = engine.scheduler
+    while scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
+        engine.step()
+    return request_ids
+
+
 def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: float) -> dict:
     engine = llm.engine
-    vocab = engine.model_config.vocab_size
-    generator = torch.Generator().manual_seed(batch_size)
-    waiting = {f"b{batch_size}-{i}" for i in range(batch_size)}
-    for request_id in waiting:
-        prompt = torch.randint(0, vocab, (context_len,), generator=generator).tolist()
-        engine.add_request(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=num_steps + 4,
-                                                              ignore_eos=True))
-    while waiting:  # the prefills, up to every request's first token
-        waiting -= {output.request_id for output in engine.step()}
+    start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}")
     model = engine.runner.model
     timer = PartTimer(engine.device)
     timer.wrap(engine, "step", "step")

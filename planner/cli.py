@@ -4,15 +4,12 @@
     pdserve plan simulate  --profile profile.json --config 1P1D --config 2P6D --request-rate 4 ...
     pdserve plan recommend --profile profile.json --gpus 8,16,32 --rate-per-gpu 3 ... --result-dir DIR
 
-JSON results go to `--result-dir` (with markdown, and a PNG for recommend); tables
-to stdout.
+Tables go to stdout; with `--result-dir`, JSON and markdown too (and recommend's PNG).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 
@@ -24,9 +21,8 @@ DEFAULT_RESULT_DIR = Path("bench/results/plan")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Capacity planning for prefill/decode disaggregation: measured step-time profiles, a "
                           "discrete-event simulation of xPyD serving, the recommended P:D split.")
-    commands = parser.add_subparsers(dest="plan_command", metavar="STEP", required=True)
-
-    profile = commands.add_parser("profile", help="measure the engine's step times and KV copy bandwidth")
+    steps = parser.add_subparsers(dest="plan_command", metavar="STEP", required=True)
+    profile = steps.add_parser("profile", help="measure the engine's step times and KV copy bandwidth")
     profile.add_argument("--model", type=Path, required=True, metavar="DIR")
     profile.add_argument("--out", type=Path, default=DEFAULT_RESULT_DIR / "profile.json")
     profile.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
@@ -35,39 +31,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     profile.add_argument("--cpus", type=_ints, metavar="LIST", help="pin the engine measurement to these CPUs")
     profile.add_argument("--repeats", type=int, default=5, help="timed steps per point (default 5)")
     profile.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    profile.add_argument("--prefill-prompt-lens", type=_ints, metavar="LIST")
-    profile.add_argument("--prefill-num-seqs", type=_ints, metavar="LIST")
-    profile.add_argument("--decode-num-seqs", type=_ints, metavar="LIST")
-    profile.add_argument("--decode-context-lens", type=_ints, metavar="LIST")
-
-    simulate = commands.add_parser("simulate", help="predict TTFT, TPOT and goodput of xPyD configurations")
-    _add_profile_workload_slo(simulate)
+    for sizes in ("prefill-prompt-lens", "prefill-num-seqs", "decode-num-seqs", "decode-context-lens"):
+        profile.add_argument(f"--{sizes}", type=_ints, metavar="LIST")
+    simulate = steps.add_parser("simulate", help="predict TTFT, TPOT and goodput of xPyD configurations")
     simulate.add_argument("--config", action="append", type=_xpyd, required=True, metavar="xPyD",
                           help="e.g. 1P1D; repeat for more")
-    simulate.add_argument("--num-gateways", type=int, default=1)
-
-    recommend = commands.add_parser("recommend", help="the best P:D split of each GPU budget (table and plot)")
-    _add_profile_workload_slo(recommend, rate_required=False)
+    recommend = steps.add_parser("recommend", help="the best P:D split of each GPU budget (table and plot)")
     recommend.add_argument("--gpus", type=_ints, default=(8, 16, 32), metavar="LIST", help="default 8,16,32")
     recommend.add_argument("--rate-per-gpu", type=float,
                            help="the fleet's rate is this times its GPUs (instead of --request-rate)")
-    recommend.add_argument("--gpus-per-gateway", type=int, default=2, help="fronts scale with the fleet (default 2)")
-
-
-
-def _add_profile_workload_slo(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
-    parser.add_argument("--profile", type=Path, required=True, metavar="JSON")
-    parser.add_argument("--request-rate", type=float, required=rate_required, help="requests/s (inf: all at once)")
-    parser.add_argument("--num-prompts", type=int, default=500)
-    parser.add_argument("--dataset", choices=DATASET_KINDS, default="random")
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--range-ratio", type=float, default=0.0)
-    parser.add_argument("--burstiness", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ttft-slo-ms", type=float, required=True)
-    parser.add_argument("--tpot-slo-ms", type=float, required=True)
-    parser.add_argument("--result-dir", type=Path, help=f"write JSON and markdown here (e.g. {DEFAULT_RESULT_DIR})")
+    for step in (simulate, recommend):
+        step.add_argument("--profile", type=Path, required=True, metavar="JSON")
+        step.add_argument("--request-rate", type=float, required=step is simulate, help="requests/s (inf: all at once)")
+        step.add_argument("--num-prompts", type=int, default=500)
+        step.add_argument("--dataset", choices=DATASET_KINDS, default="random")
+        step.add_argument("--input-len", type=int, default=256)
+        step.add_argument("--output-len", type=int, default=64)
+        step.add_argument("--range-ratio", type=float, default=0.0)
+        step.add_argument("--burstiness", type=float, default=1.0)
+        step.add_argument("--seed", type=int, default=0)
+        step.add_argument("--ttft-slo-ms", type=float, required=True)
+        step.add_argument("--tpot-slo-ms", type=float, required=True)
+        step.add_argument("--result-dir", type=Path, help=f"write JSON and markdown here (e.g. {DEFAULT_RESULT_DIR})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,8 +68,7 @@ def _profile(args: argparse.Namespace) -> int:
     config = MeasureConfig(model_dir=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                            max_num_batched_tokens=args.max_num_batched_tokens, repeats=args.repeats, **sizes)
     all_cpus = os.sched_getaffinity(0)
-    if args.cpus:
-        os.sched_setaffinity(0, args.cpus)
+    os.sched_setaffinity(0, args.cpus or all_cpus)
     profile = measure_profile(config)
     os.sched_setaffinity(0, all_cpus)
     print(profile.save(args.out))
@@ -95,14 +79,11 @@ def _simulate(args: argparse.Namespace) -> int:
     from pdserve.planner.report import simulation_markdown
     from pdserve.planner.simulate import simulate
 
-    profile, workload, slo = _load_profile(args.profile), _workload(args, args.request_rate), _slo(args)
+    profile, workload, slos_ms = _load_profile(args.profile), _workload(args, args.request_rate), _slos_ms(args)
     requests = workload.requests()
-    rows = [{"config": str(config), **simulate(profile, config, requests, slo, args.num_gateways).to_dict()}
-            for config in args.config]
-    markdown = simulation_markdown(rows)
-    print(markdown)
-    _write(args.result_dir, "simulate", {"workload": workload.to_dict(), "slo": dataclasses.asdict(slo),
-                                         "profile": str(args.profile), "rows": rows}, markdown)
+    rows = [{"config": str(config), **simulate(profile, config, requests, slos_ms)} for config in args.config]
+    _emit(args.result_dir, "simulate", {"workload": workload.to_dict(), "slos_ms": slos_ms,
+                                        "profile": str(args.profile), "rows": rows}, simulation_markdown(rows))
     return 0
 
 
@@ -112,20 +93,16 @@ def _recommend(args: argparse.Namespace) -> int:
 
     if (args.request_rate is None) == (args.rate_per_gpu is None):
         raise SystemExit("pdserve plan recommend: give --request-rate or --rate-per-gpu")
-    profile, slo = _load_profile(args.profile), _slo(args)
+    profile, slos_ms = _load_profile(args.profile), _slos_ms(args)
     fleets = []
     for num_gpus in args.gpus:
-        rate = args.request_rate if args.request_rate is not None else args.rate_per_gpu * num_gpus
-        workload = _workload(args, rate)
-        candidates = sweep_splits(profile, num_gpus, workload, slo, args.gpus_per_gateway)
-        fleets.append({"num_gpus": num_gpus, "request_rate": rate, "workload": workload.to_dict(),
-                       "recommended": pick(candidates, slo).to_dict(),
-                       "candidates": [c.to_dict() for c in candidates]})
+        workload = _workload(args, args.request_rate or args.rate_per_gpu * num_gpus)
+        candidates = sweep_splits(profile, num_gpus, workload, slos_ms)
+        fleets.append({"num_gpus": num_gpus, "request_rate": workload.request_rate, "workload": workload.to_dict(),
+                       "recommended": pick(candidates, slos_ms), "candidates": candidates})
     fleet = {"profile": {"path": str(args.profile), "hardware": profile.hardware, "model": profile.model},
-             "slo": dataclasses.asdict(slo), "gpus_per_gateway": args.gpus_per_gateway, "fleets": fleets}
-    markdown = fleet_markdown(fleet)
-    print(markdown)
-    if _write(args.result_dir, "fleet", fleet, markdown):
+             "slos_ms": slos_ms, "fleets": fleets}
+    if _emit(args.result_dir, "fleet", fleet, fleet_markdown(fleet)):
         print(plot_fleet(fleet, args.result_dir / "fleet.png"))
     return 0
 
@@ -145,25 +122,23 @@ def _workload(args: argparse.Namespace, rate: float):
                     burstiness=args.burstiness, seed=args.seed)
 
 
-def _slo(args: argparse.Namespace):
-    from pdserve.planner.workload import Slo
-    return Slo(args.ttft_slo_ms, args.tpot_slo_ms)
+def _slos_ms(args: argparse.Namespace) -> dict[str, float]:
+    from pdserve.bench.metrics import validate_slos
+    slos_ms = {"ttft": args.ttft_slo_ms, "tpot": args.tpot_slo_ms}
+    validate_slos(slos_ms)
+    return slos_ms
 
 
-def _write(result_dir: Path | None, name: str, figures: dict, markdown: str) -> bool:
+def _emit(result_dir: Path | None, name: str, figures: dict, markdown: str) -> bool:
+    """Prints the markdown; with a result dir, writes NAME.json and NAME.md there too."""
+    print(markdown)
     if result_dir is None:
         return False
     result_dir.mkdir(parents=True, exist_ok=True)
-    (result_dir / f"{name}.json").write_text(json.dumps(figures, indent=2, default=_json_default) + "\n")
+    (result_dir / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
     (result_dir / f"{name}.md").write_text(markdown)
     print(result_dir / f"{name}.json")
     return True
-
-
-def _json_default(value):
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def _xpyd(text: str):

@@ -1,8 +1,8 @@
-"""A measured profile of one model on one device: step-time fits, KV size, transfer, overheads.
+"""A measured profile of one model on one device: step-time fits, KV size, transfer bandwidth.
 
-Invariant: every figure here was measured (engine steps timed on the device) or stated in the
-profile (the serving path's overheads), and `fit_linear` only turns samples into coefficients;
-nothing is tuned to a benchmark the planner is later checked against. Step times are linear models:
+Invariant: every figure here was measured (engine steps and a KV block copy timed on the device),
+and `fit_linear` only turns samples into coefficients; nothing is tuned to a benchmark the
+planner is later checked against. Step times are linear models:
 
     prefill step_s = intercept_s + per_token_s * batch_tokens
                      + per_attention_pair_s * sum(chunk_len * (chunk_start + chunk_len))
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def fit_linear(features: list[list[float]], targets: list[float]) -> list[float]:
@@ -101,22 +101,6 @@ class DecodeFit:
 
 
 @dataclass(frozen=True, slots=True)
-class ServingOverhead:
-    """What the serving path adds to the engine's steps (gateway, RPCs, streaming), in seconds:
-    zeros as `pdserve plan profile` writes it, which times the engine alone; a profile may state
-    them, read off runs of `pdserve bench serve --system disaggregated` on the same host."""
-
-    gateway_s: float = 0.0  # per request, served one at a time before it reaches a prefill queue
-    ttft_s: float = 0.0  # the rest of TTFT beyond the gateway and the prefill step, on an idle system
-    handoff_s: float = 0.0  # the client's first token → KV landed at decode, beyond the copy itself
-    step_s: float = 0.0  # per decode step at batch 1, beyond the engine step: serving's work on its thread
-    # per decode step and running request beyond the first, beyond the engine step; negative where
-    # a served step grows more slowly with its batch than the engine's fit (no less than
-    # -decode.per_seq_s, so that a step never shrinks as its batch grows)
-    per_seq_step_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
 class Profile:
     hardware: dict  # device, CPU model or GPU name, threads
     model: dict  # folder, architecture, sizes, dtype
@@ -126,7 +110,6 @@ class Profile:
     transfer_gb_per_s: float
     prefill: PrefillFit
     decode: DecodeFit
-    serving: ServingOverhead = ServingOverhead()
     prefill_samples: list[PrefillSample] = field(default_factory=list)
     decode_samples: list[DecodeSample] = field(default_factory=list)
 
@@ -150,7 +133,7 @@ class Profile:
             hardware=data["hardware"], model=data["model"], max_num_batched_tokens=data["max_num_batched_tokens"],
             max_num_seqs=data["max_num_seqs"], kv_bytes_per_token=data["kv_bytes_per_token"],
             transfer_gb_per_s=data["transfer_gb_per_s"], prefill=PrefillFit(**data["prefill"]),
-            decode=DecodeFit(**data["decode"]), serving=ServingOverhead(**data["serving"]),
+            decode=DecodeFit(**data["decode"]),
             prefill_samples=[PrefillSample(**s) for s in data["prefill_samples"]],
             decode_samples=[DecodeSample(**s) for s in data["decode_samples"]])
 

@@ -1,21 +1,19 @@
 """A discrete-event model of xPyD serving: P prefill servers, D decode servers, one trace.
 
-    arrival ─▶ gateway: `num_gateways` FIFO servers (the first free one takes the request),
-               `serving.gateway_s` per request (tokenize, Redis round trips, gRPC)
-            ─▶ it picks a decode (fewest held tokens), which reserves the KV blocks between
+    arrival ─▶ the gateway picks a decode (fewest held tokens), which reserves the KV blocks between
                its steps (its engine thread runs commands there): a busy decode answers when its
                step ends; then a prefill (fewest queued tokens)
             ─▶ prefill queue ─▶ steps of chunked prefill under the token budget (FIFO, partial
                chunks carried over, as engine/scheduler.py does)
-            ─▶ step end ─▶ `serving.ttft_s` later, the first token at the client (TTFT)
-            ─▶ KV handoff: lands `serving.handoff_s` + tokens × bytes/token ÷ GB/s after that
-               first token (the prefill server is not held; the push runs beside its next steps)
+            ─▶ step end: the first token at the client (TTFT)
+            ─▶ KV handoff: lands tokens × bytes/token ÷ GB/s after that first token (the
+               prefill server is not held; the push runs beside its next steps)
             ─▶ decode pending ─▶ joins the running batch at the next step boundary
             ─▶ one token per running request per step; the last one ends the request
 
-A prefill step takes its fit; a decode step its fit plus the serving path's per-step overheads
-(`serving.step_s`, and `serving.per_seq_step_s` per running request beyond the first), which run
-on the replica's engine thread between its steps.
+A step takes its profile's fit: the engine's time alone, none of the serving path's (gateway,
+RPCs, streaming). Each request ends as a `bench.records.RequestRecord`, so a simulated run's
+figures are `pdserve bench`'s own (`bench.metrics`).
 
 Invariant: the simulation is a pure function of (profile, config, requests): no clock, no
 randomness; events at the same instant run in the order they were scheduled.
@@ -28,9 +26,11 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from pdserve.bench.goodput_search import attainment
+from pdserve.bench.metrics import compute_metrics
+from pdserve.bench.records import RequestRecord
 from pdserve.planner.profile import Profile
-from pdserve.planner.summary import RequestTimes, SimSummary
-from pdserve.planner.workload import SimRequest, Slo
+from pdserve.planner.workload import SimRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,24 +78,19 @@ class _Server:
 
 
 class Simulation:
-    def __init__(self, profile: Profile, config: XpYd, num_gateways: int = 1):
-        if num_gateways < 1:
-            raise ValueError(f"need at least one gateway, got {num_gateways}")
+    def __init__(self, profile: Profile, config: XpYd):
         self.profile = profile
         self.config = config
-        self.num_gateways = num_gateways
 
-    def run(self, requests: list[SimRequest]) -> list[RequestTimes]:
-        """Times of every request, in the order given."""
+    def run(self, requests: list[SimRequest]) -> list[RequestRecord]:
+        """Every request's record, in the order given; `start_s` is its arrival."""
         self._events: list = []
         self._sequence = itertools.count()
         self._prefills = [_Server() for _ in range(self.config.num_prefill)]
         self._decodes = [_Server() for _ in range(self.config.num_decode)]
-        self._done: dict[int, RequestTimes] = {}
-        self._gateway_queue: deque[_Job] = deque()
-        self._num_free_gateways = self.num_gateways
+        self._done: dict[int, RequestRecord] = {}
         for index, request in enumerate(requests):
-            self._at(request.arrival_s, self._arrive, _Job(index, request))
+            self._at(request.arrival_s, self._route, _Job(index, request))
         while self._events:
             now_s, _, action, arguments = heapq.heappop(self._events)
             action(now_s, *arguments)
@@ -104,20 +99,7 @@ class Simulation:
     def _at(self, time_s: float, action, *arguments) -> None:
         heapq.heappush(self._events, (time_s, next(self._sequence), action, arguments))
 
-    def _arrive(self, now_s: float, job: _Job) -> None:
-        self._gateway_queue.append(job)
-        if self._num_free_gateways:
-            self._next_at_gateway(now_s)
-
-    def _next_at_gateway(self, now_s: float) -> None:
-        """A gateway takes the first request waiting and routes it after its `gateway_s`."""
-        self._num_free_gateways -= 1
-        self._at(now_s + self.profile.serving.gateway_s, self._route, self._gateway_queue.popleft())
-
     def _route(self, now_s: float, job: _Job) -> None:
-        self._num_free_gateways += 1
-        if self._gateway_queue:
-            self._next_at_gateway(now_s)
         job.decode = min(range(len(self._decodes)), key=lambda i: (self._decodes[i].load_tokens, i))
         decode = self._decodes[job.decode]
         decode.load_tokens += job.request.prompt_len + job.request.output_len
@@ -154,7 +136,7 @@ class Simulation:
                 continue
             server.queue.remove(job)
             job.num_generated = 1
-            self._at(now_s + self.profile.serving.ttft_s, self._first_token, job)
+            self._first_token(now_s, job)
         server.busy = False
         if server.queue:
             self._start_prefill(now_s, server)
@@ -166,8 +148,7 @@ class Simulation:
             self._decodes[job.decode].load_tokens -= job.request.prompt_len + 1
             self._finish(now_s, job)
             return
-        landed_s = now_s + self.profile.serving.handoff_s + self.profile.transfer_s(job.request.prompt_len)
-        self._at(landed_s, self._land, job)
+        self._at(now_s + self.profile.transfer_s(job.request.prompt_len), self._land, job)
 
     def _land(self, now_s: float, job: _Job) -> None:
         server = self._decodes[job.decode]
@@ -178,11 +159,8 @@ class Simulation:
     def _start_decode(self, now_s: float, server: _Server) -> None:
         while server.queue and len(server.running) < self.profile.max_num_seqs:
             server.running.append(server.queue.popleft())
-        num_seqs = len(server.running)
         num_context_tokens = sum(job.request.prompt_len + job.num_generated for job in server.running)
-        serving = self.profile.serving
-        step_s = (self.profile.decode.step_s(num_seqs, num_context_tokens)
-                  + serving.step_s + serving.per_seq_step_s * (num_seqs - 1))
+        step_s = self.profile.decode.step_s(len(server.running), num_context_tokens)
         server.busy = True
         self._at(now_s + step_s, self._end_decode, server)
 
@@ -204,10 +182,15 @@ class Simulation:
             self._start_decode(now_s, server)
 
     def _finish(self, now_s: float, job: _Job) -> None:
-        self._done[job.index] = RequestTimes(job.request.arrival_s, job.first_token_s, now_s,
-                                             job.request.output_len)
+        request = job.request
+        self._done[job.index] = RequestRecord(
+            prompt_len=request.prompt_len, output_len=request.output_len, ttft_s=job.first_token_s - request.arrival_s,
+            itl_s=[], e2el_s=now_s - request.arrival_s, success=True, error="", start_s=request.arrival_s)
 
 
-def simulate(profile: Profile, config: XpYd, requests: list[SimRequest], slo: Slo,
-             num_gateways: int = 1) -> SimSummary:
-    return SimSummary.of(Simulation(profile, config, num_gateways).run(requests), slo)
+def simulate(profile: Profile, config: XpYd, requests: list[SimRequest], slos_ms: dict[str, float]) -> dict:
+    """The run's figures as `pdserve bench` computes them, from the first arrival to the last
+    token, and "slo_attainment", the share of requests within every SLO."""
+    records = Simulation(profile, config).run(requests)
+    duration_s = max(r.start_s + r.e2el_s for r in records) - min(r.start_s for r in records)
+    return {**compute_metrics(records, duration_s, slos_ms).to_dict(), "slo_attainment": attainment(records, slos_ms)}

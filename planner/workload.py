@@ -1,16 +1,17 @@
-"""The workload a plan is for: arrivals, prompt and output lengths, and the SLOs that define goodput.
+"""The workload a plan is for: arrivals and prompt and output lengths.
 
-Lengths and arrival times come from the benchmark's own generators (`bench.datasets`,
-`bench.arrivals`) with the same seed, so a simulated trace is the trace `pdserve bench` sends
-with the same flags, request for request.
+They come from the benchmark's own generators (`bench.datasets`, `bench.arrivals`) with the same
+seed, so a simulated trace is the trace `pdserve bench` sends with the same flags, request for
+request. The SLOs that define goodput are `bench.metrics`' ({"ttft": ms, "tpot": ms}).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from pdserve.bench.arrivals import arrival_offsets_s
-from pdserve.bench.datasets import DATASET_KINDS, make_dataset
+from pdserve.bench.datasets import make_dataset
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,16 +19,6 @@ class SimRequest:
     arrival_s: float
     prompt_len: int
     output_len: int
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    ttft_ms: float
-    tpot_ms: float
-
-    def __post_init__(self) -> None:
-        if not (self.ttft_ms > 0 and self.tpot_ms > 0):
-            raise ValueError(f"SLOs must be positive milliseconds, got {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +32,6 @@ class Workload:
     burstiness: float = 1.0  # gamma shape of the arrival gaps; 1 = Poisson
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.dataset not in DATASET_KINDS:
-            raise ValueError(f"dataset {self.dataset!r} is not one of {DATASET_KINDS}")
-
     def requests(self) -> list[SimRequest]:
         dataset = make_dataset(self.dataset, num_prompts=self.num_requests, seed=self.seed,
                                input_len=self.input_len, output_len=self.output_len,
@@ -54,7 +41,5 @@ class Workload:
                 for offset_s, request in zip(offsets_s, dataset)]
 
     def to_dict(self) -> dict:
-        return {"request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
-                "num_requests": self.num_requests, "input_len": self.input_len, "output_len": self.output_len,
-                "range_ratio": self.range_ratio, "dataset": self.dataset, "burstiness": self.burstiness,
-                "seed": self.seed}
+        return {**dataclasses.asdict(self), "request_rate": "inf" if math.isinf(self.request_rate)
+                else self.request_rate}

@@ -2,8 +2,7 @@ import json
 
 import pytest
 
-from pdserve.planner.profile import (DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, ServingOverhead,
-                                     fit_linear)
+from pdserve.planner.profile import DecodeFit, DecodeSample, PrefillFit, PrefillSample, Profile, fit_linear
 
 from tests.plan.profiles import make_profile
 
@@ -46,21 +45,20 @@ def test_fit_linear_refuses_non_positive_times():
 
 
 def test_a_profile_survives_its_json_round_trip(tmp_path):
-    profile = make_profile(serving=ServingOverhead(
-        gateway_s=0.01, ttft_s=0.002, handoff_s=0.003, step_s=0.001, per_seq_step_s=-1e-4))
+    profile = make_profile()
     profile = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},
                          "prefill_samples": [PrefillSample(2, 64, 0.01)],
                          "decode_samples": [DecodeSample(4, 400, 0.005)]})
     path = profile.save(tmp_path / "profile.json")
     assert Profile.load(path) == profile
-    assert json.loads(path.read_text())["schema_version"] == 5
+    assert json.loads(path.read_text())["schema_version"] == 6
 
 
 def test_a_profile_of_an_earlier_schema_is_refused_with_what_to_do(tmp_path):
     data = make_profile().to_json_dict()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps({**data, "schema_version": 3}))
-    with pytest.raises(ValueError, match="schema 3, expected 5.*pdserve plan profile"):
+    path.write_text(json.dumps({**data, "schema_version": 5}))
+    with pytest.raises(ValueError, match="schema 5, expected 6.*pdserve plan profile"):
         Profile.load(path)
 
 

@@ -1,32 +1,34 @@
+"""The xPyD model: a request's TTFT and TPOT from its own steps, batching, queueing and chunking
+as the engine does them, goodput as bench computes it, and no clock or randomness of its own."""
 import numpy as np
 import pytest
 
-from pdserve.planner.profile import DecodeFit, PrefillFit, ServingOverhead
+from pdserve.bench.metrics import tpot_s
+from pdserve.planner.profile import DecodeFit, PrefillFit
 from pdserve.planner.simulate import Simulation, XpYd, simulate
-from pdserve.planner.workload import SimRequest, Slo, Workload
+from pdserve.planner.workload import SimRequest, Workload
 
 from tests.plan.profiles import make_profile
 
 ONE_TO_ONE = XpYd(1, 1)
 
 
-def test_a_request_alone_waits_for_nothing_but_its_own_steps_and_the_overheads():
-    serving = ServingOverhead(gateway_s=0.002, ttft_s=0.003, handoff_s=0.004, step_s=0.0005, per_seq_step_s=0.0001)
-    profile = make_profile(decode=DecodeFit(0.005, 0.001, 1e-6), serving=serving)
-    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
+def slos_ms(ttft_ms: float, tpot_ms: float) -> dict[str, float]:
+    return {"ttft": ttft_ms, "tpot": tpot_ms}
 
-    prefill_s = 0.010 + 0.0001 * 100
-    assert times.ttft_s == pytest.approx(0.002 + prefill_s + 0.003)
+
+def test_a_request_alone_waits_for_nothing_but_its_own_steps_and_its_kv_transfer():
+    profile = make_profile(decode=DecodeFit(0.005, 0.001, 1e-6))
+    [record] = Simulation(profile, ONE_TO_ONE).run([SimRequest(1.0, 100, 5)])
+    assert record.start_s == 1.0 and record.ttft_s == pytest.approx(0.010 + 0.0001 * 100)
     transfer_s = 100 * 1000 / 1e9
-    # alone in its batch: no per_seq_step_s, which counts the running requests beyond the first
-    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) + 0.0005 for generated in range(1, 5))
-    assert times.finish_s - times.first_token_s == pytest.approx(0.004 + transfer_s + steps_s)
+    steps_s = sum(0.005 + 0.001 + 1e-6 * (100 + generated) for generated in range(1, 5))
+    assert record.e2el_s - record.ttft_s == pytest.approx(transfer_s + steps_s)
 
 
 def test_a_one_token_request_ends_at_its_first_token():
-    [times] = Simulation(make_profile(), ONE_TO_ONE).run([SimRequest(0.0, 50, 1)])
-    assert times.finish_s == times.first_token_s
-    assert times.tpot_s == 0.0
+    [record] = Simulation(make_profile(), ONE_TO_ONE).run([SimRequest(0.0, 50, 1)])
+    assert record.e2el_s == record.ttft_s and tpot_s(record) == 0.0
 
 
 def test_a_burst_decodes_as_one_batch_so_tpot_is_the_step_time_at_that_batch():
@@ -35,29 +37,20 @@ def test_a_burst_decodes_as_one_batch_so_tpot_is_the_step_time_at_that_batch():
     times = Simulation(profile, ONE_TO_ONE).run(requests)
     step_s = 0.005 + 0.001 * 8  # one request fewer in the batch would be 12 % off
     # the first request, routed alone, runs one step before the others join: within 1 %
-    assert [t.tpot_s for t in times] == pytest.approx([step_s] * 8, rel=0.01)
-
-
-@pytest.mark.parametrize("per_seq_step_s", [0.0003, -0.0005], ids=["steeper", "flatter"])
-def test_the_per_request_overhead_changes_a_steps_slope_beyond_the_first_request(per_seq_step_s):
-    serving = ServingOverhead(step_s=0.002, per_seq_step_s=per_seq_step_s)
-    profile = make_profile(prefill=PrefillFit(1e-6, 0.0, 0.0), transfer_gb_per_s=1e12, serving=serving)
-    times = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 16, 101) for _ in range(8)])
-    step_s = 0.005 + 0.001 * 8 + 0.002 + per_seq_step_s * 7
-    assert [t.tpot_s for t in times] == pytest.approx([step_s] * 8, rel=0.01)
+    assert [tpot_s(t) for t in times] == pytest.approx([step_s] * 8, rel=0.01)
 
 
 def test_decode_servers_share_a_burst_so_each_steps_a_smaller_batch():
     profile = make_profile(prefill=PrefillFit(1e-6, 0.0, 0.0), transfer_gb_per_s=1e12)
     requests = [SimRequest(0.0, 16, 101) for _ in range(8)]
     times = Simulation(profile, XpYd(1, 2)).run(requests)
-    assert [t.tpot_s for t in times] == pytest.approx([0.005 + 0.001 * 4] * 8, rel=0.01)
+    assert [tpot_s(t) for t in times] == pytest.approx([0.005 + 0.001 * 4] * 8, rel=0.01)
 
 
 def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks():
     profile = make_profile(max_num_batched_tokens=100)
-    [times] = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 250, 1)])
-    assert times.ttft_s == pytest.approx(3 * 0.010 + 0.0001 * 250)
+    [record] = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 250, 1)])
+    assert record.ttft_s == pytest.approx(3 * 0.010 + 0.0001 * 250)
 
 
 def test_prompts_that_wait_together_share_one_prefill_step():
@@ -66,8 +59,7 @@ def test_prompts_that_wait_together_share_one_prefill_step():
                                                  SimRequest(0.002, 100, 1)])
     first_step_s = 0.010 + 0.0001 * 100
     second_step_s = 0.010 + 0.0001 * 200  # the two that arrived during the first step
-    assert times[0].first_token_s == pytest.approx(first_step_s)
-    assert times[1].first_token_s == times[2].first_token_s == pytest.approx(first_step_s + second_step_s)
+    assert [t.start_s + t.ttft_s for t in times] == pytest.approx([first_step_s] + [first_step_s + second_step_s] * 2)
 
 
 def _mean_prefill_wait_s(profile, rate: float, num_requests: int = 20000) -> float:
@@ -93,35 +85,24 @@ def test_a_second_prefill_server_cuts_the_queueing():
     profile = make_profile(max_num_batched_tokens=100)
     rate = 0.8 / profile.prefill.step_s([(0, 100)])
     requests = Workload(rate, 3000, 100, 1).requests()
-    one = simulate(profile, XpYd(1, 1), requests, Slo(1000, 1000)).ttft_ms[90]
-    two = simulate(profile, XpYd(2, 1), requests, Slo(1000, 1000)).ttft_ms[90]
+    one = simulate(profile, XpYd(1, 1), requests, slos_ms(1000, 1000))["p90_ttft_ms"]
+    two = simulate(profile, XpYd(2, 1), requests, slos_ms(1000, 1000))["p90_ttft_ms"]
     assert two < 0.7 * one
-
-
-def test_the_gateway_serialises_requests_before_prefill():
-    profile = make_profile(serving=ServingOverhead(gateway_s=0.05))
-    times = Simulation(profile, ONE_TO_ONE).run([SimRequest(0.0, 10, 1) for _ in range(3)])
-    # the second and third reach prefill 50 and 100 ms after the first, each alone in its step
-    step_s = 0.010 + 0.0001 * 10
-    assert [t.ttft_s for t in times] == pytest.approx([0.05 + step_s, 0.10 + step_s, 0.15 + step_s])
-    three_gateways = Simulation(profile, ONE_TO_ONE, num_gateways=3).run([SimRequest(0.0, 10, 1) for _ in range(3)])
-    # all reach prefill at 50 ms: the first starts a step alone, the other two share the next
-    shared_s = 0.05 + step_s + 0.012
-    assert [t.ttft_s for t in three_gateways] == pytest.approx([0.05 + step_s, shared_s, shared_s])
 
 
 def test_goodput_counts_requests_within_both_slos():
     profile = make_profile(prefill=PrefillFit(0.010, 0.0, 0.0), decode=DecodeFit(0.020, 0.0, 0.0))
     requests = [SimRequest(float(i), 10, 11) for i in range(10)]
-    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=11, tpot_ms=21)).slo_attainment == 1.0
-    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=9, tpot_ms=21)).slo_attainment == 0.0
-    assert simulate(profile, ONE_TO_ONE, requests, Slo(ttft_ms=11, tpot_ms=19)).slo_attainment == 0.0
+    met = simulate(profile, ONE_TO_ONE, requests, slos_ms(11, 21))
+    assert met["slo_attainment"] == 1.0 and met["request_goodput"] == pytest.approx(10 / met["duration"])
+    assert simulate(profile, ONE_TO_ONE, requests, slos_ms(9, 21))["slo_attainment"] == 0.0
+    assert simulate(profile, ONE_TO_ONE, requests, slos_ms(11, 19))["slo_attainment"] == 0.0
 
 
 def test_the_simulation_is_a_pure_function_of_its_inputs():
     requests = Workload(20, 300, 200, 30, range_ratio=0.5, seed=3).requests()
-    first = simulate(make_profile(), XpYd(2, 3), requests, Slo(200, 20))
-    assert simulate(make_profile(), XpYd(2, 3), requests, Slo(200, 20)) == first
+    first = simulate(make_profile(), XpYd(2, 3), requests, slos_ms(200, 20))
+    assert simulate(make_profile(), XpYd(2, 3), requests, slos_ms(200, 20)) == first
 
 
 def test_a_configuration_needs_both_kinds_of_server():
