@@ -15,7 +15,8 @@ Invariant: the engines run one at a time, each in its own process (its children 
 the same CPUs with the same thread-count environment (`bench.systems.Pinning.server_env`),
 reading the same spec file; an engine's figures are the median of its timed runs. One that
 fails is recorded with the reason and the rest still run; without --peer-vllm pdserve runs alone.
-Their output is copied to the terminal as it comes, so their progress bars show.
+Each engine's output is in logs/<engine>_<dtype>.log; both start as `bench.systems.launch`
+starts a system.
 """
 from __future__ import annotations
 
@@ -27,69 +28,50 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pdserve.bench.machine import length_summary, machine_summary, model_summary, versions
 from pdserve.bench.report_offline import RESULT_JSON_NAME, write_report
-from pdserve.bench.systems import DTYPES, Pinning, all_cpus, parse_cpu_list, pinned_child_setup
+from pdserve.bench.systems import DTYPES, SystemUnavailable, all_cpus, launch, parse_cpu_list, peer_script
 
 logger = logging.getLogger(__name__)
 
 ENGINES = ("pdserve", "vllm")
 
 
-def engine_argv(engine: str, spec_path: Path, result_path: Path, vllm_script: Path | None) -> list[str]:
+def engine_argv(engine: str, spec_path: Path, result_path: Path, vllm_script: str | None) -> list[str]:
     if engine == "pdserve":  # as a module: run as a file, bench/'s own modules would shadow others
         runner = [sys.executable, "-m", "pdserve.bench.offline_engine"]
     else:
-        runner = [str(vllm_script), "python", str(Path(__file__).with_name("offline_engine.py"))]
+        runner = [vllm_script, "python", str(Path(__file__).with_name("offline_engine.py"))]
     return [*runner, engine, str(spec_path), str(result_path)]
 
 
 def run_engine(argv: list[str], cpus: tuple[int, ...], log_path: Path, timeout_s: float) -> int | None:
-    """Runs one engine to its end, its output copied to stderr and `log_path`; the exit status,
-    None when it outlived `timeout_s` (then its whole process group is killed)."""
-    env = {**os.environ, **Pinning(cpus, cpus).server_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=env, cwd=log_path.parent,  # not the checkout: see bench.systems
-                               start_new_session=True, preexec_fn=pinned_child_setup(cpus))
-    timed_out = threading.Event()
-
-    def kill() -> None:
-        timed_out.set()
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    timer = threading.Timer(timeout_s, kill)
-    timer.start()
+    """Runs one engine to its end with its output in `log_path`; the exit status, None when it
+    outlived `timeout_s` (then its whole process group is killed)."""
+    process = launch(argv, cpus, log_path)
     try:
-        with open(log_path, "wb") as log:
-            for chunk in iter(lambda: process.stdout.read1(65536), b""):  # raw, so progress bars' \r pass
-                sys.stderr.buffer.write(chunk)
-                sys.stderr.flush()
-                log.write(chunk)
-        exit_status = process.wait()
-    finally:
-        timer.cancel()
-    return None if timed_out.is_set() else exit_status
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return None
 
 
 def measure(engine: str, dtype: str, spec: dict, args: argparse.Namespace, cpus: tuple[int, ...]) -> dict:
     """One engine at one dtype: its figures, or why there are none."""
-    if engine == "vllm" and args.peer_vllm is None:
-        return {"status": "skipped", "note": "no --peer-vllm script given"}
-    if engine == "vllm" and not args.peer_vllm.is_file():
-        return {"status": "skipped", "note": f"peer script {args.peer_vllm} not found"}
+    try:
+        vllm_script = peer_script(args.peer_vllm, "--peer-vllm") if engine == "vllm" else None
+    except SystemUnavailable as error:
+        return {"status": "skipped", "note": str(error)}
     name = f"{engine}_{dtype}"
     logs = args.result_dir.resolve() / "logs"
     spec_path, result_path = logs / f"{name}_spec.json", logs / f"{name}.json"
     spec_path.write_text(json.dumps({**spec, "dtype": dtype}))
     result_path.unlink(missing_ok=True)
-    argv = engine_argv(engine, spec_path, result_path, args.peer_vllm)
+    argv = engine_argv(engine, spec_path, result_path, vllm_script)
     log_path = logs / f"{name}.log"
     logger.info("%s %s: %s", engine, dtype, " ".join(argv))
     exit_status = run_engine(argv, cpus, log_path, args.timeout_s)

@@ -183,12 +183,7 @@ class RunningSystem:
                  shutdown_timeout_s: float = 30.0):
         self.spec, self.log_path = spec, log_path
         self._startup_timeout_s, self._shutdown_timeout_s = startup_timeout_s, shutdown_timeout_s
-        env = {**os.environ, **pinning.server_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log:
-            self._process = subprocess.Popen(
-                spec.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
-                start_new_session=True, preexec_fn=pinned_child_setup(pinning.server_cpus))
+        self._process = launch(spec.argv, pinning.server_cpus, log_path)
 
     def wait_ready(self) -> str:
         """Blocks until healthy and serving a model; returns the model id. Raises SystemStartError."""
@@ -262,15 +257,20 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def pinned_child_setup(cpus: tuple[int, ...]):
-    """A preexec_fn: pin to `cpus`, and have the kernel SIGTERM the child if we die."""
+def launch(argv, cpus: tuple[int, ...], log_path: Path) -> subprocess.Popen:
+    """`argv` as its own process group in `log_path`'s folder, its output in that file, pinned
+    to `cpus` with their thread counts (`Pinning.server_env`); the kernel SIGTERMs it if we die."""
     libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not after fork
 
     def setup() -> None:
         os.sched_setaffinity(0, cpus)
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
-    return setup
+    env = {**os.environ, **Pinning(cpus, cpus).server_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=log_path.parent, start_new_session=True, preexec_fn=setup)
 
 
 def add_system_arguments(parser, model: bool = True) -> None:

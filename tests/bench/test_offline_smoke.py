@@ -16,7 +16,7 @@ def test_pdserve_alone_reports_its_throughput_and_skips_vllm(tiny_model, tmp_pat
         capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.strip() == str(result_dir / "offline.json")
-    assert "pdserve bfloat16: timed run 2/2" in completed.stderr  # progress is shown
+    assert "pdserve bfloat16: timed run 2/2" in (result_dir / "logs" / "pdserve_bfloat16.log").read_text()
 
     combined = json.loads((result_dir / "offline.json").read_text())
     assert list(combined["dtypes"]) == ["bfloat16"]
