@@ -41,7 +41,8 @@ def plot_fleet(fleet: dict, path: Path) -> Path:
             side.plot([best["num_prefill"] / entry["num_gpus"]], [best[key]], marker="*", markersize=14,
                       color=f"C{index}")
     axes[0].set(title="goodput (★ recommended)", xlabel="prefill share P / N", ylabel="requests/s within both SLOs")
-    axes[1].set(title="SLO attainment", xlabel="prefill share P / N", ylabel="share within both SLOs", ylim=(-0.02, 1.02))
+    axes[1].set(title="SLO attainment", xlabel="prefill share P / N", ylabel="share within both SLOs",
+                ylim=(-0.02, 1.02))
     for side in axes:
         side.grid(alpha=0.3)
         side.legend(fontsize=8)

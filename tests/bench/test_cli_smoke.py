@@ -1,6 +1,7 @@
 """`pdserve bench serve` end to end, against a running `pdserve serve` and against a system it
-starts itself (over OpenAI HTTP, and over the gateway's gRPC API): the result files exist, the JSON has vLLM's fields, every request completed with
-the tokens it asked for, and the server's own counters agree. Nothing here is about speed."""
+starts itself (over OpenAI HTTP, and over the gateway's gRPC API): the result files exist, the
+JSON has vLLM's fields, every request completed with the tokens it asked for, and the server's
+own counters agree. Nothing here is about speed."""
 import json
 import subprocess
 import sys
