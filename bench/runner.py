@@ -4,8 +4,9 @@ Each request waits for its arrival offset (`bench.arrivals`), then for a slot wh
 `max_concurrency` is set (requests queue at the client, as in vLLM), then streams through the
 client of the run's backend (`create_client`) while `bench.timing` times it. The run's duration
 spans the first send to the last answer. A request that fails or outlives `timeout_s` is a
-failed record; the run never hangs on it. With `metrics_url` the server's Prometheus figures are scraped before and after the run;
-afterwards the client says what the server recorded per request, where its backend can.
+failed record; the run never hangs on it. With `metrics_url` the server's Prometheus figures
+are scraped before and after the run; afterwards the client says what the server recorded per
+request, where its backend can.
 `run_on` is the one way every workload sends a trace to a system `bench.systems.started` runs.
 """
 from __future__ import annotations
