@@ -52,7 +52,7 @@ bench: install
 		--result-dir bench/results/goodput_bf16
 	$(BIN)/pdserve bench goodput $(PEER_ARG) --dtype float32 --rates 0.5,0.8,1.2,1.6,2.2,3,4 \
 		--result-dir bench/results/goodput_fp32
-	$(BIN)/pdserve bench offline $(PEER_ARG) --cpus 0,1 --num-prompts 64 --output-len 64 --num-runs 2 \
+	$(BIN)/pdserve bench offline $(PEER_ARG) --num-prompts 64 --output-len 64 --num-runs 2 \
 		--result-dir bench/results/offline_smollm2
 	$(MAKE) bench-report
 

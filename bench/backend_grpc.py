@@ -2,9 +2,9 @@
 `GetRequest` per request.
 
 A chunk carries output when it has token ids or text; the last chunk's usage gives the token
-counts, and an ABORT finish reason fails the request. `describe` reads what the request store
-recorded afterwards and sums it up: final states and transports counted, KV bytes per request
-and the KV transfer rate.
+counts, and an ABORT finish reason fails the request. `describe` sums up what the request store
+recorded, as the serve report shows it: final states and transports counted, KV bytes per
+request and the KV transfer rate.
 """
 from __future__ import annotations
 
@@ -14,23 +14,21 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from pdserve.bench.client import BackendError, SendOptions
+from pdserve.bench.client import BackendError
 from pdserve.bench.datasets import BenchRequest
 from pdserve.bench.records import StreamPiece
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 RPC_TIMEOUT_S = 30.0
-NUM_DESCRIBE_IN_FLIGHT = 32
 
 
 class GatewayClient:
-    def __init__(self, target: str, options: SendOptions) -> None:
-        self._target, self._options = target, options
+    def __init__(self, target: str) -> None:
+        self._target = target
         self._channel = grpc.aio.insecure_channel(target)
         self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
 
     async def open(self) -> str:
-        """The model id: the first of ListModels."""
         try:
             models = await self._stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
@@ -38,8 +36,7 @@ class GatewayClient:
         return models.models[0].id if models.models else ""
 
     async def stream(self, request: BenchRequest, request_id: str) -> AsyncIterator[StreamPiece]:
-        params = common_pb2.SamplingParams(max_tokens=request.output_len, temperature=self._options.temperature,
-                                           ignore_eos=self._options.ignore_eos)
+        params = common_pb2.SamplingParams(max_tokens=request.output_len, temperature=0.0, ignore_eos=True)
         message = gateway_pb2.GenerateRequest(request_id=request_id, params=params)
         if request.prompt_token_ids is not None:
             message.prompt_token_ids.ids.extend(request.prompt_token_ids)
@@ -60,22 +57,18 @@ class GatewayClient:
             call.cancel()
 
     async def describe(self, request_ids: list[str]) -> dict | None:
-        in_flight = asyncio.Semaphore(NUM_DESCRIBE_IN_FLIGHT)
-
         async def one(request_id: str) -> gateway_pb2.RequestInfo | None:
-            async with in_flight:
-                try:
-                    return await self._stub.GetRequest(gateway_pb2.GetRequestRequest(request_id=request_id),
-                                                       timeout=RPC_TIMEOUT_S)
-                except grpc.aio.AioRpcError:
-                    return None
+            try:
+                return await self._stub.GetRequest(gateway_pb2.GetRequestRequest(request_id=request_id),
+                                                   timeout=RPC_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                return None  # expired or never stored: left out of the summary
 
         infos = [info for info in await asyncio.gather(*map(one, request_ids)) if info is not None]
         if not infos:
             return None
         kv_bytes, kv_s = sum(info.kv_bytes for info in infos), sum(info.kv_transfer_s for info in infos)
-        return {"num_described": len(infos),
-                "states": _count(gateway_pb2.RequestState, "REQUEST_STATE_", (info.state for info in infos)),
+        return {"states": _count(gateway_pb2.RequestState, "REQUEST_STATE_", (info.state for info in infos)),
                 "transports": _count(common_pb2.Transport, "TRANSPORT_", (info.transport for info in infos)),
                 "kv_bytes_per_request": kv_bytes / len(infos),
                 "kv_transfer_gb_per_s": kv_bytes / kv_s / 1e9 if kv_s > 0 else None}

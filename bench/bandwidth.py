@@ -1,10 +1,9 @@
 """How the micro-benchmarks time a call and what a device's memory delivers.
 
-A call's time is the best of its repeats after one untimed warm-up, the device synchronised
-after each on a GPU so that the clock covers the work, not its launch. Read bandwidth is a
-float32 sum over a buffer far larger than the caches, bytes read per second over a few
-back-to-back sums on the calling threads: what a kernel that only streams can get, rather
-than a datasheet peak, and the yardstick of every roofline here.
+A call's time is the best of its repeats after an untimed warm-up, synchronised on a GPU so the
+clock covers the work, not its launch. Read bandwidth is a float32 sum over a buffer far larger
+than the caches on the calling threads: what a kernel that only streams can get, the yardstick
+of every roofline here.
 """
 from __future__ import annotations
 
@@ -22,24 +21,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def best_s(fn: Callable[[], object], repeats: int, device: torch.device = CPU) -> float:
+def timed_s(fn: Callable[[], object], device: torch.device = CPU) -> float:
+    """One call's seconds, the device synchronised after it."""
+    start_s = time.perf_counter()
     fn()
     synchronize(device)
-    timings_s = []
-    for _ in range(repeats):
-        start_s = time.perf_counter()
-        fn()
-        synchronize(device)
-        timings_s.append(time.perf_counter() - start_s)
-    return min(timings_s)
+    return time.perf_counter() - start_s
+
+
+def best_s(fn: Callable[[], object], repeats: int, device: torch.device = CPU) -> float:
+    timed_s(fn, device)  # the warm-up
+    return min(timed_s(fn, device) for _ in range(repeats))
 
 
 def read_gbps(device: torch.device = CPU, num_iters: int = 5) -> float:
     buffer = torch.ones(READ_BUFFER_BYTES // 4, dtype=torch.float32, device=device)
-    buffer.sum()
-    synchronize(device)
-    start_s = time.perf_counter()
-    for _ in range(num_iters):
-        buffer.sum()
-    synchronize(device)
-    return READ_BUFFER_BYTES * num_iters / (time.perf_counter() - start_s) / 1e9
+    seconds = best_s(lambda: [buffer.sum() for _ in range(num_iters)], 1, device)
+    return READ_BUFFER_BYTES * num_iters / seconds / 1e9

@@ -1,8 +1,7 @@
 """`pdserve bench WORKLOAD`: the one way to start a measurement, or to redraw its report.
 
 Each workload is a module with `add_arguments(parser)` and `run(args)`, imported only when its
-own flags are parsed, so `pdserve bench --help` loads no torch. Results are JSON; the report layer
-(`report`) turns them into the markdown tables, the PNG plots and the headline's goals.
+own flags are parsed, so `pdserve bench --help` loads no torch.
 """
 from __future__ import annotations
 

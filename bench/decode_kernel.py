@@ -1,13 +1,9 @@
-"""The decode attention kernel against the torch reference, on one paged batch shape.
+"""The decode attention kernel (compiled on the CPU, Triton with `--device cuda`) against the
+torch reference on one random paged batch, its blocks scattered over the pool: checked to agree,
+then the best of `--repeats` for each and the kernel's GB/s of K and V against the read bandwidth
+(`bench.bandwidth`). Each of `--num-layers` layers has its own pool, all attended per repeat as a
+decode step does, so the reads come from memory rather than the caches.
 
-Not a test: it times both on the same random paged batch (blocks scattered over the pool, as a
-pool that has served a while holds them) and prints the best of `--repeats` for each, after
-checking they agree, with the GB/s of K and V each reaches against the device's read bandwidth
-(`bench.bandwidth`). On the CPU the kernel is the compiled one; with `--device cuda` the Triton
-one. `--num-layers` gives each layer a pool of its own and attends over every one per repeat, as
-a decode step does, so that the reads come from memory rather than the caches.
-
-    pdserve bench decode-kernel                                  # serving-like: 32 seqs, 129-256
     pdserve bench decode-kernel --dtype bfloat16 --num-layers 30 --num-kv-heads 3 --num-heads 9 \\
         --head-dim 64 --min-context 300 --max-context 560                # SmolLM2's decode step, batch 32
     pdserve bench decode-kernel --device cuda --dtype bfloat16 --num-seqs 64 --num-kv-heads 8 \\
@@ -25,26 +21,24 @@ from pdserve.kernels.reference import decode_attention_reference
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def random_batch(num_seqs, min_context, max_context, num_blocks, block_size, num_kv_heads, num_heads, head_dim,
-                 seed, dtype=torch.float32, num_layers=1, device=torch.device("cpu")):
-    """(query, [(k_cache, v_cache)] * num_layers, block_tables, context_lens, scale); num_blocks
-    None: twice the blocks the batch needs."""
-    generator = torch.Generator().manual_seed(seed)
-    context_lens = torch.randint(min_context, max_context + 1, (num_seqs,), generator=generator, dtype=torch.int32)
-    blocks_needed = [-(-context_len // block_size) for context_len in context_lens.tolist()]
-    num_blocks = num_blocks or 2 * sum(blocks_needed)
-    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+def random_batch(args: argparse.Namespace, dtype: torch.dtype, device: torch.device):
+    """(query, [(k_cache, v_cache)] * num_layers, block_tables, context_lens, scale); the pool holds
+    --num-blocks blocks, by default twice those the batch needs."""
+    generator = torch.Generator().manual_seed(args.seed)
+    context_lens = torch.randint(args.min_context, args.max_context + 1, (args.num_seqs,), generator=generator,
+                                 dtype=torch.int32)
+    blocks_needed = [-(-context_len // args.block_size) for context_len in context_lens.tolist()]
+    num_blocks = args.num_blocks or 2 * sum(blocks_needed)
+    cache_shape = (num_blocks, args.block_size, args.num_kv_heads, args.head_dim)
     caches = [tuple(torch.randn(cache_shape, generator=generator).to(device, dtype) for _ in range(2))
-              for _ in range(num_layers)]
-    max_blocks = -(-max_context // block_size)
-    block_tables = torch.full((num_seqs, max_blocks), -1, dtype=torch.int32)
-    free_blocks = torch.randperm(num_blocks, generator=generator)
-    used = 0
+              for _ in range(args.num_layers)]
+    block_tables = torch.full((args.num_seqs, -(-args.max_context // args.block_size)), -1, dtype=torch.int32)
+    free_blocks, used = torch.randperm(num_blocks, generator=generator), 0
     for seq, needed in enumerate(blocks_needed):
         block_tables[seq, :needed] = free_blocks[used:used + needed].to(torch.int32)
         used += needed
-    query = torch.randn((num_seqs, num_heads, head_dim), generator=generator).to(device, dtype)
-    return query, caches, block_tables.to(device), context_lens.to(device), head_dim ** -0.5
+    query = torch.randn((args.num_seqs, args.num_heads, args.head_dim), generator=generator).to(device, dtype)
+    return query, caches, block_tables.to(device), context_lens.to(device), args.head_dim ** -0.5
 
 
 def kernel(device: torch.device, dtype: torch.dtype):
@@ -61,28 +55,21 @@ def kernel(device: torch.device, dtype: torch.dtype):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (the compiled kernel) or cuda[:N] (the Triton one)")
-    parser.add_argument("--num-seqs", type=int, default=32)
-    parser.add_argument("--min-context", type=int, default=129)
-    parser.add_argument("--max-context", type=int, default=256)
-    parser.add_argument("--num-blocks", type=int, default=None, help="pool size (default: twice what the batch needs)")
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-kv-heads", type=int, default=4)
-    parser.add_argument("--num-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=32)
+    for flag, default in (("--num-seqs", 32), ("--min-context", 129), ("--max-context", 256), ("--block-size", 16),
+                          ("--num-kv-heads", 4), ("--num-heads", 8), ("--head-dim", 32), ("--repeats", 30),
+                          ("--seed", 0)):
+        parser.add_argument(flag, type=int, default=default)
+    parser.add_argument("--num-blocks", type=int, help="pool size (default: twice what the batch needs)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="of the query and the pool")
     parser.add_argument("--num-layers", type=int, default=1, help="pools attended per repeat, one per layer")
-    parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (the CPU kernel uses as many)")
-    parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     attend = kernel(device, dtype)
-    query, caches, *rest = random_batch(
-        args.num_seqs, args.min_context, args.max_context, args.num_blocks, args.block_size, args.num_kv_heads,
-        args.num_heads, args.head_dim, args.seed, dtype, args.num_layers, device)
+    query, caches, *rest = random_batch(args, dtype, device)
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(attend(query, *caches[0], *rest), decode_attention_reference(query, *caches[0], *rest),
                                atol=tolerance, rtol=tolerance)
@@ -91,14 +78,14 @@ def run(args: argparse.Namespace) -> int:
         for k_cache, v_cache in caches:
             fn(query, k_cache, v_cache, *rest)
 
-    compiled_ms = 1e3 * best_s(lambda: attend_all(attend), args.repeats, device)
+    kernel_ms = 1e3 * best_s(lambda: attend_all(attend), args.repeats, device)
     reference_ms = 1e3 * best_s(lambda: attend_all(decode_attention_reference), args.repeats, device)
     kv_gb = 2 * args.num_layers * int(rest[1].sum()) * args.num_kv_heads * args.head_dim * query.element_size() / 1e9
     gbps = read_gbps(device)
     print(f"{args.num_seqs} sequences, contexts {args.min_context}-{args.max_context}, {args.dtype}, "
           f"{args.num_layers} layer(s) on {device}, {args.threads} thread(s), best of {args.repeats}; "
           f"read bandwidth {gbps:.1f} GB/s")
-    print(f"kernel    {compiled_ms:7.3f} ms  ({kv_gb / compiled_ms * 1e3:.1f} GB/s of K and V, "
-          f"{kv_gb / compiled_ms * 1e3 / gbps:.0%} of the read bandwidth)")
-    print(f"reference {reference_ms:7.3f} ms  ({reference_ms / compiled_ms:.1f}x the kernel's time)")
+    print(f"kernel    {kernel_ms:7.3f} ms  ({kv_gb / kernel_ms * 1e3:.1f} GB/s of K and V, "
+          f"{kv_gb / kernel_ms * 1e3 / gbps:.0%} of the read bandwidth)")
+    print(f"reference {reference_ms:7.3f} ms  ({reference_ms / kernel_ms:.1f}x the kernel's time)")
     return 0

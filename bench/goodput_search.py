@@ -1,10 +1,8 @@
 """DistServe's goodput: the highest request rate at which enough requests meet every SLO.
 
-A point is one run at one rate; its attainment is the fraction of all its requests (failed ones
-count as missing) that met every SLO. The search first climbs the given rates in order and stops
-at the first that misses the target attainment, then bisects between the highest rate that met
-it and that first miss, `bisect_steps` times, each midpoint a run of its own.
-
+A point is one run at one rate; its attainment is the share of all its requests (failed ones
+missing) that met every SLO. The search climbs the rates in order to the first that misses the
+target, then bisects `bisect_steps` times between the highest rate met and that miss.
 Invariant: the goodput is the highest measured rate that met the target with every lower
 measured rate meeting it too, so one lucky run above a miss never raises it; None when even the
 lowest rate missed.
@@ -21,7 +19,7 @@ from pdserve.bench.records import RequestRecord
 @dataclass(frozen=True, slots=True)
 class Point:
     request_rate: float  # requests/s
-    attainment: float  # fraction of the run's requests that met every SLO
+    attainment: float
     figures: dict  # the run's summary: latencies, throughput, counts
 
 

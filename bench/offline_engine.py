@@ -3,14 +3,11 @@
     python -m pdserve.bench.offline_engine pdserve SPEC_JSON RESULT_JSON       (pdserve's python)
     PEER_SCRIPT python bench/offline_engine.py vllm SPEC_JSON RESULT_JSON      (the peer's)
 
-Reads the spec `bench.offline` writes (model, dtype, prompt token ids, output length, number of
-timed runs), generates every prompt once to warm up and then `num_timed_runs` times on the
-clock, greedy and ignoring EOS, and writes the result (seconds per timed run, token counts, the
-last run's output ids). vLLM runs with prefix caching off (every run redoes every prefill), and
-`max_model_len` and `gpu_memory_utilization` as the peer's server is given them (its default
-memory share fails on small CPU machines); its other settings are its defaults. It runs in the
-peer's interpreter, where pdserve is not installed, so this file imports nothing at its top but
-the standard library. Progress goes to stderr; the CPUs and thread counts are the parent's.
+Reads the spec `bench.offline` writes, generates every prompt once to warm up, then
+`num_timed_runs` times on the clock (greedy, ignoring EOS), and writes seconds per timed run,
+token counts and the last run's output ids. vLLM runs with prefix caching off and the peer
+server's memory settings. In the peer's interpreter pdserve is not installed: this file imports
+only the standard library at its top.
 """
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.4
 
 
 def pdserve_engine(spec: dict):
-    """(generate(prompts) -> outputs, what the result records of the engine)."""
+    """(generate(prompts) -> outputs, what the result records of the engine); so does vllm_engine."""
     import torch
 
     from pdserve.engine import LLM, SamplingParams
@@ -41,31 +38,25 @@ def vllm_engine(spec: dict):
     llm = vllm.LLM(model=spec["model"], dtype=spec["dtype"], enable_prefix_caching=False,
                    max_model_len=VLLM_MAX_MODEL_LEN, gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION, seed=0)
     params = vllm.SamplingParams(max_tokens=spec["output_len"], temperature=0.0, ignore_eos=True)
-    return (lambda prompts: llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
-                                         use_tqdm=True), {"version": vllm.__version__})
+    return (lambda prompts: llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params),
+            {"version": vllm.__version__})
 
 
 def main(engine: str, spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     generate, about = {"pdserve": pdserve_engine, "vllm": vllm_engine}[engine](spec)
     prompts = spec["prompt_token_ids"]
-    timed_s, outputs = [], []
+    run_s, outputs = [], []  # the warm-up's first
     for run in range(1 + spec["num_timed_runs"]):
-        name = "warm-up" if run == 0 else f"timed run {run}/{spec['num_timed_runs']}"
-        print(f"{engine} {spec['dtype']}: {name}", file=sys.stderr, flush=True)
         started_s = time.perf_counter()
         outputs = generate(prompts)
-        elapsed_s = time.perf_counter() - started_s
-        print(f"{engine} {spec['dtype']}: {name} took {elapsed_s:.2f} s", file=sys.stderr, flush=True)
-        if run:
-            timed_s.append(elapsed_s)
-    result = {
-        "engine": engine, **about, "timed_s": timed_s,
-        "num_prompt_tokens": sum(len(prompt) for prompt in prompts),
-        "num_output_tokens": sum(len(output.outputs[0].token_ids) for output in outputs),
-        "output_token_ids": [list(output.outputs[0].token_ids) for output in outputs],
-    }
-    Path(result_path).write_text(json.dumps(result))
+        run_s.append(time.perf_counter() - started_s)
+        name = "warm-up" if run == 0 else f"timed run {run}/{spec['num_timed_runs']}"
+        print(f"{engine} {spec['dtype']}: {name} took {run_s[-1]:.2f} s", file=sys.stderr, flush=True)
+    output_ids = [list(output.outputs[0].token_ids) for output in outputs]
+    Path(result_path).write_text(json.dumps({
+        "engine": engine, **about, "timed_s": run_s[1:], "num_prompt_tokens": sum(map(len, prompts)),
+        "num_output_tokens": sum(map(len, output_ids)), "output_token_ids": output_ids}))
     return 0
 
 

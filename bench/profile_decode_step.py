@@ -1,26 +1,21 @@
 """Where one decode step of the engine spends its time, against the step's memory roofline.
 
-    pdserve bench decode-step                           # SmolLM2, float32, batches 1, 8, 16
     pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,8,32 --threads 1
     pdserve bench decode-step --device cuda --model tiny --batch-sizes 1,32,64
 
-`--batch-sizes` sequences, each with a `--context-len`-token prompt, are prefilled, then
-`--steps` decode steps run through `LLMEngine.step` (scheduling, input preparation, the forward,
-the LM head, sampling, output processing). Each part is timed by wrapping it on this run's
-objects: the Linear layers (LM head apart), decode attention and KV writes inside the forward;
-"other in the forward" is the rest of it (norms, rope, activations, residual adds, Python and
-dispatch between them); "step bookkeeping" is the step less the runner.
-
-The roofline is what a step must read once, the weights (the LM head's too) and every
-sequence's K and V, divided by the device's read bandwidth (`bench.bandwidth`, on the same
-threads): a step can be no faster. On a GPU each timed part synchronises the device around it.
+`--batch-sizes` sequences of `--context-len` prompt tokens are prefilled, then `--steps` decode
+steps run through `LLMEngine.step`, each part timed by wrapping it on this run's objects (on a
+GPU synchronising around it): Linear layers (LM head apart), decode attention, KV writes; "other
+in the forward" is the rest of it, "step bookkeeping" the step less the runner. The roofline is
+what a step must read once, the weights and every sequence's K and V, divided by the device's
+read bandwidth (`bench.bandwidth`, on the same threads): a step can be no faster.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
 
 import torch
 
@@ -32,14 +27,14 @@ from pdserve.engine.llm_engine import LLMEngine
 
 
 class PartTimer:
+    """Seconds per part, summed over the calls of each method wrapped; `undo` unwraps them all."""
+
     def __init__(self, device: torch.device) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self._device = device
-        self._undo: list[Callable[[], None]] = []
+        self._device, self._undo = device, []
 
     def wrap(self, owner: object, attribute: str, part: str) -> None:
-        inner = getattr(owner, attribute)
-        had_own = attribute in vars(owner)
+        inner, had_own = getattr(owner, attribute), attribute in vars(owner)
 
         def timed(*args, **kwargs):
             synchronize(self._device)
@@ -78,56 +73,44 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
     start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}")
     model = engine.runner.model
     timer = PartTimer(engine.device)
-    timer.wrap(engine, "step", "step")
-    timer.wrap(engine.runner, "run", "runner")
-    timer.wrap(model, "forward", "forward")
-    timer.wrap(model, "compute_logits", "LM head")
-    timer.wrap(kernels, "decode_attention", "decode attention")
-    timer.wrap(kernels, "store_kv", "KV writes")
-    timer.wrap(PackedLinear if isinstance(model.lm_head, PackedLinear) else torch.nn.Linear, "forward", "linear")
+    linear = PackedLinear if isinstance(model.lm_head, PackedLinear) else torch.nn.Linear
+    for owner, attribute, part in ((engine, "step", "step"), (engine.runner, "run", "runner"),
+                                   (model, "forward", "forward"), (model, "compute_logits", "LM head"),
+                                   (kernels, "decode_attention", "decode attention"),
+                                   (kernels, "store_kv", "KV writes"), (linear, "forward", "linear")):
+        timer.wrap(owner, attribute, part)
     for _ in range(num_steps):
         engine.step()
     timer.undo()
     while engine.has_unfinished_requests():
         engine.step()
-    seconds = {part: value / num_steps for part, value in timer.seconds.items()}
-    seconds["linear"] -= seconds["LM head"]  # the LM head is a Linear layer too
+    ms = {part: 1e3 * value / num_steps for part, value in timer.seconds.items()}
+    ms["linear"] -= ms["LM head"]  # the LM head is a Linear layer too
     kv_bytes = batch_size * (context_len + num_steps / 2) * engine.kv_spec.bytes_per_block / engine.config.block_size
-    inner = seconds["linear"] + seconds["decode attention"] + seconds["KV writes"]
-    return {
-        "batch_size": batch_size, "step_ms": 1e3 * seconds["step"],
-        "parts_ms": {
-            "linear layers": 1e3 * seconds["linear"],
-            "decode attention": 1e3 * seconds["decode attention"],
-            "KV writes": 1e3 * seconds["KV writes"],
-            "other in the forward": 1e3 * (seconds["forward"] - inner),
-            "LM head (sampling rows)": 1e3 * seconds["LM head"],
-            "sampling and input preparation": 1e3 * (seconds["runner"] - seconds["forward"] - seconds["LM head"]),
-            "step bookkeeping": 1e3 * (seconds["step"] - seconds["runner"]),
-        },
-        "weight_mb": _weight_bytes(model) / 1e6, "kv_mb": kv_bytes / 1e6,
-        "roofline_ms": 1e3 * (_weight_bytes(model) + kv_bytes) / (gbps * 1e9),
-    }
+    parts_ms = {"linear layers": ms["linear"], "decode attention": ms["decode attention"], "KV writes": ms["KV writes"],
+                "other in the forward": ms["forward"] - ms["linear"] - ms["decode attention"] - ms["KV writes"],
+                "LM head (sampling rows)": ms["LM head"],
+                "sampling and input preparation": ms["runner"] - ms["forward"] - ms["LM head"],
+                "step bookkeeping": ms["step"] - ms["runner"]}
+    return {"batch_size": batch_size, "step_ms": ms["step"], "parts_ms": parts_ms,
+            "weight_mb": _weight_bytes(model) / 1e6, "kv_mb": kv_bytes / 1e6,
+            "roofline_ms": 1e3 * (_weight_bytes(model) + kv_bytes) / (gbps * 1e9)}
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a step reads: every parameter, and each packed Linear weight (the LM head included,
     even where it shares the embedding's values; the embedding itself is read a row per token)."""
-    packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
-    total = sum(m.in_features * m.out_features for m in packed) * _dtype_bytes(model)
     embedding = model.model.embed_tokens.weight
-    params = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
+    packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    total = sum(m.in_features * m.out_features for m in packed) * embedding.element_size()
+    total += sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
     if not packed:  # plain Linear layers are parameters already; a tied LM head reads the embedding once
-        params += embedding.numel() * embedding.element_size() * model.config.tie_word_embeddings
-    return total + params
-
-
-def _dtype_bytes(model: torch.nn.Module) -> int:
-    return model.model.embed_tokens.weight.element_size()
+        total += embedding.numel() * embedding.element_size() * model.config.tie_word_embeddings
+    return total
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="what `pdserve up --model` takes (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", help="what `pdserve up --model` takes (default: SmolLM2)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--batch-sizes", default="1,8,16")
@@ -137,8 +120,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from pdserve.checkpoints.model_ref import resolve_model
 
     if args.threads is not None:
@@ -148,9 +129,8 @@ def run(args: argparse.Namespace) -> int:
               enable_prefix_caching=False)
     gbps = read_gbps(llm.engine.device)
     print(f"{model_dir.name}, {args.dtype} on {args.device}, {torch.get_num_threads()} thread(s), "
-          f"context {args.context_len}, "
-          f"read bandwidth {gbps:.1f} GB/s")
-    for batch_size in (int(size) for size in args.batch_sizes.split(",")):
+          f"context {args.context_len}, read bandwidth {gbps:.1f} GB/s")
+    for batch_size in map(int, args.batch_sizes.split(",")):
         result = profile(llm, batch_size, args.context_len, args.steps, gbps)
         print(f"batch {batch_size}: step {result['step_ms']:.1f} ms; roofline {result['roofline_ms']:.1f} ms "
               f"(weights {result['weight_mb']:.0f} MB + KV {result['kv_mb']:.0f} MB), "

@@ -1,10 +1,10 @@
 """`pdserve bench report [RESULTS]`: every report redrawn from the result JSON, nothing measured.
 
-    RESULTS/*/goodput.json  ─▶ goodput.md, goodput.png           (bench.report_goodput)
-    RESULTS/*/offline.json  ─▶ offline.md                        (bench.report_offline)
-    RESULTS/*/<label>.json  ─▶ <label>.md, <label>_latency_cdf.png of `serve` runs (bench.report_serve)
-    RESULTS/headline.md     ─▶ BENCHMARKS.md's headline tables and goals (bench.report_headline);
-                               with --benchmarks FILE also written into FILE between its markers
+    RESULTS/*/goodput.json  ─▶ goodput.md, goodput.png                 (bench.report_goodput)
+    RESULTS/*/offline.json  ─▶ offline.md                              (bench.report_offline)
+    RESULTS/*/<label>.json  ─▶ <label>.md, <label>_latency_cdf.png     (bench.report_serve)
+    RESULTS/headline.md     ─▶ BENCHMARKS.md's headline and goals      (bench.report_headline),
+                               also written between the markers of --benchmarks FILE
 """
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ from pdserve.bench import report_goodput, report_headline, report_offline, repor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", type=Path, nargs="?", default=Path("bench/results"),
-                        help="the folder whose runs (one subfolder each) to report (default bench/results)")
-    parser.add_argument("--benchmarks", type=Path, metavar="FILE",
-                        help="also replace the headline between the markers of this file (BENCHMARKS.md)")
+    parser.add_argument("results", type=Path, nargs="?", default=Path("bench/results"), help="a folder of runs")
+    parser.add_argument("--benchmarks", type=Path, metavar="FILE", help="also write the headline into FILE")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,6 @@
-"""The report of a `pdserve bench goodput` run: goodput.md and goodput.png from goodput.json.
-
-A pure function of the JSON (`pdserve bench report` redraws them). The markdown states each system's goodput (the median over repeats, each repeat's beside it), its
-ratio to every other system's, and every measured point; the plot draws attainment against
-request rate, one line per system and repeat, with the target as a horizontal line.
+"""The report of a `pdserve bench goodput` run, a pure function of goodput.json: goodput.md (each
+system's goodput and ratios to the others', TTFT at idle, every point) and goodput.png
+(attainment against request rate, a line per system and repeat).
 """
 from __future__ import annotations
 
@@ -10,48 +8,60 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-JSON_NAME, MARKDOWN_NAME, PLOT_NAME = "goodput.json", "goodput.md", "goodput.png"
+JSON_NAME = "goodput.json"
+IDLE_COLUMNS = (("client_ttft_ms", "TTFT at the client"), ("server_ttft_ms", "TTFT at the server"),
+                ("server_queue_ms", "queue (to the prefilling engine)"),
+                ("server_prefill_ms", "prefill (to its first token)"),
+                ("kv_transfer_ms", "KV hand-off"), ("second_token_ms", "first to second token"))
+
+
+def measured(systems: dict) -> dict[str, dict]:
+    """The systems that ran, in the result's order."""
+    return {name: entry for name, entry in systems.items() if entry["status"] == "ok"}
+
+
+def slo_text(workload: dict) -> str:
+    return ", ".join(f"{key.upper()} ≤ {value:g} ms" for key, value in workload["slos_ms"].items())
+
+
+def ratio(value: float, other: float) -> str:
+    return f"{value / other:.2f}x" if other else ("—" if not value else "∞")
 
 
 def write_report(combined: dict, result_dir: Path) -> None:
-    (result_dir / MARKDOWN_NAME).write_text(render_markdown(combined))
-    plot_attainment(combined, result_dir / PLOT_NAME)
+    (result_dir / "goodput.md").write_text(render_markdown(combined))
+    plot_attainment(combined, result_dir / "goodput.png")
 
 
 def render_markdown(combined: dict) -> str:
     workload, systems = combined["workload"], combined["systems"]
-    slos = ", ".join(f"{key.upper()} ≤ {value:g} ms" for key, value in workload["slos_ms"].items())
+    names = list(measured(systems))
     lines = [
-        f"# Goodput: {combined['model']['dir']}, {workload['dtype']}",
-        "",
+        f"# Goodput: {combined['model']['dir']}, {workload['dtype']}", "",
         f"Goodput: the highest request rate at which at least {workload['target_attainment']:.0%} of requests meet "
-        f"{slos}. Workload: {workload['dataset']} prompts ({workload['input_len']} ± "
+        f"{slo_text(workload)}. Workload: {workload['dataset']} prompts ({workload['input_len']} ± "
         f"{workload['range_ratio']:.0%}), {workload['output_len']} output tokens, Poisson arrivals, "
         f"at each rate at least {workload['num_prompts']} requests and {workload['duration_s']:g} s of arrivals, "
         f"fresh prompts each time; {workload['repeats']} search(es) a system. "
         f"Servers on CPUs {combined['pinning']['server_cpus']}, client on {combined['pinning']['client_cpus']}; "
-        f"{combined['date']}.",
-        "",
-        "| system | goodput (req/s) | per repeat | " + " | ".join(f"÷ {name}" for name in _measured(systems)) + " |",
-        "|---|---|---|" + "---|" * len(_measured(systems)),
-    ]
+        f"{combined['date']}.", "",
+        "| system | goodput (req/s) | per repeat | " + " | ".join(f"÷ {name}" for name in names) + " |",
+        "|---|---|---|" + "---|" * len(names)]
     for name, entry in systems.items():
         if entry["status"] != "ok":
             lines.append(f"| {name} | {entry['status']}: {entry['reason'].splitlines()[0][:120]} | | "
-                         + "| " * len(_measured(systems)))
+                         + "| " * len(names))
             continue
-        ratios = [_ratio(entry["goodput"], systems[other]["goodput"]) for other in _measured(systems)]
         per_repeat = ", ".join(_bound(search["goodput"] or 0.0, search["at_least"]) for search in entry["repeats"])
         lines.append(f"| {name} | {_bound(entry['goodput'], entry['at_least'])} | {per_repeat} | "
-                     + " | ".join(ratios) + " |")
+                     + " | ".join(ratio(entry["goodput"], systems[other]["goodput"]) for other in names) + " |")
     lines += _idle_table(systems)
     lines += ["", "A goodput of 0: even the lowest rate missed the target; ≥ R: the highest rate measured, R, met it "
               "(so a ratio involving it is a bound, not a measure).", ""]
-    for name in _measured(systems):
+    for name in names:
         lines += [f"## {name}", "", systems[name]["description"], "",
                   "| repeat | rate (req/s) | met SLOs | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | ITL p99 / max (ms) "
-                  "| output tok/s | failed |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| output tok/s | failed |", "|---|---|---|---|---|---|---|---|"]
         for repeat, search in enumerate(systems[name]["repeats"]):
             for point in sorted(search["points"], key=lambda point: point["request_rate"]):
                 f = point["figures"]
@@ -64,12 +74,11 @@ def render_markdown(combined: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_attainment(combined: dict, path: Path) -> Path:
+def plot_attainment(combined: dict, path: Path) -> None:
     workload = combined["workload"]
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     axes = figure.subplots()
-    for color, name in enumerate(_measured(combined["systems"])):
-        entry = combined["systems"][name]
+    for color, (name, entry) in enumerate(measured(combined["systems"]).items()):
         for repeat, search in enumerate(entry["repeats"]):
             points = sorted(search["points"], key=lambda point: point["request_rate"])
             axes.plot([p["request_rate"] for p in points], [100 * p["attainment"] for p in points], marker="o",
@@ -79,21 +88,14 @@ def plot_attainment(combined: dict, path: Path) -> Path:
     axes.set(xlabel="request rate (req/s)", ylabel="requests meeting every SLO (%)", ylim=(-2, 102))
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    slos = ", ".join(f"{key.upper()} ≤ {value:g} ms" for key, value in workload["slos_ms"].items())
-    figure.suptitle(f"{combined['model']['dir']}, {workload['dtype']}\nrequests meeting {slos}", fontsize=10)
+    figure.suptitle(f"{combined['model']['dir']}, {workload['dtype']}\nrequests meeting {slo_text(workload)}",
+                    fontsize=10)
     figure.savefig(path, dpi=100)
-    return path
-
-
-IDLE_COLUMNS = (("client_ttft_ms", "TTFT at the client"), ("server_ttft_ms", "TTFT at the server"),
-                ("server_queue_ms", "queue (to the prefilling engine)"),
-                ("server_prefill_ms", "prefill (to its first token)"),
-                ("kv_transfer_ms", "KV hand-off"), ("second_token_ms", "first to second token"))
 
 
 def _idle_table(systems: dict) -> list[str]:
     """Means in ms over requests sent one at a time; "—" where a server does not report a part."""
-    rows = [(name, systems[name]["idle"]) for name in _measured(systems) if systems[name].get("idle")]
+    rows = [(name, entry["idle"]) for name, entry in measured(systems).items() if entry.get("idle")]
     if not rows:
         return []
     lines = ["", "At idle (one request at a time, means in ms; the server's parts from its /metrics):", "",
@@ -107,12 +109,3 @@ def _idle_table(systems: dict) -> list[str]:
 
 def _bound(goodput: float, at_least: bool) -> str:
     return f"≥ {goodput:g}" if at_least else f"{goodput:g}"
-
-
-def _measured(systems: dict) -> list[str]:
-    return [name for name, entry in systems.items() if entry["status"] == "ok"]
-
-
-def _ratio(value: float, other: float) -> str:
-    return f"{value / other:.2f}x" if other else ("—" if not value else "∞")
-

@@ -1,10 +1,8 @@
 """The server's own figures over a run, from its Prometheus `/metrics` endpoint.
 
-Scraped once before the run and once after it. Every series whose name starts with one of
-`PREFIXES` (pdserve's, vLLM's, llama.cpp's) is collected without knowing names in advance: a
-counter as its increase over the run; a histogram or summary as the increase of its count and
-sum, and the mean of what was observed during the run. A failed scrape is recorded, never
-raised: the server's figures are extra, the run goes on.
+Scraped before and after the run: every series named with one of `PREFIXES` (pdserve's, vLLM's,
+llama.cpp's), a counter as its increase, a histogram or summary as the increase of its count and
+sum and the mean observed. A failed scrape is recorded, never raised: the run goes on.
 """
 from __future__ import annotations
 
@@ -31,20 +29,15 @@ def parse_exposition(text: str) -> Snapshot:
         if not family.name.startswith(PREFIXES):
             continue
         for sample in family.samples:
+            labels = ",".join(f'{label}="{value}"' for label, value in sorted(sample.labels.items()))
             if family.type == "counter" and sample.name.endswith("_total"):
-                snapshot.counters[_key(sample.name, sample.labels)] = sample.value
+                snapshot.counters[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
             elif family.type in ("histogram", "summary") and sample.name.endswith(("_count", "_sum")):
-                key = _key(family.name, sample.labels)
+                key = f"{family.name}{{{labels}}}" if labels else family.name
                 count, total = snapshot.histograms.get(key, (0.0, 0.0))
-                snapshot.histograms[key] = (sample.value, total) if sample.name.endswith("_count") else (count,
-                                                                                                         sample.value)
+                is_count = sample.name.endswith("_count")
+                snapshot.histograms[key] = (sample.value if is_count else count, total if is_count else sample.value)
     return snapshot
-
-
-def _key(name: str, labels: dict[str, str]) -> str:
-    if not labels:
-        return name
-    return name + "{" + ",".join(f'{label}="{value}"' for label, value in sorted(labels.items())) + "}"
 
 
 def summarise(before: Snapshot, after: Snapshot) -> dict:

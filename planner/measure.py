@@ -1,28 +1,22 @@
 """Engine step times on this device: prefill against batch tokens, decode against batch and context.
 
-Measured on the engine itself (`LLMEngine`, one process, its own scheduler and model runner), as
-a prefill or decode replica runs it: random prompt ids, greedy, no EOS, prefix caching off so
-every prompt is computed in full. Each point is the median of `repeats` timed steps after one
-untimed warm-up step. A prefill point is one step over `num_seqs` prompts of one length (all
-inside the token budget); a decode point is a step of `num_seqs` running requests of one context
-length, set up as `pdserve bench decode-step` sets its batch up (`start_decode_batch`: the first
-prompts decode while the last are prefilled, so each may take as many tokens as its context
-leaves) and timed with every request still running, its context the tokens the batch holds then.
-KV transfer is a block copy between two pools in this process, the copy the shared-memory
-transport makes.
+Measured on `LLMEngine` as a replica runs it (random prompts, greedy, no EOS, no prefix caching),
+each point the median of `repeats` timed steps after a warm-up one: a prefill point one step over
+`num_seqs` prompts of one length; a decode point one of `num_seqs` running requests of one
+context length, set up as `pdserve bench decode-step` does (`start_decode_batch`). KV transfer is
+a block copy between two pools, the copy the shared-memory transport makes.
 """
 from __future__ import annotations
 
 import random
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from pdserve.bench.bandwidth import synchronize
+from pdserve.bench.bandwidth import timed_s
 from pdserve.bench.machine import machine_summary
 from pdserve.bench.profile_decode_step import start_decode_batch
 from pdserve.engine.engine_config import EngineConfig
@@ -50,8 +44,8 @@ class MeasureConfig:
     repeats: int = 5
 
     def decode_slack(self, num_seqs: int, context_len: int) -> int:
-        """Output tokens a decode point's requests may take: one per step while the batch is
-        prefilled (chunked under the token budget), the warm-up step and the timed ones, one to spare."""
+        """Output tokens a decode point's requests may take: a step each while the batch prefills,
+        the warm-up and timed steps, one to spare."""
         return -(-num_seqs * context_len // self.max_num_batched_tokens) + self.repeats + 3
 
 
@@ -71,14 +65,12 @@ def measure_profile(config: MeasureConfig) -> Profile:
     decode_points = [(n, length) for length in config.decode_context_lens for n in config.decode_num_seqs
                      if fits(n, length)]
     with tqdm(total=len(prefill_points) + len(decode_points), desc="profile", unit="point") as bar:
-        prefill_samples = []
-        for num_seqs, prompt_len in prefill_points:
-            prefill_samples.append(PrefillSample(num_seqs, prompt_len, _prefill_step_s(engine, num_seqs, prompt_len,
-                                                                                       config.repeats)))
+        prefill_samples, decode_samples = [], []
+        for n, length in prefill_points:
+            prefill_samples.append(PrefillSample(n, length, _prefill_step_s(engine, n, length, config.repeats)))
             bar.update(1)
-        decode_samples = []
-        for num_seqs, context_len in decode_points:
-            decode_samples.append(_decode_sample(engine, config, num_seqs, context_len))
+        for n, length in decode_points:
+            decode_samples.append(_decode_sample(engine, config, n, length))
             bar.update(1)
     spec = engine.kv_spec
     device_name = (torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda"
@@ -96,15 +88,7 @@ def measure_profile(config: MeasureConfig) -> Profile:
         prefill_samples=prefill_samples, decode_samples=decode_samples)
 
 
-def _timed_s(engine: LLMEngine, fn) -> float:
-    start_s = time.perf_counter()
-    fn()
-    synchronize(engine.device)
-    return time.perf_counter() - start_s
-
-
 def _prefill_step_s(engine: LLMEngine, num_seqs: int, prompt_len: int, repeats: int) -> float:
-    """The median of `repeats` timed steps, after an untimed warm-up one."""
     generator = torch.Generator().manual_seed(prompt_len)
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     timings_s = []
@@ -112,20 +96,19 @@ def _prefill_step_s(engine: LLMEngine, num_seqs: int, prompt_len: int, repeats: 
         for i in range(num_seqs):
             prompt = torch.randint(0, engine.model_config.vocab_size, (prompt_len,), generator=generator).tolist()
             engine.add_request(f"prefill-{num_seqs}x{prompt_len}-{repeat}-{i}", prompt, params)
-        timings_s.append(_timed_s(engine, engine.step))
+        timings_s.append(timed_s(engine.step, engine.device))
         while engine.has_unfinished_requests():
             engine.step()
     return statistics.median(timings_s[1:])
 
 
 def _decode_sample(engine: LLMEngine, config: MeasureConfig, num_seqs: int, context_len: int) -> DecodeSample:
-    """The median of `repeats` timed steps after an untimed warm-up one, at the tokens the batch
-    held when they began."""
+    """At the tokens the batch held when the timed steps began."""
     request_ids = start_decode_batch(engine, num_seqs, context_len, config.decode_slack(num_seqs, context_len),
                                      f"decode-{num_seqs}x{context_len}")
     running = engine.scheduler.running
     num_context_tokens = sum(request.num_tokens for request in running)
-    timings_s = [_timed_s(engine, engine.step) for _ in range(config.repeats + 1)]
+    timings_s = [timed_s(engine.step, engine.device) for _ in range(config.repeats + 1)]
     if len(running) != num_seqs:
         raise RuntimeError(f"decode point {num_seqs} x {context_len}: {len(running)} requests running, not all")
     for request_id in request_ids:
@@ -138,6 +121,6 @@ def _transfer_gb_per_s(engine: LLMEngine, config: MeasureConfig) -> float:
     num_blocks = -(-config.transfer_num_tokens // spec.block_size)
     src, dst = spec.allocate(num_blocks, engine.device), spec.allocate(2 * num_blocks, engine.device)
     dst_ids = random.Random(0).sample(range(2 * num_blocks), num_blocks)
-    timings_s = [_timed_s(engine, lambda: copy_blocks(dst, dst_ids, src, list(range(num_blocks))))
+    timings_s = [timed_s(lambda: copy_blocks(dst, dst_ids, src, list(range(num_blocks))), engine.device)
                  for _ in range(config.repeats + 1)]
     return num_blocks * spec.bytes_per_block / statistics.median(timings_s[1:]) / 1e9

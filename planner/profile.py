@@ -1,19 +1,16 @@
 """A measured profile of one model on one device: step-time fits, KV size, transfer bandwidth.
 
-Invariant: every figure here was measured (engine steps and a KV block copy timed on the device),
-and `fit_linear` only turns samples into coefficients; nothing is tuned to a benchmark the
-planner is later checked against. Step times are linear models:
+Invariant: every figure here was measured on the device, and `fit_linear` only turns samples into
+coefficients; nothing is tuned to a benchmark the planner is later checked against. Step times:
 
     prefill step_s = intercept_s + per_token_s * batch_tokens
                      + per_attention_pair_s * sum(chunk_len * (chunk_start + chunk_len))
     decode step_s  = intercept_s + per_seq_s * num_seqs + per_context_token_s * context_tokens
 
 Fits minimise relative error (each sample's row is divided by its time), so short steps count as
-much as long ones, and coefficients are kept non-negative (a term whose weight comes out negative
-is dropped and the rest refitted): a fit never predicts a step faster with more work.
-
-A profile is read only at its own `SCHEMA_VERSION`: an older one was measured for another model
-of serving, whose figures mean other things, and is profiled again rather than converted.
+much as long ones, and keep coefficients non-negative (a term whose weight comes out negative is
+dropped and the rest refitted): a fit never predicts a step faster with more work. A profile is
+read only at its own `SCHEMA_VERSION`: an older one's figures mean other things.
 """
 from __future__ import annotations
 
@@ -52,14 +49,6 @@ class PrefillSample:
     prompt_len: int  # every prompt of the batch has this length
     step_s: float  # median of the timed repeats
 
-    @property
-    def num_tokens(self) -> int:
-        return self.num_seqs * self.prompt_len
-
-    @property
-    def num_attention_pairs(self) -> int:
-        return self.num_seqs * self.prompt_len ** 2
-
 
 @dataclass(frozen=True, slots=True)
 class DecodeSample:
@@ -81,8 +70,8 @@ class PrefillFit:
 
     @staticmethod
     def fit(samples: list[PrefillSample]) -> PrefillFit:
-        return PrefillFit(*fit_linear(
-            [[1.0, s.num_tokens, s.num_attention_pairs] for s in samples], [s.step_s for s in samples]))
+        return PrefillFit(*fit_linear([[1.0, s.num_seqs * s.prompt_len, s.num_seqs * s.prompt_len ** 2]
+                                       for s in samples], [s.step_s for s in samples]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,18 +114,11 @@ class Profile:
         return path
 
     @staticmethod
-    def from_json_dict(data: dict) -> Profile:
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"profile schema {data.get('schema_version')!r}, expected {SCHEMA_VERSION}: "
-                             "an earlier planner's profile; make a new one with `pdserve plan profile`")
-        return Profile(
-            hardware=data["hardware"], model=data["model"], max_num_batched_tokens=data["max_num_batched_tokens"],
-            max_num_seqs=data["max_num_seqs"], kv_bytes_per_token=data["kv_bytes_per_token"],
-            transfer_gb_per_s=data["transfer_gb_per_s"], prefill=PrefillFit(**data["prefill"]),
-            decode=DecodeFit(**data["decode"]),
-            prefill_samples=[PrefillSample(**s) for s in data["prefill_samples"]],
-            decode_samples=[DecodeSample(**s) for s in data["decode_samples"]])
-
-    @staticmethod
     def load(path: Path) -> Profile:
-        return Profile.from_json_dict(json.loads(Path(path).read_text()))
+        data = json.loads(Path(path).read_text())
+        if (version := data.pop("schema_version", None)) != SCHEMA_VERSION:
+            raise ValueError(f"profile schema {version!r}, expected {SCHEMA_VERSION}: an earlier planner's profile; "
+                             "make a new one with `pdserve plan profile`")
+        return Profile(**{**data, "prefill": PrefillFit(**data["prefill"]), "decode": DecodeFit(**data["decode"]),
+                          "prefill_samples": [PrefillSample(**s) for s in data["prefill_samples"]],
+                          "decode_samples": [DecodeSample(**s) for s in data["decode_samples"]]})

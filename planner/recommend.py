@@ -1,17 +1,14 @@
-"""Which xPyD split of a GPU budget serves a workload best: every split simulated, one picked.
-
-At the workload's rate every split of the budget serves the same requests, so the pick is the
-split with the highest SLO attainment (the share of requests within both SLOs); among splits
-within `ATTAINMENT_TIE` of it, the one with the lowest sum of p90 TTFT and p90 TPOT as shares of
-their SLOs, then fewer prefill servers. The rate is the fleet's total.
+"""Which xPyD split of a GPU budget serves a workload best: every split simulated on the same
+requests at the fleet's total rate, the pick the highest SLO attainment; among splits within
+`ATTAINMENT_TIE` of it, the lowest p90 TTFT plus p90 TPOT as shares of their SLOs, then fewer
+prefill servers.
 """
 from __future__ import annotations
 
 from tqdm import tqdm
 
 from pdserve.planner.profile import Profile
-from pdserve.planner.simulate import XpYd, simulate
-from pdserve.planner.workload import Workload
+from pdserve.planner.simulate import Workload, XpYd, simulate
 
 ATTAINMENT_TIE = 0.005  # absolute
 

@@ -1,7 +1,4 @@
-"""Markdown tables of simulations and fleet sweeps and the fleet plot, from their JSON form.
-
-Plots use `matplotlib.figure.Figure` directly, as bench's reports do: no pyplot state.
-"""
+"""Markdown tables of simulations and fleet sweeps, and the fleet plot (`Figure`, never pyplot)."""
 from __future__ import annotations
 
 from pathlib import Path

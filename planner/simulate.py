@@ -11,26 +11,56 @@
             ─▶ decode pending ─▶ joins the running batch at the next step boundary
             ─▶ one token per running request per step; the last one ends the request
 
-A step takes its profile's fit: the engine's time alone, none of the serving path's (gateway,
-RPCs, streaming). Each request ends as a `bench.records.RequestRecord`, so a simulated run's
-figures are `pdserve bench`'s own (`bench.metrics`).
-
+A step takes its profile's fit, the engine's time alone (no gateway, RPCs or streaming). The trace
+comes from `bench.datasets` (a `Workload`), so it is the one `pdserve bench serve` sends with the
+same flags; each request ends as a `bench.records.RequestRecord`, summed up by `bench.metrics`.
 Invariant: the simulation is a pure function of (profile, config, requests): no clock, no
 randomness; events at the same instant run in the order they were scheduled.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
+import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from pdserve.bench.datasets import arrival_offsets_s, make_dataset
 from pdserve.bench.goodput_search import attainment
 from pdserve.bench.metrics import compute_metrics
 from pdserve.bench.records import RequestRecord
 from pdserve.planner.profile import Profile
-from pdserve.planner.workload import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    request_rate: float  # requests/s; inf sends every request at once
+    num_requests: int
+    input_len: int
+    output_len: int
+    range_ratio: float = 0.0
+    dataset: str = "random"  # one of bench.datasets.DATASET_KINDS
+    seed: int = 0
+
+    def requests(self) -> list[SimRequest]:
+        dataset = make_dataset(self.dataset, num_prompts=self.num_requests, seed=self.seed, input_len=self.input_len,
+                               output_len=self.output_len, range_ratio=self.range_ratio, vocab_size=2)
+        offsets_s = arrival_offsets_s(self.num_requests, self.request_rate, self.seed)
+        return [SimRequest(offset_s, len(request.prompt_token_ids), request.output_len)
+                for offset_s, request in zip(offsets_s, dataset)]
+
+    def to_dict(self) -> dict:
+        rate = "inf" if math.isinf(self.request_rate) else self.request_rate
+        return {**dataclasses.asdict(self), "request_rate": rate}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +72,11 @@ class XpYd:
         if self.num_prefill < 1 or self.num_decode < 1:
             raise ValueError(f"need at least one prefill and one decode server, got {self}")
 
-    @property
-    def num_gpus(self) -> int:
-        return self.num_prefill + self.num_decode
-
     def __str__(self) -> str:
         return f"{self.num_prefill}P{self.num_decode}D"
 
     @staticmethod
-    def parse(text: str) -> XpYd:
-        """`XpYd.parse("2P6D")`, case and spaces aside."""
+    def parse(text: str) -> XpYd:  # "2P6D", case and spaces aside
         match = re.fullmatch(r"(\d+)P(\d+)D", text.strip(), flags=re.IGNORECASE)
         if not match:
             raise ValueError(f"expected xPyD such as 1P1D, got {text!r}")
@@ -79,8 +104,7 @@ class _Server:
 
 class Simulation:
     def __init__(self, profile: Profile, config: XpYd):
-        self.profile = profile
-        self.config = config
+        self.profile, self.config = profile, config
 
     def run(self, requests: list[SimRequest]) -> list[RequestRecord]:
         """Every request's record, in the order given; `start_s` is its arrival."""

@@ -2,12 +2,11 @@
 
     python scripts/generate_protos.py [OUT_ROOT]    # `make protos`; OUT_ROOT: protos/
 
-Writes OUT_ROOT/pdserve/v1/: per proto a `*_pb2.py`, a `*_pb2.pyi` and a `*_pb2_grpc.py`, and
-an `__init__.py`. Every generated file is replaced, so a deleted proto leaves no module behind.
-The folder installs as the package `pdserve.v1` (pyproject.toml maps it): the protos' own package
-name, and a leaf that the lowest layers (kvtransfer, cluster) may import.
-The output is committed: a wheel, an sdist or `pip install git+...` then carries it with no
-build step, and tests/packaging/test_generated_code.py fails once it no longer matches the protos.
+Writes OUT_ROOT/pdserve/v1/: per proto a `*_pb2.py`, a `*_pb2.pyi` and a `*_pb2_grpc.py`, and an
+`__init__.py`, replacing every generated file, so a deleted proto leaves no module behind. The
+output is committed (a wheel or `pip install git+...` carries it with no build step) and installs
+as the package `pdserve.v1`; tests/packaging/test_generated_code.py fails once it no longer
+matches the protos.
 """
 from __future__ import annotations
 
@@ -33,10 +32,8 @@ def generate(out_root: Path) -> Path:
     for path in generated_files(package_dir):
         path.unlink()
     protos = sorted(str(path.relative_to(PROTO_ROOT)) for path in (PROTO_ROOT / PACKAGE).glob("*.proto"))
-    subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", f"--python_out={out_root}",
-         f"--pyi_out={out_root}", f"--grpc_python_out={out_root}", *protos],
-        cwd=PROTO_ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", f"--python_out={out_root}",
+                    f"--pyi_out={out_root}", f"--grpc_python_out={out_root}", *protos], cwd=PROTO_ROOT, check=True)
     (package_dir / "__init__.py").write_text(INIT_TEXT)
     return package_dir
 

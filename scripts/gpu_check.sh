@@ -1,14 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one run of at most 8 minutes, on a GPU machine with this repository and a
 # python3 (3.11+): `scripts/gpu_check.sh`, OUT=DIR for the logs (default ./gpu_check_out),
-# GPU_CHECK_PYTHON=.venv/bin/python for an interpreter set up already (no env step).
-#   env       a venv under $OUT seeing the machine's packages; `pip install .[test,gpu]` (PyPI:
-#             torch's CUDA build, cupy-cuda13x) only if one of them is missing
-#   versions  python, torch and its CUDA, triton, cupy, the GPUs
-#   kernels   tests/kernels compiled for the GPU (TRITON_INTERPRET=0)
-#   engine    tests/gpu: warm-up, device guard (2 GPUs), `pdserve up --device cuda` greedy
-#   bandwidth, roofline, ipc_same_gpu, ipc_cross_gpu (2 GPUs): `pdserve bench` decode-kernel,
-#             decode-step and kv-transfer on the GPU
+# GPU_CHECK_PYTHON=.venv/bin/python for an interpreter set up already (no env step). The steps:
+# env (a venv under $OUT seeing the machine's packages, `pip install .[test,gpu]` only if one is
+# missing), versions, kernels (tests/kernels compiled for the GPU), engine (tests/gpu), then
+# `pdserve bench` decode-kernel, decode-step and kv-transfer on the GPU (across two where there are).
 # Each step runs under its own timeout within the overall one, its output in $OUT/STEP.log; a
 # line per step (step, status, seconds) goes to $OUT/status.tsv. Exit 0 unless a step FAILs.
 set -uo pipefail

@@ -64,6 +64,6 @@ def test_streams_are_timed_and_the_request_store_is_summed_up():
     assert (short.success, short.prompt_len, short.output_len) == (True, 5, 2)
     assert sorted(gateway.prompts.values()) == [[0, 1], [5, 6, 7], [9] * 5]  # ids sent, not text
     assert result.server == {"requests": {
-        "num_described": 2, "states": {"finished": 2}, "transports": {"shm": 2},
+        "states": {"finished": 2}, "transports": {"shm": 2},
         "kv_bytes_per_request": 2_000_000, "kv_transfer_gb_per_s": 2.0}}
     assert result.to_json_dict()["backend"] == "grpc"

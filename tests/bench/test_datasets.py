@@ -19,20 +19,17 @@ def test_random_lengths_stay_within_the_range_ratio():
     assert all(0 <= token_id < 1000 for request in requests for token_id in request.prompt_token_ids)
 
 
-def test_zero_range_ratio_gives_exact_lengths_and_a_shared_prefix():
-    requests = make_dataset("random", num_prompts=10, seed=0, input_len=32, output_len=7, prefix_len=16,
-                            vocab_size=500)
-    assert {len(request.prompt_token_ids) for request in requests} == {16 + 32}
+def test_zero_range_ratio_gives_exact_lengths_and_distinct_prompts():
+    requests = make_dataset("random", num_prompts=10, seed=0, input_len=32, output_len=7, vocab_size=500)
+    assert {len(request.prompt_token_ids) for request in requests} == {32}
     assert {request.output_len for request in requests} == {7}
-    prefixes = {tuple(request.prompt_token_ids[:16]) for request in requests}
-    assert len(prefixes) == 1
-    assert len({tuple(request.prompt_token_ids[16:]) for request in requests}) == 10
+    assert len({tuple(request.prompt_token_ids) for request in requests}) == 10
 
 
 def test_same_seed_same_dataset():
     def make(seed):
         return make_dataset("random", num_prompts=30, seed=seed, input_len=20, output_len=5, range_ratio=0.3,
-                            prefix_len=4, vocab_size=300)
+                            vocab_size=300)
 
     assert make(5) == make(5)
     assert make(5) != make(6)

@@ -3,7 +3,7 @@ comes from, and that failures and deadlines become failed records instead of err
 import asyncio
 
 from pdserve.bench.records import StreamPiece
-from pdserve.bench.timing import time_stream
+from pdserve.bench.records import time_stream
 
 
 async def stream(*pieces, pause_s=0.01, fail=None):

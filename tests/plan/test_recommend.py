@@ -1,7 +1,7 @@
 """The split recommendation: every split of a budget scored at the fleet's rate, one picked."""
 from pdserve.planner.recommend import pick, sweep_splits
 from pdserve.planner.report import fleet_markdown
-from pdserve.planner.workload import Workload
+from pdserve.planner.simulate import Workload
 
 from tests.plan.profiles import make_profile
 

@@ -5,8 +5,7 @@ import pytest
 
 from pdserve.bench.metrics import tpot_s
 from pdserve.planner.profile import DecodeFit, PrefillFit
-from pdserve.planner.simulate import Simulation, XpYd, simulate
-from pdserve.planner.workload import SimRequest, Workload
+from pdserve.planner.simulate import SimRequest, Simulation, Workload, XpYd, simulate
 
 from tests.plan.profiles import make_profile
 
@@ -108,7 +107,7 @@ def test_the_simulation_is_a_pure_function_of_its_inputs():
 def test_a_configuration_needs_both_kinds_of_server():
     with pytest.raises(ValueError):
         XpYd(0, 2)
-    assert str(XpYd(3, 5)) == "3P5D" and XpYd(3, 5).num_gpus == 8
+    assert str(XpYd(3, 5)) == "3P5D" and XpYd.parse(" 3p5d") == XpYd(3, 5)
 
 
 def test_a_busy_decode_reserves_for_a_new_request_when_its_step_ends():
