@@ -5,9 +5,11 @@ The engine's own flags are engine/engine_args.py; this package never imports the
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 
 from pdserve.checkpoints.model_ref import MODEL_HELP
 from pdserve.cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
@@ -90,6 +92,14 @@ def served_model_name(args: argparse.Namespace) -> str:
 
 def replica_id_from(args: argparse.Namespace, kind: str) -> str:
     return args.replica_id or f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def run_service(args: argparse.Namespace, name: str, serve: Callable[[argparse.Namespace], Awaitable[None]]) -> int:
+    """A service command's body: logging named `name`, the model resolved, `serve(args)` until it
+    returns. Exit status 0."""
+    configure_logging(args.log_level, name)
+    asyncio.run(serve(with_resolved_model(args)))
+    return 0
 
 
 def configure_logging(level: str, name: str) -> None:

@@ -6,8 +6,7 @@ import asyncio
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
-from pdserve.cluster.service_args import (add_replica_arguments, configure_logging, served_model_name,
-                                          with_resolved_model)
+from pdserve.cluster.service_args import add_replica_arguments, run_service, served_model_name
 from pdserve.decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from pdserve.decode_svc.service import DecodeService
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
@@ -30,10 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level, "decode")
-    bind_cpus(args.cpus)
-    asyncio.run(serve(with_resolved_model(args)))
-    return 0
+    bind_cpus(args.cpus)  # before any thread starts
+    return run_service(args, "decode", serve)
 
 
 async def serve(args: argparse.Namespace) -> None:

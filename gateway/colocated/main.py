@@ -8,8 +8,8 @@ import argparse
 import asyncio
 import time
 
-from pdserve.cluster.service_args import (add_model_argument, add_served_model_name_argument, configure_logging,
-                                          served_model_name, with_resolved_model)
+from pdserve.cluster.service_args import (add_model_argument, add_served_model_name_argument, run_service,
+                                          served_model_name)
 from pdserve.cluster.startup_log import log_loading, log_ready
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
@@ -34,10 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level, "serve")
-    bind_cpus(args.cpus)
-    asyncio.run(serve(with_resolved_model(args)))
-    return 0
+    bind_cpus(args.cpus)  # before any thread starts
+    return run_service(args, "serve", serve)
 
 
 def publish_load(metrics: GatewayMetrics, load: dict[str, int]) -> None:

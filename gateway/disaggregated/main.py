@@ -16,8 +16,8 @@ from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import LiveReplicas
 from pdserve.cluster.routing_policies import ROUTING_POLICIES
 from pdserve.cluster.service_args import (add_internal_auth_arguments, add_model_argument, add_redis_url_argument,
-                                          add_served_model_name_argument, configure_logging, internal_auth_from,
-                                          served_model_name, with_resolved_model)
+                                          add_served_model_name_argument, internal_auth_from, run_service,
+                                          served_model_name)
 from pdserve.gateway.disaggregated.frontend import DisaggregatedConfig, DisaggregatedFrontend
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
 from pdserve.gateway.disaggregated.request_store import RequestStore
@@ -59,9 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level, "gateway")
-    asyncio.run(serve(with_resolved_model(args)))
-    return 0
+    return run_service(args, "gateway", serve)
 
 
 async def serve(args: argparse.Namespace) -> None:
