@@ -1,7 +1,7 @@
 """The test tiers, as pyproject.toml declares them, and the two rules that follow from them.
 
 A tier is a marker of [tool.pytest.ini_options] whose description starts with "(tier)" (e2e,
-faults, redis, packaging, deploy, real_model); that list is the one place tiers are named.
+faults, redis, packaging, deploy, real_model, gpu); that list is the one place tiers are named.
 
 `pytest --fast` (`make test`) deselects every test that carries a tier marker: what is left is
 the fast tier. A test that starts `pdserve up|serve|prefill|decode|gateway` or a
@@ -10,8 +10,8 @@ plugin (registered by tests/conftest.py) fails such a test at the start, naming 
 every tier.
 
 It sees what the pytest process itself starts through subprocess (asyncio's subprocesses
-included), not what those children start in turn: a script that launches `pdserve up` itself,
-as scripts/gpu_up_check.py does, still needs its marker set by hand.
+included), not what those children start in turn: a test that runs a script which launches
+`pdserve up` itself still needs its marker set by hand.
 """
 from __future__ import annotations
 
