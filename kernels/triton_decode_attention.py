@@ -16,9 +16,9 @@ Splits that start past a sequence's context write nothing. Pass 2 runs one progr
 
 How pass 1 is launched (tokens per split and per tile, warps, pipeline stages) is a
 `DecodeLaunch`; serving launches `DecodeLaunch()`. Its figures are Triton's default warps and
-stages and the split and tile rules below, not yet chosen by a measured sweep:
-`scripts/decode_launch_sweep.py` times the candidates on a GPU at serving's shapes, and its
-winner belongs here, with the GPU and the figures it was measured on.
+stages and the split and tile rules below, not yet chosen by a measured sweep on a GPU at
+serving's shapes (a sweep script of the candidates is in git history at `a63e1e0`); its winner
+belongs here, with the GPU and the figures it was measured on.
 """
 import math
 from dataclasses import dataclass
