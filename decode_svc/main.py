@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
@@ -13,6 +14,7 @@ from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_c
 from pdserve.kvtransfer.receiver import KVReceiver
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
+DEFAULT_MAX_STEP_MS = 100.0
 SERVICE_NAMES = [
     decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name,
     kv_transfer_pb2.DESCRIPTOR.services_by_name["KVTransfer"].full_name,
@@ -24,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--reservation-timeout-s", type=float, default=30.0,
                         help="release reserved KV blocks that receive no KV (or no generate command) in time")
+    parser.add_argument("--max-step-ms", type=float, default=DEFAULT_MAX_STEP_MS,
+                        help="prompts prefilled here (a gateway's choice) go in chunks sized so that an engine "
+                             f"step lasts at most this, keeping the running streams' inter-token latency "
+                             f"(default {DEFAULT_MAX_STEP_MS:g})")
     parser.add_argument("--max-reserved-fraction-per-caller", type=_fraction, default=0.5,
                         help="share of the KV pool one caller (gateway) may hold in reservations not yet joined")
 
@@ -38,7 +44,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     def build(replica_id: str, endpoint: str, auth: InternalAuth) -> DecodeReplica:
         return DecodeReplica(DecodeReplicaConfig(
-            engine=engine_config_from(args, detokenize=False), replica_id=replica_id, kv_endpoint=endpoint,
+            engine=dataclasses.replace(engine_config_from(args, detokenize=False), max_step_ms=args.max_step_ms),
+            replica_id=replica_id, kv_endpoint=endpoint,
             reservation_timeout_s=args.reservation_timeout_s,
             max_reserved_fraction_per_caller=args.max_reserved_fraction_per_caller), loop)
 

@@ -76,8 +76,11 @@ def _generate(session: DecodeSession, request: decode_pb2.DecodeRequest) -> None
         session.abort(request.request_id)  # gives back its reservation
         session.refuse(request.request_id, exc)
         return
-    session.generate(request.request_id, list(request.prompt_token_ids), list(request.output_token_ids),
-                     request.first_token_id, params, request.seed)
+    prompt_ids, output_ids = list(request.prompt_token_ids), list(request.output_token_ids)
+    if request.prefill_here:
+        session.prefill_here(request.request_id, prompt_ids, output_ids, params, request.seed)
+    else:
+        session.generate(request.request_id, prompt_ids, output_ids, request.first_token_id, params, request.seed)
 
 
 def _request_output(entry: GroupEntry) -> decode_pb2.DecodeRequestOutput:

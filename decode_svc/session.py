@@ -4,6 +4,10 @@
                    │
                    └──(abort command, or the session closes)──▶ aborted in the engine: gone
 
+A generate command either joins a landed reservation (`generate`) or brings a prompt the replica
+prefills itself (`prefill_here`: no reservation; its prompt is computed in chunks between decode
+steps, and its first token comes in its outputs like the rest).
+
 A request is a member of the session from its generate command until its last entry is read,
 an abort command, or the session's close; closing aborts every member, so their blocks come
 back. A command that cannot be served fails its request only (a `RequestFailure` entry): the
@@ -60,10 +64,22 @@ class DecodeSession:
             self.refuse(request_id, ReservationError(
                 f"request {request_id}: KV of {num_landed} tokens, {reservation.num_prompt_tokens} reserved"))
             return
+        self._join(request_id, lambda engine: engine.add_prefilled_request(
+            request_id, prompt_ids, first_token_id, params, seed, output_ids))
+
+    def prefill_here(self, request_id: str, prompt_ids: list[int], output_ids: list[int], params: SamplingParams,
+                     seed: int) -> None:
+        """Queues the request's prompt (and a resumed request's `output_ids`) to be prefilled here;
+        its first token is the one after them."""
+        if self._closed:
+            return
+        self._join(request_id, lambda engine: engine.add_request(
+            request_id, prompt_ids, params, seed=seed, output_token_ids=output_ids))
+
+    def _join(self, request_id: str, add) -> None:
         self._request_ids.add(request_id)
         self._engine.join_group(request_id, self._group)
-        added = self._engine.call(lambda engine: engine.add_prefilled_request(
-            request_id, prompt_ids, first_token_id, params, seed, output_ids))
+        added = self._engine.call(add)
         added.add_done_callback(lambda future: self._on_added(request_id, future))
 
     def refuse(self, request_id: str, error: Exception) -> None:

@@ -28,6 +28,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max positions
     detokenize: bool = True  # False: emit token ids only; stop strings are the caller's job
     enable_prefix_caching: bool = True  # reuse the KV of full blocks of a prefix seen before
+    max_step_ms: float | None = None  # prompt chunks sized so a step lasts this long (engine.step_budget)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -36,6 +37,8 @@ class EngineConfig:
             raise InvalidConfigError("give num_gpu_blocks or kv_cache_bytes, not both")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise InvalidConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_step_ms is not None and self.max_step_ms <= 0:
+            raise InvalidConfigError(f"max_step_ms must be > 0, got {self.max_step_ms}")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -20,6 +20,7 @@ Not thread-safe: one thread drives it (see `AsyncEngine`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ from pdserve.engine.model_runner import ModelRunner, ModelRunnerOutput
 from pdserve.engine.output_processor import OutputProcessor
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.scheduler import Scheduler, SchedulerOutput
+from pdserve.engine.step_budget import StepBudget
 from pdserve.engine.warm_up import warm_up
 from pdserve.engine.weights import load_model
 from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
@@ -67,6 +69,9 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks(model)
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
+        self.step_budget = None  # prompt chunks bounded by tokens alone
+        if config.max_step_ms is not None:
+            self.step_budget = StepBudget(config.max_step_ms / 1e3, config.max_num_batched_tokens)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
         self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
@@ -191,8 +196,12 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestOutput]:
-        output = self.scheduler.schedule()
+        budget = self.step_budget
+        output = self.scheduler.schedule(budget.prompt_tokens(len(self.scheduler.running)) if budget else None)
+        started_s = time.perf_counter()
         result = self.runner.run(output, self._layer_hook(output))
+        if budget is not None:
+            budget.observe(output.num_decode_chunks, output.num_prompt_tokens, time.perf_counter() - started_s)
         return self._update(output, result)
 
     def _layer_hook(self, output: SchedulerOutput) -> Callable[[int], None] | None:

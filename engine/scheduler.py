@@ -1,6 +1,8 @@
 """Continuous-batching scheduler: pure policy over requests and the block allocator.
 
-Every step spends a token budget (`max_num_batched_tokens`):
+Every step spends a token budget (`max_num_batched_tokens`), of which prompt chunks may take at
+most `max_prompt_tokens` when the caller gives one (engine.step_budget: chunks sized to a step
+time):
 1. Running requests, oldest first, each get the tokens they still need (one for a request that
    is generating, a chunk of the prompt for one still prefilling). If the pool cannot hold a
    request's new tokens, the newest running request is preempted (its blocks freed, to be
@@ -48,6 +50,10 @@ class SchedulerOutput:
     def num_decode_chunks(self) -> int:
         return sum(1 for chunk in self.chunks if chunk.num_new_tokens == 1)
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(chunk.num_new_tokens for chunk in self.chunks if chunk.num_new_tokens > 1)
+
 
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_num_batched_tokens: int, max_num_seqs: int):
@@ -70,15 +76,19 @@ class Scheduler:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_prompt_tokens: int | None = None) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
+        prompt_budget = budget if max_prompt_tokens is None else max_prompt_tokens
         chunks: list[ScheduledChunk] = []
         preempted = False
 
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = _chunk_size(request.num_tokens - request.num_computed_tokens, budget, prompt_budget)
+            if num_new == 0:  # a prompt, and this step's prompt budget is spent
+                index += 1
+                continue
             end = request.num_computed_tokens + num_new
             while not self.allocator.can_allocate(request.request_id, end):
                 victim = self.running.pop()
@@ -89,14 +99,15 @@ class Scheduler:
             else:
                 chunks.append(self._take(request, num_new))
                 budget -= num_new
+                prompt_budget -= num_new if num_new > 1 else 0
                 index += 1
 
-        while (not preempted and self.waiting and budget > 0
+        while (not preempted and self.waiting and budget > 0 and prompt_budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting[0]
             prefix = self.cached_prefix(request)
             start = max(request.num_computed_tokens, len(prefix) * self.allocator.block_size)
-            num_new = min(request.num_tokens - start, budget)
+            num_new = _chunk_size(request.num_tokens - start, budget, prompt_budget)
             if not self.allocator.can_allocate(request.request_id, start + num_new, prefix):
                 break
             self.waiting.popleft()
@@ -107,6 +118,7 @@ class Scheduler:
             request.num_computed_tokens = start
             chunks.append(self._take(request, num_new, prefix))
             budget -= num_new
+            prompt_budget -= num_new
 
         chunks.sort(key=lambda chunk: chunk.num_new_tokens != 1)
         departed, self._departed = self._departed, []
@@ -168,3 +180,11 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
+
+
+def _chunk_size(num_left: int, budget: int, prompt_budget: int) -> int:
+    """Tokens to compute this step for a request with `num_left` to go: one for a decode, a
+    chunk of the prompt within both budgets for a prompt."""
+    if num_left <= 1:
+        return min(num_left, budget)
+    return max(0, min(num_left, budget, prompt_budget))

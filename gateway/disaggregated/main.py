@@ -19,6 +19,8 @@ from pdserve.cluster.service_args import (add_internal_auth_arguments, add_model
                                           add_served_model_name_argument, internal_auth_from, run_service,
                                           served_model_name)
 from pdserve.gateway.disaggregated.frontend import DisaggregatedConfig, DisaggregatedFrontend
+from pdserve.gateway.disaggregated.prefill_line import ORDERS
+from pdserve.gateway.disaggregated.prefill_placement import PLACEMENTS
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
 from pdserve.gateway.disaggregated.request_store import RequestStore
 from pdserve.gateway.front.admission import Admission
@@ -52,6 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",
                         help="cache-aware: weigh the prompt tokens a replica holds cached against its load; "
                              "load: load alone")
+    parser.add_argument("--ttft-slo-s", type=float, default=2.0,
+                        help="the time-to-first-token target: prompts wait in the gateway's line in this order "
+                             "(--line-order) and a prefill replica is given at most half of it in queued work")
+    parser.add_argument("--line-order", choices=ORDERS, default="slo",
+                        help="slo: those that can still meet --ttft-slo-s first, earliest deadline first, the late "
+                             "ones after; fifo: arrival order")
+    parser.add_argument("--prefill-placement", choices=PLACEMENTS, default="auto",
+                        help="auto: on a prefill replica, or on the decode replica itself when that is expected "
+                             "to be sooner (a short prompt, a busy prefill side, a prefix it holds cached); "
+                             "remote, local: always there")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     add_front_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -73,7 +85,9 @@ async def serve(args: argparse.Namespace) -> None:
     prompts = PromptBuilder(tokenizer, args.model, limits.vocab_size, limits.max_model_len)
     frontend = DisaggregatedFrontend(
         DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
-                            migration_limit=args.migration_limit, internal_auth=internal_auth),
+                            migration_limit=args.migration_limit, internal_auth=internal_auth,
+                            ttft_slo_s=args.ttft_slo_s, line_order=args.line_order,
+                            prefill_placement=args.prefill_placement),
         prompts, LiveReplicas(redis, internal_auth.secret), RequestStore(redis, ttl_s=args.request_ttl_s), metrics,
         PrefixAffinity(PrefixDigests(redis) if args.routing == "cache-aware" else None))
 

@@ -54,15 +54,17 @@ class DecodeClient:
             raise _backend_error(self.replica_id, exc) from exc
 
     def generate(self, request_id: str, prompt_ids: list[int], output_ids: list[int], params: SamplingParams,
-                 seed: int, first_token_id: int) -> AsyncIterator[DecodeStep]:
+                 seed: int, first_token_id: int | None) -> AsyncIterator[DecodeStep]:
         """The tokens after `first_token_id` (which follows `output_ids`, empty unless the request
-        was resumed), step by step; closing the iterator early aborts the request on the replica.
-        Raises SessionBrokenError when the session breaks under it."""
+        was resumed), step by step; with `first_token_id` None the replica prefills prompt and
+        `output_ids` itself, and the first step brings the token after them. Closing the iterator
+        early aborts the request on the replica. Raises SessionBrokenError when the session
+        breaks under it."""
         if self._session is None or self._session.broken:
             self._session = DecodeSession(self.replica_id, self._stub)
         request = decode_pb2.DecodeRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
-            first_token_id=first_token_id, output_token_ids=output_ids)
+            first_token_id=first_token_id or 0, output_token_ids=output_ids, prefill_here=first_token_id is None)
         return self._session.generate(request, self._timeouts.token_s, self._timeouts.request_s)
 
     async def abort(self, request_id: str) -> None:

@@ -2,17 +2,22 @@
 (gateway.front.request_state):
 
     1. record the request in Redis                                          state QUEUED
-    2. route: the frontend picks a decode and a prefill replica and a transport (`Route`)
-    3. Decode.Reserve → KVTarget (blocks reserved on D)                      state PREFILLING
-    4. Prefill.Run(prompt, KVTarget): first token streams back at once      state TRANSFERRING
+    2. route: waits in the gateway's line until the frontend places it: a decode replica, a
+       prefill replica and a transport, and the blocks reserved on D (Decode.Reserve → KVTarget)
+       right before the prompt goes to prefill (`Route`)                    state PREFILLING
+    3. Prefill.Run(prompt, KVTarget): first token streams back at once      state TRANSFERRING
        and P pushes the KV into D's blocks; the call ends when D has it
-    5. generate(first token) on D's session: the rest, one message per step  state DECODING
-    6. detokenize incrementally, check stop strings, stream chunks          state FINISHED
+    4. generate(first token) on D's session: the rest, one message per step  state DECODING
+    5. detokenize incrementally, check stop strings, stream chunks          state FINISHED
 
-Prefill (first token) and decode (the rest) say when a token ends the request, so step 5 is
-skipped when the first token already did. The replica clients own the wire.
+Prefill (first token) and decode (the rest) say when a token ends the request, so step 4 is
+skipped when the first token already did. When the frontend places the prefill on the decode
+replica itself (`Route.prefill` is None), step 3 is skipped: step 4 sends the prompt, and the
+first token comes in D's outputs like the rest. Either way the route's `ticket` is done at the
+first token (or at the attempt's end), which tells the frontend what the prefill cost. The
+replica clients own the wire.
 
-When a replica goes away under the request (gateway.disaggregated.migration), steps 2-5 run again on the
+When a replica goes away under the request (gateway.disaggregated.migration), steps 2-4 run again on the
 replicas left, with prompt + the tokens streamed so far: prefill computes their KV and samples
 the next token, decode carries on after it, and the client's stream goes on as if nothing
 happened. Each such attempt has its own request id on the replicas, so nothing left of an
@@ -41,16 +46,18 @@ from pdserve.cluster.redis_client import StateStoreUnavailableError
 from pdserve.gateway.disaggregated.backend_errors import BackendError
 from pdserve.gateway.disaggregated.completion_text import CompletionText, SampledToken
 from pdserve.gateway.disaggregated.migration import Migrations
+from pdserve.gateway.disaggregated.prefill_placement import PrefillTicket
 from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillClient
 from pdserve.gateway.disaggregated.request_store import RequestNotFoundError, RequestStore
 from pdserve.gateway.front.frontend_types import StreamChunk
 from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
-from pdserve.gateway.front.request_state import RequestState
+from pdserve.gateway.front.request_state import LOCAL_PREFILL, RequestState
 from pdserve.gateway.front.run_to_end import run_to_end
 from pdserve.protocol.errors import AbortedError, IllegalTransitionError
 from pdserve.protocol.request_checks import draw_seed
 from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.protocol.transport_choice import transport_name
+from pdserve.v1 import kv_transfer_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +68,28 @@ terminal record."""
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """The replicas and transport of one attempt at a request."""
+    """Where one attempt at a request runs."""
 
     decode: DecodeClient
-    prefill: PrefillClient
-    transport: int  # common_pb2.Transport
+    prefill: PrefillClient | None  # None: the decode replica prefills the prompt itself
+    transport: int  # common_pb2.Transport; unset for a local prefill
+    target: kv_transfer_pb2.KVTarget | None  # the blocks reserved on decode, for a remote prefill
+    ticket: PrefillTicket
+
+    @property
+    def prefill_replica_id(self) -> str:
+        return self.decode.replica_id if self.prefill is None else self.prefill.replica_id
+
+    @property
+    def transport_text(self) -> str:
+        return LOCAL_PREFILL if self.prefill is None else transport_name(self.transport)
 
 
 class DisaggregatedRequest:
     """One request while the gateway drives it: the order of its states, and its abort flag."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, text: CompletionText,
-                 route: Callable[[list[int], set[str]], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics,
+                 route: Callable[[str, list[int], set[str], float], Awaitable[Route]], store: RequestStore, metrics: GatewayMetrics,
                  migrations: Migrations, owner: str = ""):
         self.request_id = request_id
         self.owner = owner  # the caller's fingerprint (gateway.front.api_keys), kept in its record
@@ -137,24 +154,61 @@ class DisaggregatedRequest:
                 await self._migrate(exc, failed_replica_id)
 
     async def _attempt(self) -> AsyncIterator[StreamChunk]:
-        """Steps 2-5 from the tokens streamed so far (none on the first attempt) to the end."""
+        """Steps 2-4 from the tokens streamed so far (none on the first attempt) to the end."""
         request_id, prompt_ids, output_ids = self._replica_request_id, self.prompt_ids, list(self.text.token_ids)
-        token_ids = prompt_ids + output_ids
-        route = self._route = await self._find_route(token_ids, self._migrations.excluded_replica_ids)
-        target = await route.decode.reserve(request_id, token_ids, route.transport)
-        await self._enter(RequestState.PREFILLING, prefill_replica=route.prefill.replica_id,
-                          decode_replica=route.decode.replica_id, transport=transport_name(route.transport))
-        if self._timeline.scheduled_s is None:
-            self._timeline.scheduled_s = time.monotonic()
-        prefill = route.prefill.run(request_id, prompt_ids, output_ids, self.params, self.seed, target)
+        route = self._route = await self._find_route(request_id, prompt_ids + output_ids,
+                                                     self._migrations.excluded_replica_ids, self._started_s)
+        try:
+            await self._enter(RequestState.PREFILLING, prefill_replica=route.prefill_replica_id,
+                              decode_replica=route.decode.replica_id, transport=route.transport_text)
+            if self._timeline.scheduled_s is None:
+                self._timeline.scheduled_s = time.monotonic()
+            first_token_id = None
+            if route.prefill is not None:
+                async with contextlib.aclosing(self._prefill_remotely(route)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                if self.text.finished:
+                    await self._abort_on_replicas()  # releases the reservation no token will use
+                    await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+                    return
+                first_token_id = self.text.token_ids[-1]
+                await self._enter(RequestState.DECODING)
+
+            steps = route.decode.generate(request_id, prompt_ids, output_ids, self.params, self.seed, first_token_id)
+            async with contextlib.aclosing(steps):  # after a stop string, closing aborts on decode
+                async for step in steps:
+                    for token in step.tokens:
+                        if first_token_id is None:  # prefilled here: this is the first token
+                            first_token_id = token.token_id
+                            route.ticket.done(first_token=True)
+                            yield self._accept_first(token, resumed=bool(output_ids))
+                            await self._enter(RequestState.DECODING)
+                        else:
+                            chunk = self._accept(token)
+                            self._metrics.on_token(self._last_itl_s)
+                            yield chunk
+                        if self.text.finished:
+                            break
+                    if self.text.finished:
+                        break
+        finally:
+            route.ticket.done(first_token=False)
+        if not self.text.finished:
+            raise BackendError(grpc.StatusCode.INTERNAL,
+                               f"decode replica {route.decode.replica_id} ended the stream before the request finished")
+        self._metrics.on_preemptions(step.num_preemptions)
+        await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+
+    async def _prefill_remotely(self, route: Route) -> AsyncIterator[StreamChunk]:
+        """Step 3: the first token from the prefill replica, then its KV pushed to decode."""
+        output_ids = list(self.text.token_ids)
+        prefill = route.prefill.run(self._replica_request_id, self.prompt_ids, output_ids, self.params, self.seed,
+                                    route.target)
         try:
             first = await prefill.first_token()
-            chunk = self._accept(first)
-            if output_ids:
-                self._metrics.on_token(self._last_itl_s)
-            else:
-                self._metrics.on_first_token(self._last_token_s - self._started_s)
-            yield chunk
+            route.ticket.done(first_token=True)
+            yield self._accept_first(first, resumed=bool(output_ids))
             await self._enter(RequestState.TRANSFERRING)
             done = await prefill.transfer_done()
         except BaseException:
@@ -163,28 +217,15 @@ class DisaggregatedRequest:
         self._metrics.on_kv_transfer(done.transport, done.num_bytes, done.seconds)
         await self._record_in_flight(self._store.update(self.request_id, kv_bytes=done.num_bytes,
                                                         kv_transfer_s=done.seconds), "its KV transfer")
-        if self.text.finished:
-            await self._abort_on_replicas()  # releases the reservation no token will use
-            await self._end(RequestState.FINISHED, self.text.finish_reason, "")
-            return
 
-        await self._enter(RequestState.DECODING)
-        steps = route.decode.generate(request_id, prompt_ids, output_ids, self.params, self.seed, first.token_id)
-        async with contextlib.aclosing(steps):  # after a stop string, closing aborts on decode
-            async for step in steps:
-                for token in step.tokens:
-                    chunk = self._accept(token)
-                    self._metrics.on_token(self._last_itl_s)
-                    yield chunk
-                    if self.text.finished:
-                        break
-                if self.text.finished:
-                    break
-        if not self.text.finished:
-            raise BackendError(grpc.StatusCode.INTERNAL,
-                               f"decode replica {route.decode.replica_id} ended the stream before the request finished")
-        self._metrics.on_preemptions(step.num_preemptions)
-        await self._end(RequestState.FINISHED, self.text.finish_reason, "")
+    def _accept_first(self, token: SampledToken, resumed: bool) -> StreamChunk:
+        """The first token of an attempt: the request's first, or the next one of a resumed request."""
+        chunk = self._accept(token)
+        if resumed:
+            self._metrics.on_token(self._last_itl_s)
+        else:
+            self._metrics.on_first_token(self._last_token_s - self._started_s)
+        return chunk
 
     async def _migrate(self, error: BackendError, failed_replica_id: str) -> None:
         """Gives back what the failed attempt holds and readies the next, or raises past the limit."""
@@ -251,7 +292,8 @@ class DisaggregatedRequest:
         if self._route is None:
             return
         request_id = self._replica_request_id
-        replicas = [r for r in (self._route.decode, self._route.prefill) if r.replica_id != gone_replica_id]
+        replicas = [r for r in (self._route.decode, self._route.prefill)
+                    if r is not None and r.replica_id != gone_replica_id]
         results = await asyncio.gather(*(r.abort(request_id) for r in replicas), return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):

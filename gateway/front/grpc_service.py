@@ -26,7 +26,7 @@ from pdserve.gateway.front.admission import Admission, OverloadedError
 from pdserve.gateway.front.api_keys import ApiKeys
 from pdserve.gateway.front.frontend import Frontend
 from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk
-from pdserve.gateway.front.request_state import RequestNotFoundError, RequestRecord
+from pdserve.gateway.front.request_state import LOCAL_PREFILL, RequestNotFoundError, RequestRecord
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -102,7 +102,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             request_id=record.request_id, state=record.state.value,
             history=[gateway_pb2.StateChange(state=state.value, time_unix_s=unix_s) for state, unix_s in record.history],
             prefill_replica=record.prefill_replica, decode_replica=record.decode_replica,
-            transport=_transport_number(record.transport), prompt_tokens=record.prompt_tokens,
+            transport=_transport_number(record.transport), local_prefill=record.transport == LOCAL_PREFILL,
+            prompt_tokens=record.prompt_tokens,
             completion_tokens=record.completion_tokens, error=record.error, kv_bytes=record.kv_bytes,
             kv_transfer_s=record.kv_transfer_s)
 

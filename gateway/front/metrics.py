@@ -96,6 +96,9 @@ class GatewayMetrics:
             "request_migrations", "Times a request moved off a replica that went away, by the replica's kind.",
             model + ("reason",)
         )
+        self._prefill_placements = counter(
+            "prefill_placements", "Prompts prefilled, by where: a prefill replica (remote) or the decode replica (local).",
+            model + ("where",))
         self._ttft_s = histogram(
             "time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS_S
         )
@@ -208,6 +211,10 @@ class GatewayMetrics:
         if reason not in MIGRATION_REASONS:
             raise ValueError(f"migration reason {reason!r} is not one of {MIGRATION_REASONS}")
         self._migrations.labels(self._model_name, reason).inc()
+
+    def on_prefill_placed(self, where: str) -> None:
+        """`where`: "remote" or "local"."""
+        self._prefill_placements.labels(self._model_name, where).inc()
 
     def on_kv_transfer(self, transport: str, num_bytes: int, seconds: float) -> None:
         self._kv_bytes.labels(self._model_name, transport).inc(num_bytes)

@@ -2,7 +2,8 @@
 record a client reads back (GetRequest).
 
     QUEUED ──▶ PREFILLING ──▶ TRANSFERRING ──▶ DECODING ──▶ FINISHED
-                   │               │
+                   │               │                ▲
+                   │               │                └── PREFILLING  (prefilled on the decode replica: no transfer)
                    └───────────────┴──▶ FINISHED   (first token is EOS, or max_tokens is 1)
 
     PREFILLING | TRANSFERRING | DECODING ──▶ PREFILLING   (migrated: prefilled again, elsewhere)
@@ -39,7 +40,8 @@ _TERMINAL = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState
 _ENDINGS = frozenset({RequestState.ABORTED, RequestState.FAILED})
 _ALLOWED = {
     RequestState.QUEUED: {RequestState.PREFILLING} | _ENDINGS,
-    RequestState.PREFILLING: {RequestState.PREFILLING, RequestState.TRANSFERRING, RequestState.FINISHED} | _ENDINGS,
+    RequestState.PREFILLING: {RequestState.PREFILLING, RequestState.TRANSFERRING, RequestState.DECODING,
+                              RequestState.FINISHED} | _ENDINGS,
     RequestState.TRANSFERRING: {RequestState.PREFILLING, RequestState.DECODING, RequestState.FINISHED} | _ENDINGS,
     RequestState.DECODING: {RequestState.PREFILLING, RequestState.FINISHED} | _ENDINGS,
 }
@@ -50,6 +52,10 @@ def transition(current: RequestState, to: RequestState) -> RequestState:
     if to not in _ALLOWED.get(current, ()):
         raise IllegalTransitionError(f"{current.name} -> {to.name}")
     return to
+
+
+LOCAL_PREFILL = "local"
+"""A record's transport when its decode replica prefilled it: no KV moved."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from pdserve.gateway.disaggregated.completion_text import CompletionText, Sample
 from pdserve.gateway.front.frontend_types import UnavailableError
 from pdserve.gateway.disaggregated.decode_session import DecodeStep
 from pdserve.gateway.disaggregated.backend_errors import SessionBrokenError
+from pdserve.gateway.disaggregated.prefill_placement import PrefillLedger, PrefillTicket, Where
 from pdserve.gateway.disaggregated.request import DisaggregatedRequest, Route
 from pdserve.gateway.front.metrics import GatewayMetrics
 from pdserve.gateway.disaggregated.migration import MigrationLimitError, Migrations
@@ -77,6 +78,7 @@ class FakeDecode:
         self.replica_id = replica_id
         self.generated = self.stream_closed = self.aborted = False
         self.reserved = []  # (request id, token ids) of each reservation
+        self.first_token_ids = []  # of each generate: None when it prefills the prompt itself
 
     async def reserve(self, request_id, token_ids, transport):
         self.reserved.append((request_id, token_ids))
@@ -84,6 +86,7 @@ class FakeDecode:
 
     async def generate(self, request_id, prompt_ids, output_ids, params, seed, first_token_id):
         self.generated = True
+        self.first_token_ids.append(first_token_id)
         try:
             for step in self.steps:
                 yield step
@@ -105,16 +108,21 @@ def steps(*tokens: SampledToken) -> list[DecodeStep]:
 
 
 def make_request(tokenizer, decode, prefill, store, migration_limit=3, **params) -> DisaggregatedRequest:
-    """A request routed to `decode` and `prefill`, or, if they are lists, to the first of each
-    that has not been excluded."""
+    """A request routed to `decode` and `prefill` (None: prefilled on decode), or, if they are
+    lists, to the first of each that has not been excluded."""
     decodes, prefills = (r if isinstance(r, list) else [r] for r in (decode, prefill))
+    ledger = PrefillLedger()
 
-    async def route(token_ids, excluded_replica_ids):
+    async def route(request_id, token_ids, excluded_replica_ids, arrival_s):
         live_decodes = [d for d in decodes if d.replica_id not in excluded_replica_ids]
-        live_prefills = [p for p in prefills if p.replica_id not in excluded_replica_ids]
+        live_prefills = [p for p in prefills if p is None or p.replica_id not in excluded_replica_ids]
         if not live_decodes or not live_prefills:
             raise UnavailableError("no live replica")
-        return Route(live_decodes[0], live_prefills[0], common_pb2.TRANSPORT_SHM)
+        decode, prefill = live_decodes[0], live_prefills[0]
+        where = Where.LOCAL if prefill is None else Where.REMOTE
+        ticket = PrefillTicket(ledger, ledger.send(where, decode.replica_id, len(token_ids)), lambda: None)
+        target = None if prefill is None else await decode.reserve(request_id, token_ids, common_pb2.TRANSPORT_SHM)
+        return Route(decode, prefill, common_pb2.TRANSPORT_SHM, target, ticket)
 
     sampling = SamplingParams(**params)
     prompt_ids = tokenizer.encode("prompt", add_special_tokens=False)
@@ -133,6 +141,15 @@ def test_decode_streams_until_its_finish_reason(byte_tokenizer):
     assert "".join(chunk.text for chunk in chunks) == "abc" and chunks[-1].finish_reason == "length"
     assert store.states == [S.PREFILLING, S.TRANSFERRING, S.DECODING, S.FINISHED]
     assert decode.stream_closed and not decode.aborted
+
+
+def test_a_prompt_prefilled_on_decode_takes_its_first_token_from_the_decode_steps(byte_tokenizer):
+    t = byte_tokenizer
+    decode, store = FakeDecode(steps(token(t, "a"), token(t, "b"), token(t, "c", "length"))), FakeStore()
+    chunks = asyncio.run(collect(make_request(t, decode, None, store, max_tokens=3)))
+    assert "".join(chunk.text for chunk in chunks) == "abc" and chunks[-1].finish_reason == "length"
+    assert store.states == [S.PREFILLING, S.DECODING, S.FINISHED]
+    assert decode.first_token_ids == [None] and decode.reserved == []
 
 
 def test_a_first_token_that_ends_the_request_skips_decode_and_releases_the_reservation(byte_tokenizer):

@@ -13,6 +13,7 @@ LEGAL_MOVES = {
     (Q, P), (P, T), (T, D), (D, FINISHED),
     (P, FINISHED),  # first token is EOS, or max_tokens is 1
     (T, FINISHED),
+    (P, D),  # prefilled on the decode replica: no transfer
     *((state, P) for state in (P, T, D)),  # migrated: prefilled again, elsewhere
     *((state, end) for state in (Q, P, T, D) for end in (ABORTED, FAILED)),
 }

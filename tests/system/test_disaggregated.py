@@ -63,7 +63,7 @@ def check_matches_transformers(cluster, workload) -> list:
 
 @pytest.fixture(scope="module")
 def shm_cluster(make_cluster):
-    return make_cluster([("decode", "d0", ()), ("prefill", "p0", ()), ("gateway", "gw", ("--transport", "shm"))])
+    return make_cluster([("decode", "d0", ()), ("prefill", "p0", ()), ("gateway", "gw", ("--transport", "shm", "--prefill-placement", "remote"))])
 
 
 def test_greedy_equals_transformers_over_shm(shm_cluster, workload):
@@ -72,18 +72,29 @@ def test_greedy_equals_transformers_over_shm(shm_cluster, workload):
 
 
 def test_greedy_equals_transformers_over_grpc_stream(make_cluster, workload):
-    cluster = make_cluster([("decode", "d0", ()), ("prefill", "p0", ()), ("gateway", "gw", ("--transport", "grpc"))])
+    cluster = make_cluster([("decode", "d0", ()), ("prefill", "p0", ()), ("gateway", "gw", ("--transport", "grpc", "--prefill-placement", "remote"))])
     infos = check_matches_transformers(cluster, workload)
     assert {info.transport for info in infos} == {common_pb2.TRANSPORT_GRPC}
 
 
 def test_two_prefill_two_decode_replicas_share_the_load_and_match(make_cluster, workload):
     cluster = make_cluster([("decode", "d0", ()), ("decode", "d1", ()), ("prefill", "p0", ()),
-                            ("prefill", "p1", ()), ("gateway", "gw", ())])
+                            ("prefill", "p1", ()), ("gateway", "gw", ("--prefill-placement", "remote"))])
     infos = check_matches_transformers(cluster, workload)
     assert {info.prefill_replica for info in infos} == {"p0", "p1"}
     assert {info.decode_replica for info in infos} == {"d0", "d1"}
     assert {info.transport for info in infos} == {common_pb2.TRANSPORT_SHM}  # same host, CPU: chosen
+
+
+def test_prompts_prefilled_on_the_decode_replica_match_and_move_no_kv(make_cluster, workload):
+    cluster = make_cluster([("decode", "d0", ()), ("prefill", "p0", ()),
+                            ("gateway", "gw", ("--prefill-placement", "local"))])
+    infos = check_matches_transformers(cluster, workload)
+    assert {(info.prefill_replica, info.decode_replica, info.local_prefill) for info in infos} == {("d0", "d0", True)}
+    assert {info.kv_bytes for info in infos} == {0}
+    assert {tuple(change.state for change in info.history) for info in infos} == {(
+        gateway_pb2.REQUEST_STATE_QUEUED, gateway_pb2.REQUEST_STATE_PREFILLING, gateway_pb2.REQUEST_STATE_DECODING,
+        gateway_pb2.REQUEST_STATE_FINISHED)}
 
 
 async def replicas_used(endpoint: str, num_requests: int) -> set[tuple[str, str]]:

@@ -26,7 +26,7 @@ from pdserve.v1 import common_pb2 as pdserve_dot_v1_dot_common__pb2
 from pdserve.v1 import kv_transfer_pb2 as pdserve_dot_v1_dot_kv__transfer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x1cpdserve/v1/kv_transfer.proto\"\x92\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12(\n\ttransport\x18\x03 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x11\n\ttoken_ids\x18\x05 \x03(\rJ\x04\x08\x04\x10\x05R\x0eprefill_layout\"\xa9\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\r\x12\x18\n\x10output_token_ids\x18\x06 \x03(\r\"e\n\rDecodeCommand\x12-\n\x08generate\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.DecodeRequestH\x00\x12\x1a\n\x10\x61\x62ort_request_id\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ommand\":\n\x12\x44\x65\x63odeRequestError\x12\x13\n\x0bstatus_code\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8f\x02\n\x13\x44\x65\x63odeRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12*\n\x08logprobs\x18\x03 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\r\x12-\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x1e.pdserve.v1.DecodeRequestErrorB\x10\n\x0e_stop_token_id\"E\n\x11\x44\x65\x63odeStepOutputs\x12\x30\n\x07outputs\x18\x01 \x03(\x0b\x32\x1f.pdserve.v1.DecodeRequestOutput\"(\n\x12\x44\x65\x63odeAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"&\n\x13\x44\x65\x63odeAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xd8\x01\n\x06\x44\x65\x63ode\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KVTarget\x12G\n\x07Session\x12\x19.pdserve.v1.DecodeCommand\x1a\x1d.pdserve.v1.DecodeStepOutputs(\x01\x30\x01\x12H\n\x05\x41\x62ort\x12\x1e.pdserve.v1.DecodeAbortRequest\x1a\x1f.pdserve.v1.DecodeAbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/decode.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x1cpdserve/v1/kv_transfer.proto\"\x92\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12(\n\ttransport\x18\x03 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x11\n\ttoken_ids\x18\x05 \x03(\rJ\x04\x08\x04\x10\x05R\x0eprefill_layout\"\xbf\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\r\x12\x18\n\x10output_token_ids\x18\x06 \x03(\r\x12\x14\n\x0cprefill_here\x18\x07 \x01(\x08\"e\n\rDecodeCommand\x12-\n\x08generate\x18\x01 \x01(\x0b\x32\x19.pdserve.v1.DecodeRequestH\x00\x12\x1a\n\x10\x61\x62ort_request_id\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ommand\":\n\x12\x44\x65\x63odeRequestError\x12\x13\n\x0bstatus_code\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8f\x02\n\x13\x44\x65\x63odeRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12*\n\x08logprobs\x18\x03 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\r\x12-\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x1e.pdserve.v1.DecodeRequestErrorB\x10\n\x0e_stop_token_id\"E\n\x11\x44\x65\x63odeStepOutputs\x12\x30\n\x07outputs\x18\x01 \x03(\x0b\x32\x1f.pdserve.v1.DecodeRequestOutput\"(\n\x12\x44\x65\x63odeAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"&\n\x13\x44\x65\x63odeAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xd8\x01\n\x06\x44\x65\x63ode\x12;\n\x07Reserve\x12\x1a.pdserve.v1.ReserveRequest\x1a\x14.pdserve.v1.KVTarget\x12G\n\x07Session\x12\x19.pdserve.v1.DecodeCommand\x1a\x1d.pdserve.v1.DecodeStepOutputs(\x01\x30\x01\x12H\n\x05\x41\x62ort\x12\x1e.pdserve.v1.DecodeAbortRequest\x1a\x1f.pdserve.v1.DecodeAbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,19 +36,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESERVEREQUEST']._serialized_start=95
   _globals['_RESERVEREQUEST']._serialized_end=241
   _globals['_DECODEREQUEST']._serialized_start=244
-  _globals['_DECODEREQUEST']._serialized_end=413
-  _globals['_DECODECOMMAND']._serialized_start=415
-  _globals['_DECODECOMMAND']._serialized_end=516
-  _globals['_DECODEREQUESTERROR']._serialized_start=518
-  _globals['_DECODEREQUESTERROR']._serialized_end=576
-  _globals['_DECODEREQUESTOUTPUT']._serialized_start=579
-  _globals['_DECODEREQUESTOUTPUT']._serialized_end=850
-  _globals['_DECODESTEPOUTPUTS']._serialized_start=852
-  _globals['_DECODESTEPOUTPUTS']._serialized_end=921
-  _globals['_DECODEABORTREQUEST']._serialized_start=923
-  _globals['_DECODEABORTREQUEST']._serialized_end=963
-  _globals['_DECODEABORTRESPONSE']._serialized_start=965
-  _globals['_DECODEABORTRESPONSE']._serialized_end=1003
-  _globals['_DECODE']._serialized_start=1006
-  _globals['_DECODE']._serialized_end=1222
+  _globals['_DECODEREQUEST']._serialized_end=435
+  _globals['_DECODECOMMAND']._serialized_start=437
+  _globals['_DECODECOMMAND']._serialized_end=538
+  _globals['_DECODEREQUESTERROR']._serialized_start=540
+  _globals['_DECODEREQUESTERROR']._serialized_end=598
+  _globals['_DECODEREQUESTOUTPUT']._serialized_start=601
+  _globals['_DECODEREQUESTOUTPUT']._serialized_end=872
+  _globals['_DECODESTEPOUTPUTS']._serialized_start=874
+  _globals['_DECODESTEPOUTPUTS']._serialized_end=943
+  _globals['_DECODEABORTREQUEST']._serialized_start=945
+  _globals['_DECODEABORTREQUEST']._serialized_end=985
+  _globals['_DECODEABORTRESPONSE']._serialized_start=987
+  _globals['_DECODEABORTRESPONSE']._serialized_end=1025
+  _globals['_DECODE']._serialized_start=1028
+  _globals['_DECODE']._serialized_end=1244
 # @@protoc_insertion_point(module_scope)

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from pdserve.v1 import common_pb2 as pdserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/gateway.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\xc8\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParamsB\x07\n\x05input\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x82\x02\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x17\n\rstop_token_id\x18\x06 \x01(\rH\x00\x12\x15\n\x0bstop_string\x18\x07 \x01(\tH\x00\x12 \n\x05usage\x18\x08 \x01(\x0b\x32\x11.pdserve.v1.UsageB\r\n\x0bstop_reason\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"K\n\x0bStateChange\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.pdserve.v1.RequestState\x12\x13\n\x0btime_unix_s\x18\x02 \x01(\x01\"\xb9\x02\n\x0bRequestInfo\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.pdserve.v1.RequestState\x12(\n\x07history\x18\x03 \x03(\x0b\x32\x17.pdserve.v1.StateChange\x12\x17\n\x0fprefill_replica\x18\x04 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_replica\x18\x05 \x01(\t\x12(\n\ttransport\x18\x06 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x10\n\x08kv_bytes\x18\n \x01(\x04\x12\x15\n\rkv_transfer_s\x18\x0b \x01(\x01\"\x13\n\x11ListModelsRequest\".\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelCard*\xf2\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14REQUEST_STATE_QUEUED\x10\x01\x12\x1c\n\x18REQUEST_STATE_PREFILLING\x10\x02\x12\x1e\n\x1aREQUEST_STATE_TRANSFERRING\x10\x03\x12\x1a\n\x16REQUEST_STATE_DECODING\x10\x04\x12\x1a\n\x16REQUEST_STATE_FINISHED\x10\x05\x12\x19\n\x15REQUEST_STATE_ABORTED\x10\x06\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x07\x32\xa0\x02\n\x07Gateway\x12\x44\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x19.pdserve.v1.GenerateChunk0\x01\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12\x44\n\nGetRequest\x12\x1d.pdserve.v1.GetRequestRequest\x1a\x17.pdserve.v1.RequestInfo\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdserve/v1/gateway.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdserve.v1.ChatMessage\"\xc8\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x18.pdserve.v1.ChatMessagesH\x00\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParamsB\x07\n\x05input\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x82\x02\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.pdserve.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdserve.v1.FinishReason\x12\x17\n\rstop_token_id\x18\x06 \x01(\rH\x00\x12\x15\n\x0bstop_string\x18\x07 \x01(\tH\x00\x12 \n\x05usage\x18\x08 \x01(\x0b\x32\x11.pdserve.v1.UsageB\r\n\x0bstop_reason\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"K\n\x0bStateChange\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.pdserve.v1.RequestState\x12\x13\n\x0btime_unix_s\x18\x02 \x01(\x01\"\xd0\x02\n\x0bRequestInfo\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.pdserve.v1.RequestState\x12(\n\x07history\x18\x03 \x03(\x0b\x32\x17.pdserve.v1.StateChange\x12\x17\n\x0fprefill_replica\x18\x04 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_replica\x18\x05 \x01(\t\x12(\n\ttransport\x18\x06 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\r\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x10\n\x08kv_bytes\x18\n \x01(\x04\x12\x15\n\rkv_transfer_s\x18\x0b \x01(\x01\x12\x15\n\rlocal_prefill\x18\x0c \x01(\x08\"\x13\n\x11ListModelsRequest\".\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdserve.v1.ModelCard*\xf2\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14REQUEST_STATE_QUEUED\x10\x01\x12\x1c\n\x18REQUEST_STATE_PREFILLING\x10\x02\x12\x1e\n\x1aREQUEST_STATE_TRANSFERRING\x10\x03\x12\x1a\n\x16REQUEST_STATE_DECODING\x10\x04\x12\x1a\n\x16REQUEST_STATE_FINISHED\x10\x05\x12\x19\n\x15REQUEST_STATE_ABORTED\x10\x06\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x07\x32\xa0\x02\n\x07Gateway\x12\x44\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x19.pdserve.v1.GenerateChunk0\x01\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12\x44\n\nGetRequest\x12\x1d.pdserve.v1.GetRequestRequest\x1a\x17.pdserve.v1.RequestInfo\x12K\n\nListModels\x12\x1d.pdserve.v1.ListModelsRequest\x1a\x1e.pdserve.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REQUESTSTATE']._serialized_start=1353
-  _globals['_REQUESTSTATE']._serialized_end=1595
+  _globals['_REQUESTSTATE']._serialized_start=1376
+  _globals['_REQUESTSTATE']._serialized_end=1618
   _globals['_TOKENIDS']._serialized_start=65
   _globals['_TOKENIDS']._serialized_end=88
   _globals['_CHATMESSAGE']._serialized_start=90
@@ -55,13 +55,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATECHANGE']._serialized_start=829
   _globals['_STATECHANGE']._serialized_end=904
   _globals['_REQUESTINFO']._serialized_start=907
-  _globals['_REQUESTINFO']._serialized_end=1220
-  _globals['_LISTMODELSREQUEST']._serialized_start=1222
-  _globals['_LISTMODELSREQUEST']._serialized_end=1241
-  _globals['_MODELCARD']._serialized_start=1243
-  _globals['_MODELCARD']._serialized_end=1289
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1291
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1350
-  _globals['_GATEWAY']._serialized_start=1598
-  _globals['_GATEWAY']._serialized_end=1886
+  _globals['_REQUESTINFO']._serialized_end=1243
+  _globals['_LISTMODELSREQUEST']._serialized_start=1245
+  _globals['_LISTMODELSREQUEST']._serialized_end=1264
+  _globals['_MODELCARD']._serialized_start=1266
+  _globals['_MODELCARD']._serialized_end=1312
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1314
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1373
+  _globals['_GATEWAY']._serialized_start=1621
+  _globals['_GATEWAY']._serialized_end=1909
 # @@protoc_insertion_point(module_scope)

@@ -116,7 +116,7 @@ class StateChange(_message.Message):
     def __init__(self, state: _Optional[_Union[RequestState, str]] = ..., time_unix_s: _Optional[float] = ...) -> None: ...
 
 class RequestInfo(_message.Message):
-    __slots__ = ("request_id", "state", "history", "prefill_replica", "decode_replica", "transport", "prompt_tokens", "completion_tokens", "error", "kv_bytes", "kv_transfer_s")
+    __slots__ = ("request_id", "state", "history", "prefill_replica", "decode_replica", "transport", "prompt_tokens", "completion_tokens", "error", "kv_bytes", "kv_transfer_s", "local_prefill")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class RequestInfo(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PREFILL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     state: RequestState
     history: _containers.RepeatedCompositeFieldContainer[StateChange]
@@ -139,7 +140,8 @@ class RequestInfo(_message.Message):
     error: str
     kv_bytes: int
     kv_transfer_s: float
-    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., prefill_replica: _Optional[str] = ..., decode_replica: _Optional[str] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ...) -> None: ...
+    local_prefill: bool
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., history: _Optional[_Iterable[_Union[StateChange, _Mapping]]] = ..., prefill_replica: _Optional[str] = ..., decode_replica: _Optional[str] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., error: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ..., local_prefill: _Optional[bool] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

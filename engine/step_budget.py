@@ -1,0 +1,51 @@
+"""How many prompt tokens one engine step may take so that the step lasts at most `max_step_s`:
+Sarathi-Serve's budgeted chunking, with the inter-token latency target as the budget.
+
+A step that runs decodes and prompt chunks together lasts about
+
+    step_s = decode_s + prompt_tokens * s_per_prompt_token
+
+`decode_s` (a step of decodes alone, at the current batch) and `s_per_prompt_token` are learned
+from the steps the engine runs, as exponential moving averages; the budget is what is left of
+`max_step_s` after the decodes, in prompt tokens, never fewer than `min_tokens` (prompts always
+progress) nor more than `max_tokens` (the scheduler's own budget). Before any step with a prompt
+chunk has been timed, the budget is `min_tokens`. Pure arithmetic: times are passed in.
+"""
+from __future__ import annotations
+
+SMOOTHING = 0.2  # weight of the newest observation
+MIN_TIMED_PROMPT_TOKENS = 8  # smaller chunks say more about noise than about the cost of a token
+
+
+class StepBudget:
+    def __init__(self, max_step_s: float, max_tokens: int, min_tokens: int = 16):
+        if max_step_s <= 0 or not 1 <= min_tokens <= max_tokens:
+            raise ValueError(f"need max_step_s > 0 and 1 <= min_tokens <= max_tokens, got "
+                             f"{max_step_s}, {min_tokens}, {max_tokens}")
+        self.max_step_s = max_step_s
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self.decode_s = 0.0  # a step of decodes alone
+        self.s_per_prompt_token: float | None = None
+
+    def prompt_tokens(self, num_decodes: int) -> int:
+        """The prompt tokens the next step may take beside `num_decodes` decodes."""
+        if self.s_per_prompt_token is None:
+            return self.min_tokens
+        left_s = self.max_step_s - (self.decode_s if num_decodes else 0.0)
+        return max(self.min_tokens, min(self.max_tokens, int(left_s / self.s_per_prompt_token)))
+
+    def observe(self, num_decodes: int, num_prompt_tokens: int, seconds: float) -> None:
+        """Learns from one step: `num_decodes` decodes and `num_prompt_tokens` prompt tokens took `seconds`."""
+        if num_prompt_tokens == 0:
+            if num_decodes:
+                self.decode_s = _smooth(self.decode_s or seconds, seconds)
+            return
+        if num_prompt_tokens < MIN_TIMED_PROMPT_TOKENS:
+            return
+        prompt_s = max(seconds - (self.decode_s if num_decodes else 0.0), 0.0) / num_prompt_tokens
+        self.s_per_prompt_token = _smooth(self.s_per_prompt_token or prompt_s, prompt_s)
+
+
+def _smooth(average: float, value: float) -> float:
+    return (1 - SMOOTHING) * average + SMOOTHING * value
