@@ -24,6 +24,8 @@ PROMPT_TOKENS = 16 * BLOCK_SIZE
 MAX_TOKENS = 4
 ROUTING_TIMEOUT_S = 30.0
 
+REMOTE = ("--prefill-placement", "remote")  # every prompt through a prefill replica: the path under test
+
 
 async def generate(endpoint: str, prompt: list[int]) -> tuple[list[int], gateway_pb2.RequestInfo]:
     """Greedy tokens of one request, and its record."""
@@ -63,7 +65,7 @@ def test_requests_follow_their_cached_prefix_and_load_only_routing_ignores_it(ma
     held_by_a, held_by_b = tokens(PROMPT_TOKENS), tokens(PROMPT_TOKENS)
 
     # "pb" alone first, so it computes one prompt; then "pa", which wins ties, computes the other.
-    cluster = make_cluster([("prefill", "pb", ()), ("decode", "d0", ()), ("gateway", "gw", ())])
+    cluster = make_cluster([("prefill", "pb", ()), ("decode", "d0", ()), ("gateway", "gw", REMOTE)])
     _, first = asyncio.run(generate(cluster.gateway.endpoint, held_by_b))
     assert first.prefill_replica == "pb"
     bytes_per_block = first.kv_bytes // (PROMPT_TOKENS // BLOCK_SIZE)
@@ -85,7 +87,7 @@ def test_requests_follow_their_cached_prefix_and_load_only_routing_ignores_it(ma
     assert [output for output, _ in cache_aware] == expected
     assert [info.kv_bytes for _, info in cache_aware] == [bytes_per_block] * 6  # the one block after the prefix
 
-    load_only = cluster.start("gateway", "gw-load", "--routing", "load")
+    load_only = cluster.start("gateway", "gw-load", "--routing", "load", *REMOTE)
     cluster.wait_ready()
     assert [asyncio.run(generate(load_only.endpoint, prompt))[0] for prompt in follow_ups] == expected
 

@@ -32,9 +32,10 @@ from tests.system.faults.test_decode_migration import kill_mid_stream, prompts
 
 pytestmark = pytest.mark.faults
 
+REMOTE = ("--prefill-placement", "remote")  # every prompt through a prefill replica: the path under test
 # (kind, name, host, flags); the first gateway is the cluster's, routing on auto.
 LAYOUT = [("prefill", "p0", "p0", ()), ("decode", "d0", "d0", ()), ("decode", "d1", "d1", ()),
-          ("gateway", "gw", "gw", ()), ("gateway", "gw-shm", "gw", ("--transport", "shm"))]
+          ("gateway", "gw", "gw", REMOTE), ("gateway", "gw-shm", "gw", ("--transport", "shm", *REMOTE))]
 NUM_TOKENS = 60  # per stream of the kill test
 BENCH_TIMEOUT_S = 120.0
 GRPC = transport_name(common_pb2.TRANSPORT_GRPC)  # as request records name it

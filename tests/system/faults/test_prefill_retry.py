@@ -30,7 +30,7 @@ def long_prompts(e2e_model: str) -> list[list[int]]:
 @pytest.mark.timeout(420)
 def test_killing_a_prefill_replica_with_prompts_in_flight_loses_no_request(make_cluster, e2e_model):
     cluster = make_cluster([("decode", "d0", ()), ("decode", "d1", ()), ("prefill", "p0", ()),
-                            ("prefill", "p1", ()), ("gateway", "gw", ())])
+                            ("prefill", "p1", ()), ("gateway", "gw", ("--prefill-placement", "remote"))])
     cases = long_prompts(e2e_model)
     reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
         greedy_request(f"ref-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
