@@ -10,6 +10,7 @@ import os
 import torch
 
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.cpu_features import cpu_has_hardware_bf16
 from pdserve.engine.engine_config import DTYPES, EngineConfig, resolve_dtype
 
 
@@ -17,7 +18,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine's flags (the model itself is cluster.service_args.add_model_argument)."""
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="auto: the checkpoint's dtype (bfloat16 for a float32 checkpoint on a GPU)")
+                        help="auto: on a CPU, bfloat16 where it has AVX512-BF16 or AMX, else float32; on a GPU, "
+                             "the checkpoint's dtype (bfloat16 for a float32 checkpoint). Prefill and decode "
+                             "replicas must agree: give it on hosts whose CPUs differ")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -62,5 +65,6 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
 def model_text(args: argparse.Namespace, served_name: str) -> str:
     """"<served id> (<dtype> on <device>)", the dtype as the engine resolves `--dtype auto`: how
     the startup lines (cluster.startup_log) name the engine `args` configure."""
-    dtype = resolve_dtype(args.dtype, ModelConfig.from_dir(args.model).torch_dtype, args.device)
+    checkpoint_dtype = ModelConfig.from_dir(args.model).torch_dtype
+    dtype = resolve_dtype(args.dtype, checkpoint_dtype, args.device, cpu_has_hardware_bf16())
     return f"{served_name} ({dtype} on {args.device})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pdserve.engine.cpu_features import cpu_has_hardware_bf16
 from pdserve.protocol.errors import InvalidConfigError
 
 if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
@@ -42,14 +43,18 @@ class EngineConfig:
 
     def torch_dtype(self, checkpoint_dtype: str) -> torch.dtype:
         import torch
-        return getattr(torch, resolve_dtype(self.dtype, checkpoint_dtype, self.device))
+        return getattr(torch, resolve_dtype(self.dtype, checkpoint_dtype, self.device, cpu_has_hardware_bf16()))
 
 
-def resolve_dtype(dtype: str, checkpoint_dtype: str, device: str) -> str:
-    """What `auto` means, as in vLLM: the checkpoint's own dtype, except that a float32 checkpoint
-    runs in bfloat16 on a GPU (tensor cores). On CPU a float32 checkpoint stays float32."""
+def resolve_dtype(dtype: str, checkpoint_dtype: str, device: str, cpu_bf16: bool) -> str:
+    """What `auto` means. On a GPU, as in vLLM: the checkpoint's own dtype, except that a float32
+    checkpoint runs in bfloat16 (tensor cores). On a CPU, as in vLLM's CPU backend: bfloat16 where
+    the CPU computes it in hardware (`cpu_bf16`, see engine/cpu_features.py), whatever the
+    checkpoint's dtype; float32 elsewhere, where bfloat16 and float16 are emulated."""
     if dtype != "auto":
         return dtype
-    if checkpoint_dtype == "float32" and device.startswith("cuda"):
+    if not device.startswith("cuda"):
+        return "bfloat16" if cpu_bf16 else "float32"
+    if checkpoint_dtype == "float32":
         return "bfloat16"
     return checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"

@@ -152,8 +152,8 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help="on CUDA: the share of each GPU's memory its replicas take together, split evenly "
                              "between the replicas placed on it (default 0.9)")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
-                        help="the replicas' dtype (default auto: the checkpoint's; bfloat16 for a "
-                             "float32 checkpoint on a GPU)")
+                        help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
+                             "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="the replicas reuse the KV of prompt prefixes they have seen (default on)")
     parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",

@@ -77,7 +77,7 @@ def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(va
     prompts = [torch.randint(0, model.config.vocab_size, (length,), generator=generator).tolist()
                for length in (1, 9, 64)]
     max_tokens = 10
-    outputs = LLM(str(converted(variant))).generate(
+    outputs = LLM(str(converted(variant)), dtype="float32").generate(
         prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
         ids = torch.tensor([prompt])

@@ -62,7 +62,7 @@ def hf_smollm2(smollm2_gguf):
 def smollm2_llm(smollm2_dir):
     from pdserve.engine.llm import LLM
 
-    return LLM(str(smollm2_dir))
+    return LLM(str(smollm2_dir), dtype="float32")
 
 
 @pytest.fixture(scope="session")

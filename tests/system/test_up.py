@@ -20,6 +20,8 @@ import pytest
 import redis
 
 from pdserve.cluster.service_args import SECRET_ENV
+from pdserve.engine.cpu_features import cpu_has_hardware_bf16
+from pdserve.engine.engine_config import resolve_dtype
 from tests.helpers import descendant_pids, free_port, is_alive, up_redis_url, wait_for_endpoints
 
 STARTUP_DEADLINE_S = 300.0  # includes writing the tiny model once and loading it twice
@@ -106,12 +108,13 @@ def test_up_logs_one_line_per_replica_and_stage_no_probe_and_no_secret(start_up)
         timeout=GENERATE_TIMEOUT_S).read()
     stop(up_process)
     console = endpoints + up_process.log_path.read_text()
+    dtype = resolve_dtype("auto", "float32", "cpu", cpu_has_hardware_bf16())  # the tiny model's, on this CPU
 
     for replica in ("prefill-0", "decode-0", "decode-1"):
         lines = [line.split("| ", 1)[1] for line in console.splitlines() if line.startswith(f"{replica:<10}| ")]
-        assert len([line for line in lines if line.endswith(" loading tiny-llama-v2 (float32 on cpu)")]) == 1, lines
+        assert len([line for line in lines if line.endswith(f" loading tiny-llama-v2 ({dtype} on cpu)")]) == 1, lines
         (ready,) = [match for line in lines if (match := re.search(
-            r" ready in [\d.]+ s: tiny-llama-v2 \(float32 on cpu\), KV pool (\d+) blocks x 16 = (\d+) tokens; "
+            rf" ready in [\d.]+ s: tiny-llama-v2 \({dtype} on cpu\), KV pool (\d+) blocks x 16 = (\d+) tokens; "
             rf"{replica.split('-')[0]} replica {replica} serving on 127\.0\.0\.1:\d+$", line))]
         assert int(ready.group(2)) == int(ready.group(1)) * 16 > 0
     assert "/health" not in up_process.log_path.read_text()  # probed many times: up's own and ours
