@@ -11,7 +11,7 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_features import cpu_has_hardware_bf16
-from pdserve.engine.engine_config import DTYPES, EngineConfig, resolve_dtype
+from pdserve.engine.engine_config import DTYPES, EngineConfig, memory_size_arg, resolve_dtype
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,11 +24,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    parser.add_argument("--kv-cache-memory", type=memory_size_arg, default=None, metavar="SIZE",
+                        help="the KV pool's size, e.g. 4GiB, 512MiB or a number of bytes (default on a CPU: 512MiB; "
+                             "on CUDA see --gpu-memory-utilization)")
     parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="on CUDA: the share of the GPU's memory this replica may take, weights, activations "
-                             "and KV pool (sized by a profile run) together, unless --kv-cache-bytes or "
+                             "and KV pool (sized by a profile run) together, unless --kv-cache-memory or "
                              "--num-gpu-blocks is given (default 0.9)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV of full blocks of prompts seen before")
@@ -56,7 +58,7 @@ def bind_cpus(cpus: list[int] | None) -> None:
 def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConfig:
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks, kv_cache_bytes=args.kv_cache_bytes,
+        num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory_bytes=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching)

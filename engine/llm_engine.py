@@ -255,7 +255,7 @@ class LLMEngine:
         config = self.config
         if config.num_gpu_blocks is not None:
             return config.num_gpu_blocks
-        num_bytes = config.kv_cache_bytes
+        num_bytes = config.kv_cache_memory_bytes
         if num_bytes is None:
             if self.device.type == "cuda":
                 num_bytes = profiled_kv_pool_bytes(model, self.kv_spec, config.max_num_batched_tokens,
@@ -265,7 +265,7 @@ class LLMEngine:
         num_blocks = self.kv_spec.num_blocks_in(num_bytes)
         if num_blocks < 1:
             raise InvalidConfigError(
-                f"kv_cache_bytes={num_bytes} holds no block of {self.kv_spec.bytes_per_block} bytes")
+                f"a KV pool of {num_bytes} bytes holds no block of {self.kv_spec.bytes_per_block} bytes")
         return num_blocks
 
 

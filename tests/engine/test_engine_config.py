@@ -2,7 +2,7 @@
 float32 checkpoint; on a CPU bfloat16 where the CPU has it in hardware, float32 elsewhere."""
 import pytest
 
-from pdserve.engine.engine_config import EngineConfig, resolve_dtype
+from pdserve.engine.engine_config import EngineConfig, parse_memory_size, resolve_dtype
 from pdserve.protocol.errors import InvalidConfigError
 
 
@@ -34,3 +34,27 @@ def test_the_default_is_auto_and_unknown_names_are_refused():
     assert EngineConfig(model="/m").dtype == "auto"
     with pytest.raises(InvalidConfigError, match="not one of auto"):
         EngineConfig(model="/m", dtype="fp8")
+
+
+@pytest.mark.parametrize("text, num_bytes", [
+    ("4GiB", 4 * 2**30),
+    ("512MiB", 512 * 2**20),
+    ("1.5 GiB", 3 * 2**29),
+    ("64kib", 64 * 2**10),
+    ("1TiB", 2**40),
+    ("1073741824", 2**30),
+    ("100B", 100),
+])
+def test_a_memory_size_is_bytes_or_a_number_of_binary_units(text, num_bytes):
+    assert parse_memory_size(text) == num_bytes
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "4GB", "4 G", "-1GiB", "1.5", "0x10", "4GiB extra"])
+def test_anything_else_is_refused_with_the_forms_it_takes(text):
+    with pytest.raises(InvalidConfigError, match="such as 4GiB, 512MiB or a number of bytes"):
+        parse_memory_size(text)
+
+
+def test_the_pool_is_given_in_blocks_or_in_bytes_not_both():
+    with pytest.raises(InvalidConfigError, match="not both"):
+        EngineConfig(model="/m", num_gpu_blocks=8, kv_cache_memory_bytes=2**20)
