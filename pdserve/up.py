@@ -84,6 +84,7 @@ class UpConfig:
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
     gpu_memory_utilization: float = 0.9  # of each GPU, split between the replicas placed on it
+    kv_cache_memory_bytes: int | None = None  # each replica's KV pool; None: each replica sizes its own
     # On plain "cuda": the GPU of each replica (gpu_placement); None before placement.
     prefill_gpus: tuple[int, ...] | None = None
     decode_gpus: tuple[int, ...] | None = None
@@ -185,13 +186,14 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     utilizations = ([config.gpu_memory_utilization / gpus.count(gpu) for gpu in gpus] if gpus
                     else [config.gpu_memory_utilization] * len(replicas))
     cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
+    pool = () if config.kv_cache_memory_bytes is None else ("--kv-cache-memory", str(config.kv_cache_memory_bytes))
     slots = []
     for i, (kind, index) in enumerate(replicas):
         name = f"{kind}-{index}"  # also its replica id, kept across restarts
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning)
+                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
     gateway = ChildSpec(
         name="gateway",

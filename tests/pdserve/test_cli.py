@@ -65,6 +65,25 @@ def test_up_passes_its_dtype_to_every_replica(tmp_path):
         assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
 
 
+def test_up_gives_every_replica_the_kv_pool_it_is_given(tmp_path, capsys):
+    from pdserve.up import UpConfig, child_slots
+
+    args = cli.build_parser().parse_args(["up", "--kv-cache-memory", "1.5GiB", "--decode", "2"])
+    config = UpConfig(
+        model=str(tmp_path), num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+        transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
+        grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0,
+        kv_cache_memory_bytes=args.kv_cache_memory)
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")}
+    for name in ("prefill-0", "decode-0", "decode-1"):
+        argv = specs[name].argv
+        assert argv[argv.index("--kv-cache-memory") + 1] == str(3 * 2**29)
+    assert "--kv-cache-memory" not in specs["gateway"].argv
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["up", "--kv-cache-memory", "lots"])
+    assert "such as 4GiB, 512MiB or a number of bytes" in capsys.readouterr().err
+
+
 def test_up_gives_every_child_the_resolved_folder_and_the_gateway_the_served_id(tmp_path):
     from pdserve.up import UpConfig, child_slots
 
