@@ -22,7 +22,7 @@ import redis
 from pdserve.cluster.service_args import SECRET_ENV
 from pdserve.engine.cpu_features import cpu_has_hardware_bf16
 from pdserve.engine.engine_config import resolve_dtype
-from tests.helpers import descendant_pids, free_port, is_alive, up_redis_url, wait_for_endpoints
+from tests.helpers import KV_CACHE_FLAGS, descendant_pids, free_port, is_alive, up_redis_url, wait_for_endpoints
 
 STARTUP_DEADLINE_S = 300.0  # includes writing the tiny model once and loading it twice
 GENERATE_TIMEOUT_S = 120.0
@@ -44,7 +44,7 @@ def start_up(tmp_path):
         with log_path.open("w") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "pdserve", "up", "--model", "tiny", "--grpc-port", str(grpc_port),
-                 "--http-port", str(http_port), *flags],
+                 "--http-port", str(http_port), *KV_CACHE_FLAGS, *flags],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=environ, start_new_session=True)
         process.grpc_port, process.http_port, process.log_path = grpc_port, http_port, log_path
         started.append(process)
