@@ -25,8 +25,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--kv-cache-memory", type=memory_size_arg, default=None, metavar="SIZE",
-                        help="the KV pool's size, e.g. 4GiB, 512MiB or a number of bytes (default on a CPU: 512MiB; "
-                             "on CUDA see --gpu-memory-utilization)")
+                        help="the KV pool's size, e.g. 4GiB, 512MiB or a number of bytes (default on a CPU: half of "
+                             "the memory available once the weights are loaded, for a decode replica no more than "
+                             "/dev/shm has room for; on CUDA see --gpu-memory-utilization)")
     parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="on CUDA: the share of the GPU's memory this replica may take, weights, activations "
