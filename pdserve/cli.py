@@ -156,8 +156,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
                              "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
     parser.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
-                        help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default: each "
-                             "replica's own, see `pdserve decode --help`)")
+                        help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default on a "
+                             "CPU: half of the memory available, split evenly between the replicas and held to "
+                             "the room in /dev/shm; on CUDA see --gpu-memory-utilization)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="the replicas reuse the KV of prompt prefixes they have seen (default on)")
     parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",
