@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pdserve.bench.machine import provenance
 from pdserve.bench.report_offline import RESULT_JSON_NAME, write_report
-from pdserve.bench.systems import DTYPES, SystemUnavailable, all_cpus, launch, peer_script
+from pdserve.bench.systems import DTYPES, SystemUnavailable, add_kv_cache_memory_argument, all_cpus, launch, peer_script
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def run_offline(args: argparse.Namespace, cpus: tuple[int, ...]) -> dict:
     prompt_token_ids = [request.prompt_token_ids for request in requests]
     lens = [len(ids) for ids in prompt_token_ids]
     spec = {"model": str(model_dir), "prompt_token_ids": prompt_token_ids, "output_len": args.output_len,
-            "num_timed_runs": args.num_runs}
+            "num_timed_runs": args.num_runs, "kv_cache_memory_bytes": args.kv_cache_memory}
     (args.result_dir / "logs").mkdir(parents=True, exist_ok=True)
     combined = {
         **provenance(model_dir, None),  # vLLM's version comes with its runs
@@ -115,6 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-runs", type=int, default=3, help="timed runs after the warm-up")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per engine and dtype")
     parser.add_argument("--result-dir", type=Path, default=Path("bench/results/offline"))
+    add_kv_cache_memory_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

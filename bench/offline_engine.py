@@ -26,7 +26,7 @@ def pdserve_engine(spec: dict):
 
     from pdserve.engine import LLM, SamplingParams
 
-    llm = LLM(spec["model"], dtype=spec["dtype"])
+    llm = LLM(spec["model"], dtype=spec["dtype"], kv_cache_memory_bytes=spec["kv_cache_memory_bytes"])
     params = SamplingParams(max_tokens=spec["output_len"], temperature=0.0, ignore_eos=True)
     return lambda prompts: llm.generate(prompts, params), {"torch_num_threads": torch.get_num_threads()}
 

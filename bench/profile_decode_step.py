@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model, os.environ).model_dir
-    llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, kv_cache_bytes=2 << 30,
+    llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, kv_cache_memory_bytes=2 << 30,
               enable_prefix_caching=False)
     gbps = read_gbps(llm.engine.device)
     print(f"{model_dir.name}, {args.dtype} on {args.device}, {torch.get_num_threads()} thread(s), "

@@ -1,8 +1,8 @@
 """The systems a benchmark measures, each an OpenAI-compatible HTTP server on loopback started as
 its own process group (`pdserve up` also serves the gateway's gRPC API, for the "grpc" backend):
 
-    colocated      python -m pdserve serve --model DIR --port P --dtype D
-    disaggregated  python -m pdserve up --model DIR --http-port P --dtype D --prefill N --decode M
+    colocated      python -m pdserve serve --model DIR --port P --dtype D [--kv-cache-memory SIZE]
+    disaggregated  python -m pdserve up --model DIR --http-port P --dtype D --prefill N --decode M [--kv-cache-memory SIZE]
     vllm           PEER serve DIR P --dtype D --enable-prefix-caching   (vLLM keeps the last flag given)
     llama-cpp      PEER serve FILE.gguf P SLOTS THREADS                 (the GGUF as stored, whatever D)
 
@@ -31,6 +31,7 @@ from pathlib import Path
 from pdserve.bench.errors import BenchConfigError
 from pdserve.cluster.health_probe import probe_http
 from pdserve.cluster.ports import free_port
+from pdserve.engine.engine_config import memory_size_arg
 from pdserve.protocol.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
@@ -71,6 +72,7 @@ class SystemOptions:
     peer_llama_cpp: Path | None = None  # ../shared/peers/llama-cpp, with the GGUF file it serves
     gguf: Path | None = None
     startup_timeout_s: float = 900.0
+    kv_cache_memory_bytes: int | None = None  # each pdserve engine's KV pool; None: pdserve's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,15 +103,16 @@ class SystemSpec:
 def system_spec(name: str, options: SystemOptions) -> SystemSpec:
     """How to launch `name`; raises SystemUnavailable when it cannot run with these options."""
     port, model, dtype = free_port(LOOPBACK), str(options.model_dir), ("--dtype", options.dtype)
+    pool = () if options.kv_cache_memory_bytes is None else ("--kv-cache-memory", str(options.kv_cache_memory_bytes))
     if name == "colocated":
         return SystemSpec(name, (sys.executable, "-m", "pdserve", "serve", "--model", model, "--port", str(port),
-                                 *dtype), port,
+                                 *dtype, *pool), port,
                           "pdserve serve: one engine, continuous batching with chunked prefill, prefix caching on")
     if name == "disaggregated":
         num_p, num_d, grpc_port = options.num_prefill_replicas, options.num_decode_replicas, free_port(LOOPBACK)
         return SystemSpec(name, (sys.executable, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(grpc_port), "--http-port", str(port),
-                                 "--startup-timeout-s", str(options.startup_timeout_s), *dtype,
+                                 "--startup-timeout-s", str(options.startup_timeout_s), *dtype, *pool,
                                  "--prefill", str(num_p), "--decode", str(num_d)), port,
                           f"pdserve up: gateway + {num_p} prefill + {num_d} decode + Redis, KV over shared memory",
                           grpc_port)
@@ -219,6 +222,12 @@ def add_system_arguments(parser, model: bool = True) -> None:
     parser.add_argument("--peer-llama-cpp", type=Path, metavar="SCRIPT", help="../shared/peers/llama-cpp")
     parser.add_argument("--gguf", type=Path, metavar="FILE", help="the GGUF file llama-cpp serves")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    add_kv_cache_memory_argument(parser)
+
+
+def add_kv_cache_memory_argument(parser) -> None:
+    parser.add_argument("--kv-cache-memory", type=memory_size_arg, metavar="SIZE",
+                        help="each pdserve engine's KV pool, e.g. 512MiB (default: pdserve's own)")
 
 
 def options_from(args) -> SystemOptions:
@@ -227,5 +236,5 @@ def options_from(args) -> SystemOptions:
 
     model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
     return SystemOptions(model_dir, args.dtype, args.prefill_replicas, args.decode_replicas, args.peer_vllm,
-                         args.peer_llama_cpp, args.gguf, args.startup_timeout_s)
+                         args.peer_llama_cpp, args.gguf, args.startup_timeout_s, args.kv_cache_memory)
 

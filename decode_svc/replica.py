@@ -60,7 +60,7 @@ class DecodeReplica:
         self.config = config
         self.pool: KVPool | None = None
         # A CPU pool goes in shared memory so that same-host prefill replicas can write in place.
-        engine = LLMEngine(config.engine, kv_allocator=self._allocate_pool)
+        engine = LLMEngine(config.engine, kv_allocator=self._allocate_pool, kv_pool_in_shared_memory=True)
         self.engine = AsyncEngine(engine, loop)
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
         self.max_model_len = engine.max_model_len

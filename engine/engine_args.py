@@ -10,22 +10,28 @@ import os
 import torch
 
 from pdserve.engine.config import ModelConfig
-from pdserve.engine.engine_config import DTYPES, EngineConfig, resolve_dtype
+from pdserve.engine.cpu_features import cpu_has_hardware_bf16
+from pdserve.engine.engine_config import DTYPES, EngineConfig, memory_size_arg, resolve_dtype
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine's flags (the model itself is cluster.service_args.add_model_argument)."""
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="auto: the checkpoint's dtype (bfloat16 for a float32 checkpoint on a GPU)")
+                        help="auto: on a CPU, bfloat16 where it has AVX512-BF16 or AMX, else float32; on a GPU, "
+                             "the checkpoint's dtype (bfloat16 for a float32 checkpoint). Prefill and decode "
+                             "replicas must agree: give it on hosts whose CPUs differ")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    parser.add_argument("--kv-cache-memory", type=memory_size_arg, default=None, metavar="SIZE",
+                        help="the KV pool's size, e.g. 4GiB, 512MiB or a number of bytes (default on a CPU: half of "
+                             "the memory available once the weights are loaded, for a decode replica no more than "
+                             "/dev/shm has room for; on CUDA see --gpu-memory-utilization)")
     parser.add_argument("--num-gpu-blocks", type=int, default=None, help="KV pool size in blocks")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="on CUDA: the share of the GPU's memory this replica may take, weights, activations "
-                             "and KV pool (sized by a profile run) together, unless --kv-cache-bytes or "
+                             "and KV pool (sized by a profile run) together, unless --kv-cache-memory or "
                              "--num-gpu-blocks is given (default 0.9)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV of full blocks of prompts seen before")
@@ -53,7 +59,7 @@ def bind_cpus(cpus: list[int] | None) -> None:
 def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConfig:
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks, kv_cache_bytes=args.kv_cache_bytes,
+        num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory_bytes=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching)
@@ -62,5 +68,6 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
 def model_text(args: argparse.Namespace, served_name: str) -> str:
     """"<served id> (<dtype> on <device>)", the dtype as the engine resolves `--dtype auto`: how
     the startup lines (cluster.startup_log) name the engine `args` configure."""
-    dtype = resolve_dtype(args.dtype, ModelConfig.from_dir(args.model).torch_dtype, args.device)
+    checkpoint_dtype = ModelConfig.from_dir(args.model).torch_dtype
+    dtype = resolve_dtype(args.dtype, checkpoint_dtype, args.device, cpu_has_hardware_bf16())
     return f"{served_name} ({dtype} on {args.device})"

@@ -1,15 +1,20 @@
 """Engine configuration: everything the engine needs, passed in explicitly."""
 from __future__ import annotations
 
+import argparse
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pdserve.engine.cpu_features import cpu_has_hardware_bf16
 from pdserve.protocol.errors import InvalidConfigError
 
 if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
     import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_MEMORY_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,8 +23,8 @@ class EngineConfig:
     dtype: str = "auto"  # see resolve_dtype
     device: str = "cpu"
     block_size: int = 16
-    num_gpu_blocks: int | None = None  # the pool size in blocks; or give kv_cache_bytes
-    kv_cache_bytes: int | None = None
+    num_gpu_blocks: int | None = None  # the pool size in blocks; or give kv_cache_memory_bytes
+    kv_cache_memory_bytes: int | None = None
     # On CUDA with neither of the two above: the share of the GPU's memory this replica may take
     # (weights, activations, KV pool); see engine/memory_profile.py.
     gpu_memory_utilization: float = 0.9
@@ -33,8 +38,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.num_gpu_blocks is not None and self.kv_cache_bytes is not None:
-            raise InvalidConfigError("give num_gpu_blocks or kv_cache_bytes, not both")
+        if self.num_gpu_blocks is not None and self.kv_cache_memory_bytes is not None:
+            raise InvalidConfigError("give num_gpu_blocks or kv_cache_memory_bytes, not both")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise InvalidConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_step_ms is not None and self.max_step_ms <= 0:
@@ -45,14 +50,35 @@ class EngineConfig:
 
     def torch_dtype(self, checkpoint_dtype: str) -> torch.dtype:
         import torch
-        return getattr(torch, resolve_dtype(self.dtype, checkpoint_dtype, self.device))
+        return getattr(torch, resolve_dtype(self.dtype, checkpoint_dtype, self.device, cpu_has_hardware_bf16()))
 
 
-def resolve_dtype(dtype: str, checkpoint_dtype: str, device: str) -> str:
-    """What `auto` means, as in vLLM: the checkpoint's own dtype, except that a float32 checkpoint
-    runs in bfloat16 on a GPU (tensor cores). On CPU a float32 checkpoint stays float32."""
+def resolve_dtype(dtype: str, checkpoint_dtype: str, device: str, cpu_bf16: bool) -> str:
+    """What `auto` means. On a GPU, as in vLLM: the checkpoint's own dtype, except that a float32
+    checkpoint runs in bfloat16 (tensor cores). On a CPU, as in vLLM's CPU backend: bfloat16 where
+    the CPU computes it in hardware (`cpu_bf16`, see engine/cpu_features.py), whatever the
+    checkpoint's dtype; float32 elsewhere, where bfloat16 and float16 are emulated."""
     if dtype != "auto":
         return dtype
-    if checkpoint_dtype == "float32" and device.startswith("cuda"):
+    if not device.startswith("cuda"):
+        return "bfloat16" if cpu_bf16 else "float32"
+    if checkpoint_dtype == "float32":
         return "bfloat16"
     return checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
+
+
+def parse_memory_size(text: str) -> int:
+    """Bytes in a size such as "4GiB", "1.5 GiB", "512MiB" or "1073741824" (units are powers of 1024)."""
+    match = _MEMORY_SIZE.fullmatch(text.strip())
+    number, unit = (match.group(1), MEMORY_UNITS.get(match.group(2).upper())) if match else ("", None)
+    if unit is None or (unit == 1 and not number.isdigit()):
+        raise InvalidConfigError(f"{text!r} is not a memory size such as 4GiB, 512MiB or a number of bytes")
+    return int(number) if unit == 1 else int(float(number) * unit)
+
+
+def memory_size_arg(text: str) -> int:
+    """`parse_memory_size` as an argparse type: a size it cannot read is a usage error naming the forms."""
+    try:
+        return parse_memory_size(text)
+    except InvalidConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -16,6 +16,10 @@ For disaggregation the same engine plays both sides:
   `add_prefilled_request` joins it to the batch with that KV in place and its first token known.
   `release_kv` gives back a reservation that is never used.
 Not thread-safe: one thread drives it (see `AsyncEngine`).
+
+The KV pool holds `num_gpu_blocks` blocks or `kv_cache_memory_bytes`; with neither, on CUDA what a
+profile step leaves of the replica's share of the GPU (memory_profile.py), on a CPU a share of
+the host's available memory (cpu_kv_memory.py).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import torch
 
 from pdserve.engine.block_allocator import BlockAllocator, OutOfBlocksError
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.cpu_kv_memory import default_kv_memory_bytes
 from pdserve.engine.device_guard import bind_thread, resolve_device
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.kv_cache import KVCacheSpec
@@ -46,16 +51,15 @@ from pdserve.protocol.request_checks import draw_seed, validate_prompt
 from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.protocol.tokenizer import load_tokenizer
 
-DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
-
-
 KVAllocator = Callable[[KVCacheSpec, int, torch.device], torch.Tensor]
 KVLayerListener = Callable[[str, list[int], int], None]  # (request id, block ids, layer), engine thread
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, kv_allocator: KVAllocator | None = None,
-                 kv_layer_listener: KVLayerListener | None = None):
+                 kv_layer_listener: KVLayerListener | None = None, kv_pool_in_shared_memory: bool = False):
+        """`kv_pool_in_shared_memory`: `kv_allocator` puts a CPU pool in /dev/shm, whose room bounds
+        the pool's default size."""
         self.config = config
         self.device = resolve_device(config.device)
         bind_thread(self.device)  # the constructing thread loads the weights and allocates the pool
@@ -66,7 +70,7 @@ class LLMEngine:
         model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len)
 
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
-        num_blocks = self._num_kv_blocks(model)
+        num_blocks = self._num_kv_blocks(model, kv_pool_in_shared_memory)
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)
         self.step_budget = None  # prompt chunks bounded by tokens alone
@@ -186,6 +190,7 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": self.scheduler.num_prefix_queried_tokens,
             "prefix_cache_hits": self.scheduler.num_prefix_hit_tokens,
+            "kv_pool_bytes": self.allocator.num_blocks * self.kv_spec.bytes_per_block,
         }
 
     def cached_prefix_hashes(self, limit: int) -> list[bytes]:
@@ -260,21 +265,21 @@ class LLMEngine:
         self._hold_kv.discard(request_id)
         self.output_processor.remove(request_id)
 
-    def _num_kv_blocks(self, model: CausalLM) -> int:
+    def _num_kv_blocks(self, model: CausalLM, in_shared_memory: bool) -> int:
         config = self.config
         if config.num_gpu_blocks is not None:
             return config.num_gpu_blocks
-        num_bytes = config.kv_cache_bytes
+        num_bytes = config.kv_cache_memory_bytes
         if num_bytes is None:
             if self.device.type == "cuda":
                 num_bytes = profiled_kv_pool_bytes(model, self.kv_spec, config.max_num_batched_tokens,
                                                    config.max_num_seqs, config.gpu_memory_utilization, self.device)
             else:
-                num_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+                num_bytes = default_kv_memory_bytes(in_shared_memory)  # with the weights loaded
         num_blocks = self.kv_spec.num_blocks_in(num_bytes)
         if num_blocks < 1:
             raise InvalidConfigError(
-                f"kv_cache_bytes={num_bytes} holds no block of {self.kv_spec.bytes_per_block} bytes")
+                f"a KV pool of {num_bytes} bytes holds no block of {self.kv_spec.bytes_per_block} bytes")
         return num_blocks
 
 

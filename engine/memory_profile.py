@@ -7,7 +7,7 @@ The profile run is the largest step the scheduler can make: `max_num_batched_tok
 tokens in `max_num_seqs` sequences at most, with logits for each sequence, against a KV pool
 just big enough for it. Its peak, as torch's allocator counts it, covers the weights and what
 activations take on top of them. Memory outside torch's allocator (the CUDA context, Triton's
-modules) comes on top of the fraction. On CPU the pool is sized by `kv_cache_bytes` instead.
+modules) comes on top of the fraction. On CPU the pool is sized by `kv_cache_memory_bytes` instead.
 """
 from __future__ import annotations
 

@@ -121,7 +121,8 @@ def run_up(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
-        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization)
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=args.kv_cache_memory)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -152,8 +153,12 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help="on CUDA: the share of each GPU's memory its replicas take together, split evenly "
                              "between the replicas placed on it (default 0.9)")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
-                        help="the replicas' dtype (default auto: the checkpoint's; bfloat16 for a "
-                             "float32 checkpoint on a GPU)")
+                        help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
+                             "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
+    parser.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
+                        help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default on a "
+                             "CPU: half of the memory available, split evenly between the replicas and held to "
+                             "the room in /dev/shm; on CUDA see --gpu-memory-utilization)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="the replicas reuse the KV of prompt prefixes they have seen (default on)")
     parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",
@@ -326,6 +331,12 @@ def _index_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated device indexes, got {text!r}") from None
+
+
+def _memory_size(text: str) -> int:
+    from pdserve.engine.engine_config import memory_size_arg  # torch-free, imported when the flag is given
+
+    return memory_size_arg(text)
 
 
 def _positive_int(text: str) -> int:

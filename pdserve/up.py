@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -54,8 +55,10 @@ from pdserve.child_process import ChildSpec, UpLog, UpLogHandler
 from pdserve.cluster.ports import free_port
 from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
+from pdserve.engine.cpu_kv_memory import HostMemory, kv_memory_bytes, read_host_memory
 from pdserve.gateway.front.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.gpu_placement import PlacementError, place_replicas
+from pdserve.protocol.errors import InvalidConfigError
 from pdserve.redis_process import RedisStartError, start_redis, without_password
 from pdserve.supervisor import Slot, StopRequested, Supervisor, UpError
 
@@ -84,6 +87,7 @@ class UpConfig:
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
     gpu_memory_utilization: float = 0.9  # of each GPU, split between the replicas placed on it
+    kv_cache_memory_bytes: int | None = None  # each replica's KV pool; None: see sized_kv_pools
     # On plain "cuda": the GPU of each replica (gpu_placement); None before placement.
     prefill_gpus: tuple[int, ...] | None = None
     decode_gpus: tuple[int, ...] | None = None
@@ -102,6 +106,7 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
     own_logs.propagate = False
     try:
         config = placed_on_gpus(config, _cuda_device_count() if config.device == "cuda" else 0)
+        config = sized_kv_pools(config, read_host_memory)
         _check_port_free(config.host, config.grpc_port, "--grpc-port")
         _check_port_free(config.host, config.http_port, "--http-port")
         model = resolve_model(config.model, os.environ)  # once: the children get its folder
@@ -124,7 +129,7 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
         return 0
     except StopRequested:
         return 0
-    except (UpError, PlacementError, RedisStartError, grpc.RpcError) as error:
+    except (UpError, PlacementError, InvalidConfigError, RedisStartError, grpc.RpcError) as error:
         log.write(f"pdserve up: {error}\n")
         return 1
     except CheckpointError as error:
@@ -152,6 +157,17 @@ def placed_on_gpus(config: UpConfig, num_gpus: int) -> UpConfig:
     return dataclasses.replace(config, prefill_gpus=tuple(prefill_gpus), decode_gpus=tuple(decode_gpus))
 
 
+def sized_kv_pools(config: UpConfig, read_host: Callable[[], HostMemory]) -> UpConfig:
+    """`config` with a KV pool size for every replica on a CPU, which share the host's memory: the
+    size given, or an even part of the host's default share (cpu_kv_memory), read once here so that
+    replicas loading side by side do not count each other's memory, and held to /dev/shm's room
+    where the decode replicas' pools live. On CUDA each replica sizes its own from its GPU."""
+    if config.device != "cpu" or config.kv_cache_memory_bytes is not None:
+        return config
+    num_bytes = kv_memory_bytes(read_host(), config.num_prefill + config.num_decode, in_shared_memory=True)
+    return dataclasses.replace(config, kv_cache_memory_bytes=num_bytes)
+
+
 def served_model_id(target: str, timeout_s: float, api_key: str | None = None) -> str:
     """The id the gateway serves its model under (what OpenAI requests name as "model")."""
     from pdserve.v1 import gateway_pb2, gateway_pb2_grpc
@@ -173,7 +189,7 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...` on
     the model's resolved folder, the Redis URL and the deployment secret in their environment.
     On CPU each replica gets its own CPUs (see cpu_placement), on GPUs the one placement gave it,
-    kept across its restarts."""
+    kept across its restarts, and each the KV pool size `config` holds (sized_kv_pools)."""
     common = ("--model", str(model.model_dir))
     env = {**os.environ, REDIS_URL_ENV: redis_url, SECRET_ENV: internal_secret}
     replicas = [(kind, index) for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode))
@@ -185,13 +201,14 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     utilizations = ([config.gpu_memory_utilization / gpus.count(gpu) for gpu in gpus] if gpus
                     else [config.gpu_memory_utilization] * len(replicas))
     cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
+    pool = () if config.kv_cache_memory_bytes is None else ("--kv-cache-memory", str(config.kv_cache_memory_bytes))
     slots = []
     for i, (kind, index) in enumerate(replicas):
         name = f"{kind}-{index}"  # also its replica id, kept across restarts
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning)
+                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
     gateway = ChildSpec(
         name="gateway",

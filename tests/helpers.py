@@ -1,7 +1,7 @@
-"""Process helpers shared by the tests that start real processes: a free loopback port, whether a
-pid still runs, a process's children from /proc, polling until a condition holds, and waiting for
-`pdserve up` to print its endpoints (and reading its own Redis's URL from them) or for a server's
-health route to answer.
+"""Process helpers shared by the tests that start real processes: the KV pool size of every engine
+they start, a free loopback port, whether a pid still runs, a process's children from /proc,
+polling until a condition holds, and waiting for `pdserve up` to print its endpoints (and reading
+its own Redis's URL from them) or for a server's health route to answer.
 
 Import them as `from tests.helpers import free_port` (the suite runs with --import-mode=importlib,
 under which `tests` is a namespace package rooted at this folder, as tests/system and tests/deploy
@@ -19,6 +19,10 @@ from pathlib import Path
 from pdserve.cluster import ports
 
 UP_READY_LINE = "Ctrl-C stops everything"  # the last line `pdserve up` prints once it is up
+KV_CACHE_MEMORY_BYTES = 512 * 2**20
+"""The KV pool of every engine the tests start, given explicitly: small, and the same on every
+machine, whatever pdserve's default (which follows the machine's memory on a CPU)."""
+KV_CACHE_FLAGS = ("--kv-cache-memory", str(KV_CACHE_MEMORY_BYTES))
 
 
 def free_port() -> int:

@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+from tests.helpers import KV_CACHE_FLAGS
+
 NUM_PROMPTS = 4
 OUTPUT_LEN = 4
 
@@ -10,8 +12,8 @@ OUTPUT_LEN = 4
 def test_pdserve_alone_reports_its_throughput_and_skips_vllm(tiny_model, tmp_path):
     result_dir = tmp_path / "offline"
     completed = subprocess.run(
-        [sys.executable, "-m", "pdserve", "bench", "offline", "--model", tiny_model(), "--dtypes", "bfloat16",
-         "--num-prompts", str(NUM_PROMPTS), "--output-len", str(OUTPUT_LEN), "--num-runs", "2",
+        [sys.executable, "-m", "pdserve", "bench", "offline", "--model", tiny_model(), *KV_CACHE_FLAGS,
+         "--dtypes", "bfloat16", "--num-prompts", str(NUM_PROMPTS), "--output-len", str(OUTPUT_LEN), "--num-runs", "2",
          "--result-dir", str(result_dir)],
         capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]

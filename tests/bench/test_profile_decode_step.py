@@ -9,7 +9,7 @@ from pdserve.engine import LLM
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_parts_add_up_to_the_step(tiny_model, dtype):
-    llm = LLM(tiny_model(), dtype=dtype, kv_cache_bytes=1 << 24, enable_prefix_caching=False)
+    llm = LLM(tiny_model(), dtype=dtype, kv_cache_memory_bytes=1 << 24, enable_prefix_caching=False)
     result = profile(llm, batch_size=3, context_len=40, num_steps=3, gbps=read_gbps(num_iters=1))
     assert sum(result["parts_ms"].values()) == pytest.approx(result["step_ms"], rel=1e-6)
     assert all(value_ms >= 0 for part, value_ms in result["parts_ms"].items() if part != "other in the forward")

@@ -29,6 +29,13 @@ def test_colocated_and_disaggregated_load_the_asked_dtype(dtype):
     assert (disaggregated.model, disaggregated.dtype) == ("/models/tiny", dtype)
 
 
+def test_a_kv_pool_size_reaches_every_pdserve_engine_and_none_leaves_pdserves_default():
+    sized = dataclasses.replace(options(), kv_cache_memory_bytes=64 * 2**20)
+    for name in ("colocated", "disaggregated"):
+        assert parse_pdserve(system_spec(name, sized).argv).kv_cache_memory == 64 * 2**20
+        assert parse_pdserve(system_spec(name, options()).argv).kv_cache_memory is None
+
+
 def test_disaggregated_runs_the_asked_xpyd():
     up = parse_pdserve(system_spec("disaggregated", dataclasses.replace(
         options(), num_prefill_replicas=2, num_decode_replicas=3)).argv)

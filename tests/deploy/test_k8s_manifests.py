@@ -366,6 +366,21 @@ def test_gpus_on_replicas_in_gpu_overlay_only(objects, overlay):
             assert parse_pdserve(container).device == "cpu", component
 
 
+def test_cpu_replicas_size_their_kv_pool_within_their_memory_and_dev_shm(objects, overlay):
+    if overlay != "cpu":
+        pytest.skip("a GPU replica sizes its pool from its GPU")
+    binary = {"Mi": 2**20, "Gi": 2**30}
+    for component in REPLICAS:
+        deployment = deployments(objects)[component]
+        container = main_container(deployment)
+        pool_bytes = parse_pdserve(container).kv_cache_memory
+        request = container["resources"]["requests"]["memory"]
+        shm_limit = volume(deployment, mount_of(container, "/dev/shm")["name"])["emptyDir"]["sizeLimit"]
+        assert pool_bytes is not None, component  # the default would read the node's memory
+        assert pool_bytes < int(request[:-2]) * binary[request[-2:]], component
+        assert pool_bytes <= int(shm_limit[:-2]) * binary[shm_limit[-2:]], component
+
+
 def test_cpu_overlay_makes_the_model_where_it_is_read(objects, overlay):
     if overlay != "cpu":
         pytest.skip("the GPU overlay reads the model from its volume")

@@ -65,6 +65,45 @@ def test_up_passes_its_dtype_to_every_replica(tmp_path):
         assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
 
 
+def test_up_gives_every_replica_the_kv_pool_it_is_given(tmp_path, capsys):
+    from pdserve.up import UpConfig, child_slots
+
+    args = cli.build_parser().parse_args(["up", "--kv-cache-memory", "1.5GiB", "--decode", "2"])
+    config = UpConfig(
+        model=str(tmp_path), num_prefill=args.prefill, num_decode=args.decode, redis_url=None,
+        transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
+        grpc_port=args.grpc_port, http_port=args.http_port, startup_timeout_s=1.0, shutdown_timeout_s=1.0,
+        kv_cache_memory_bytes=args.kv_cache_memory)
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")}
+    for name in ("prefill-0", "decode-0", "decode-1"):
+        argv = specs[name].argv
+        assert argv[argv.index("--kv-cache-memory") + 1] == str(3 * 2**29)
+    assert "--kv-cache-memory" not in specs["gateway"].argv
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["up", "--kv-cache-memory", "lots"])
+    assert "such as 4GiB, 512MiB or a number of bytes" in capsys.readouterr().err
+
+
+def test_up_on_cpu_splits_the_hosts_kv_share_evenly_between_its_replicas(tmp_path):
+    from pdserve.engine.cpu_kv_memory import HostMemory
+    from pdserve.up import UpConfig, sized_kv_pools
+
+    config = UpConfig(
+        model=str(tmp_path), num_prefill=1, num_decode=3, redis_url=None, transport="auto", device="cpu",
+        dtype="auto", host="127.0.0.1", grpc_port=1, http_port=2, startup_timeout_s=1.0, shutdown_timeout_s=1.0)
+    host = HostMemory(available_bytes=32 * 2**30, shm_free_bytes=64 * 2**30)
+    assert sized_kv_pools(config, lambda: host).kv_cache_memory_bytes == 4 * 2**30  # half of 32 GiB, by 4
+    small_shm = HostMemory(available_bytes=32 * 2**30, shm_free_bytes=2**30)
+    assert sized_kv_pools(config, lambda: small_shm).kv_cache_memory_bytes == 2**28  # the decode pools fit in it
+
+    def unread() -> HostMemory:
+        raise AssertionError("read the host's memory")
+    given = dataclasses.replace(config, kv_cache_memory_bytes=123)
+    assert sized_kv_pools(given, unread).kv_cache_memory_bytes == 123
+    on_gpus = dataclasses.replace(config, device="cuda")
+    assert sized_kv_pools(on_gpus, unread).kv_cache_memory_bytes is None  # each sizes its own from its GPU
+
+
 def test_up_gives_every_child_the_resolved_folder_and_the_gateway_the_served_id(tmp_path):
     from pdserve.up import UpConfig, child_slots
 

@@ -20,6 +20,7 @@ import pytest
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.protocol.sampling_params import SamplingParams
+from tests.helpers import KV_CACHE_MEMORY_BYTES
 from tests.real_model.conftest import MAX_TOKENS
 
 pytestmark = pytest.mark.real_model
@@ -37,7 +38,8 @@ def bfloat16_greedy_steps(model_dir, prompts, engine_outputs) -> list[list[tuple
 
     One wave per position: every prompt resumes with float32's tokens before it and samples one
     more. With prefix caching each wave computes little beyond the blocks the last one filled."""
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16", enable_prefix_caching=True))
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16", kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
+                                    enable_prefix_caching=True))
     steps = [[] for _ in prompts]
     for position in range(MAX_TOKENS):
         for i, (prompt, output) in enumerate(zip(prompts, engine_outputs)):

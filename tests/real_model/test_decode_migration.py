@@ -24,7 +24,7 @@ pytestmark = pytest.mark.real_model
 NUM_TOKENS = 64
 KILL_AFTER_TOKENS = 8
 LOGPROB_TOL = 1e-3  # float32; what differs is the batches the KV was computed in
-REPLICA_FLAGS = ("--num-gpu-blocks", "256")  # 4,096 tokens each, for four streams of at most 250
+REPLICA_FLAGS = ("--dtype", "float32", "--num-gpu-blocks", "256")  # 4,096 tokens each, four streams of at most 250
 
 
 @pytest.fixture(scope="module")

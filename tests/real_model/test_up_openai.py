@@ -17,6 +17,7 @@ from openai import OpenAI
 from pdserve.checkpoints.default_model import DEFAULT_MODEL_ID
 from pdserve.cluster.ports import free_port
 from pdserve.protocol.sampling_params import SamplingParams
+from tests.helpers import KV_CACHE_FLAGS
 
 pytestmark = pytest.mark.real_model
 
@@ -46,12 +47,14 @@ def wait_for_endpoints(process: subprocess.Popen, timeout_s: float) -> str:
 
 @pytest.fixture(scope="module")
 def openai_client(smollm2_dir, tmp_path_factory):
-    """The official client on a `pdserve up` that was given no --model."""
+    """The official client on a `pdserve up` that was given no --model, in float32 as the engine it
+    is compared with."""
     grpc_port, http_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     log_path = tmp_path_factory.mktemp("up") / "up.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pdserve", "up", "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
+            [sys.executable, "-m", "pdserve", "up", "--dtype", "float32", *KV_CACHE_FLAGS,
+             "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True)
     try:

@@ -1,0 +1,26 @@
+"""The engine's flags become its config: --kv-cache-memory takes a size with its unit and the
+config holds it in bytes; a size it cannot read stops parsing with the forms it takes."""
+import argparse
+
+import pytest
+
+from pdserve.engine.engine_args import add_engine_arguments, engine_config_from
+
+
+def parse(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="/m")
+    add_engine_arguments(parser)
+    return parser.parse_args(flags)
+
+
+def test_kv_cache_memory_reaches_the_config_in_bytes():
+    assert engine_config_from(parse("--kv-cache-memory", "2GiB"), detokenize=True).kv_cache_memory_bytes == 2**31
+    assert engine_config_from(parse("--kv-cache-memory", "4096"), detokenize=True).kv_cache_memory_bytes == 4096
+    assert engine_config_from(parse(), detokenize=True).kv_cache_memory_bytes is None
+
+
+def test_a_size_it_cannot_read_stops_parsing_and_says_what_it_takes(capsys):
+    with pytest.raises(SystemExit):
+        parse("--kv-cache-memory", "4GB")
+    assert "such as 4GiB, 512MiB or a number of bytes" in capsys.readouterr().err
