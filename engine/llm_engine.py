@@ -154,7 +154,7 @@ class LLMEngine:
             raise
         request.num_computed_tokens = num_landed
         self.output_processor.skip_sampled_tokens(request_id)
-        self.scheduler.add(request)
+        self.scheduler.add_landed(request)
 
     def release_kv(self, request_id: str) -> bool:
         """Frees the blocks of a held finished request or an unused reservation."""

@@ -7,7 +7,8 @@ time):
    is generating, a chunk of the prompt for one still prefilling). If the pool cannot hold a
    request's new tokens, the newest running request is preempted (its blocks freed, to be
    recomputed later) until it can.
-2. Then waiting requests, in arrival order (preempted ones first), join while the budget,
+2. Then waiting requests, in arrival order (preempted ones first, and requests whose KV landed
+   from elsewhere, which join the running batch at once when it has room), join while the budget,
    `max_num_seqs` and the pool allow. A request that joins with nothing computed starts with the
    cached blocks of its longest cached prefix (at most all but its last token, which it computes
    to sample), so only the rest is computed. A prompt longer than what is left of the budget is
@@ -75,6 +76,16 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
+
+    def add_landed(self, request: Request) -> None:
+        """A request whose KV is already in its blocks (computed elsewhere) joins the running batch
+        at once, or heads the waiting queue when the batch is full: it holds blocks, and behind a
+        prompt that waits for blocks it could hold the very blocks that prompt waits for."""
+        if len(self.running) < self.max_num_seqs:
+            request.transition(RequestStatus.RUNNING)
+            self.running.append(request)
+        else:
+            self.waiting.appendleft(request)
 
     def schedule(self, max_prompt_tokens: int | None = None) -> SchedulerOutput:
         budget = self.max_num_batched_tokens

@@ -1,5 +1,5 @@
 """Process helpers shared by the tests that start real processes: the KV pool size of every engine
-they start, a free loopback port, whether a pid still runs, a process's children from /proc,
+they start (pool and dtype), a free loopback port, whether a pid still runs, a process's children from /proc,
 polling until a condition holds, and waiting for `pdserve up` to print its endpoints (and reading
 its own Redis's URL from them) or for a server's health route to answer.
 
@@ -22,7 +22,13 @@ UP_READY_LINE = "Ctrl-C stops everything"  # the last line `pdserve up` prints o
 KV_CACHE_MEMORY_BYTES = 512 * 2**20
 """The KV pool of every engine the tests start, given explicitly: small, and the same on every
 machine, whatever pdserve's default (which follows the machine's memory on a CPU)."""
-KV_CACHE_FLAGS = ("--kv-cache-memory", str(KV_CACHE_MEMORY_BYTES))
+ENGINE_DTYPE = "float32"
+"""The dtype of every engine the tests start, given explicitly: they compare greedy tokens across
+batch shapes, prompt chunkings, preemptions and migrations, which agree exactly only in float32.
+bfloat16, the default where the CPU has it, rounds differently with the shape of the batch (its
+own agreement rule is tests/real_model/test_bfloat16.py's)."""
+ENGINE_OPTIONS = {"kv_cache_memory_bytes": KV_CACHE_MEMORY_BYTES, "dtype": ENGINE_DTYPE}  # for an in-process LLM
+ENGINE_FLAGS = ("--kv-cache-memory", str(KV_CACHE_MEMORY_BYTES), "--dtype", ENGINE_DTYPE)  # for a started one
 
 
 def free_port() -> int:

@@ -224,21 +224,27 @@ class DisaggregatedFrontend:
             except Exception as exc:  # Redis unreachable: the waiters wait, each up to its deadline
                 logger.warning("dispatcher cannot list replicas: %s", exc)
                 continue
-            now_s = time.monotonic()
-            for waiter in self.line.ordered(now_s, self.ledger.s_per_token[Where.REMOTE]):
-                ask = self._asks.get(waiter)
-                if ask is None or waiter.turn.done():
-                    continue
-                try:
-                    placement = self._place(ask, decodes, prefills, now_s)
-                except (UnavailableError, BackendError) as exc:
-                    self.line.leave(waiter)
-                    waiter.turn.set_exception(exc)
-                    continue
-                if placement is None:
-                    break
+            try:
+                self._hand_out_turns(decodes, prefills)
+            except Exception:
+                logger.exception("dispatcher failed a round; it carries on")
+
+    def _hand_out_turns(self, decodes: list[ReplicaInfo], prefills: list[ReplicaInfo]) -> None:
+        now_s = time.monotonic()
+        for waiter in self.line.ordered(now_s, self.ledger.s_per_token[Where.REMOTE]):
+            ask = self._asks.get(waiter)
+            if ask is None or waiter.turn.done():
+                continue
+            try:
+                placement = self._place(ask, decodes, prefills, now_s)
+            except (UnavailableError, BackendError) as exc:
                 self.line.leave(waiter)
-                waiter.turn.set_result(placement)
+                waiter.turn.set_exception(exc)
+                continue
+            if placement is None:
+                break
+            self.line.leave(waiter)
+            waiter.turn.set_result(placement)
 
     def _place(self, ask: _Ask, decodes: list[ReplicaInfo], prefills: list[ReplicaInfo],
                now_s: float) -> _Placement | None:

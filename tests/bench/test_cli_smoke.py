@@ -10,7 +10,7 @@ import pytest
 
 from pdserve.bench.datasets import make_dataset
 from pdserve.cli import main as pdserve_main
-from tests.helpers import KV_CACHE_FLAGS, free_port, wait_for_health
+from tests.helpers import ENGINE_FLAGS, free_port, wait_for_health
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ def server(tiny_model, tmp_path_factory):
     port = free_port()
     with open(tmp_path_factory.mktemp("serve") / "serve.log", "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "pdserve", "serve", "--model", model_dir,
-                                    "--port", str(port), *KV_CACHE_FLAGS], stdout=log, stderr=subprocess.STDOUT)
+                                    "--port", str(port), *ENGINE_FLAGS], stdout=log, stderr=subprocess.STDOUT)
     wait_for_health(process, f"http://127.0.0.1:{port}/health", START_TIMEOUT_S)
     yield model_dir, f"http://127.0.0.1:{port}"
     process.terminate()
@@ -72,7 +72,7 @@ def test_one_run_writes_vllm_shaped_results(server, tmp_path):
 
 
 def test_a_system_started_by_the_bench_is_measured_and_stopped(tiny_model, tmp_path, capsys):
-    status = pdserve_main(["bench", "serve", "--system", "colocated", "--model", tiny_model(), *KV_CACHE_FLAGS,
+    status = pdserve_main(["bench", "serve", "--system", "colocated", "--model", tiny_model(), *ENGINE_FLAGS,
                            "--num-prompts", "4",
                            "--input-len", "8", "--output-len", "3", "--max-concurrency", "2", "--label", "started",
                            "--result-dir", str(tmp_path), "--disable-tqdm"])
@@ -86,7 +86,7 @@ def test_a_system_started_by_the_bench_is_measured_and_stopped(tiny_model, tmp_p
 
 def test_the_grpc_backend_measures_the_gateway_of_a_started_pdserve_up(tiny_model, tmp_path):
     status = pdserve_main(["bench", "serve", "--backend", "grpc", "--system", "disaggregated", "--model", tiny_model(),
-                           *KV_CACHE_FLAGS,
+                           *ENGINE_FLAGS,
                            "--num-prompts", "3", "--input-len", "8", "--output-len", "3", "--label", "grpc",
                            "--result-dir", str(tmp_path), "--disable-tqdm"])
     assert status == 0

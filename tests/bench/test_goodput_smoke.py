@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.helpers import KV_CACHE_FLAGS
+from tests.helpers import ENGINE_FLAGS
 
 pytestmark = pytest.mark.e2e
 
@@ -16,7 +16,7 @@ NUM_PROMPTS = 4
 def test_goodput_of_two_systems_side_by_side(tiny_model, tmp_path):
     result_dir = tmp_path / "goodput"
     completed = subprocess.run(
-        [sys.executable, "-m", "pdserve", "bench", "goodput", "--model", tiny_model(), *KV_CACHE_FLAGS,
+        [sys.executable, "-m", "pdserve", "bench", "goodput", "--model", tiny_model(), *ENGINE_FLAGS,
          "--systems", "colocated,disaggregated", "--rates", "1,4", "--num-prompts", str(NUM_PROMPTS),
          "--input-len", "12", "--output-len", "4", "--duration-s", "0", "--num-warmup-prompts", "1",
          "--num-idle-prompts", "2", "--slo", "ttft:60000", "tpot:60000", "--result-dir", str(result_dir)],

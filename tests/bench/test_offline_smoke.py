@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import KV_CACHE_FLAGS
+from tests.helpers import ENGINE_FLAGS
 
 NUM_PROMPTS = 4
 OUTPUT_LEN = 4
@@ -12,7 +12,7 @@ OUTPUT_LEN = 4
 def test_pdserve_alone_reports_its_throughput_and_skips_vllm(tiny_model, tmp_path):
     result_dir = tmp_path / "offline"
     completed = subprocess.run(
-        [sys.executable, "-m", "pdserve", "bench", "offline", "--model", tiny_model(), *KV_CACHE_FLAGS,
+        [sys.executable, "-m", "pdserve", "bench", "offline", "--model", tiny_model(), *ENGINE_FLAGS,
          "--dtypes", "bfloat16", "--num-prompts", str(NUM_PROMPTS), "--output-len", str(OUTPUT_LEN), "--num-runs", "2",
          "--result-dir", str(result_dir)],
         capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ from pdserve.engine.llm import LLM
 from pdserve.protocol.sampling_params import SamplingParams
 from tests.checkpoints.conftest import GGUF_VARIANTS
 from tests.checkpoints.tokenizer_texts import CHAT, TEXTS
-from tests.helpers import KV_CACHE_MEMORY_BYTES
+from tests.helpers import ENGINE_OPTIONS
 
 
 @pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))
@@ -78,7 +78,7 @@ def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(va
     prompts = [torch.randint(0, model.config.vocab_size, (length,), generator=generator).tolist()
                for length in (1, 9, 64)]
     max_tokens = 10
-    outputs = LLM(str(converted(variant)), dtype="float32", kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES).generate(
+    outputs = LLM(str(converted(variant)), **ENGINE_OPTIONS).generate(
         prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
         ids = torch.tensor([prompt])

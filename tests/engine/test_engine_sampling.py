@@ -6,7 +6,7 @@ import torch
 
 from pdserve.engine import LLM, SamplingParams
 from pdserve.protocol.errors import InvalidRequestError
-from tests.helpers import KV_CACHE_MEMORY_BYTES
+from tests.helpers import ENGINE_OPTIONS
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +40,12 @@ def test_seeded_sampling_is_independent_of_batch_and_schedule(model_dir, adjustm
     assert crowded.engine.scheduler.num_preemptions > 0
     assert outputs[-1].outputs[0].token_ids == alone.outputs[0].token_ids
     unseeded = SamplingParams(max_tokens=24, temperature=0.9, ignore_eos=True)
-    again = LLM(model_dir, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES).generate([target], unseeded, use_tqdm=False)[0]
+    again = LLM(model_dir, **ENGINE_OPTIONS).generate([target], unseeded, use_tqdm=False)[0]
     assert again.outputs[0].token_ids != alone.outputs[0].token_ids  # a seed is drawn per request when none is given
 
 
 def test_stop_string_truncates_text_and_streamed_deltas_add_up(model_dir):
-    llm = LLM(model_dir, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES)
+    llm = LLM(model_dir, **ENGINE_OPTIONS)
     greedy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
     full = llm.generate(["Stop strings:"], greedy, use_tqdm=False)[0].outputs[0].text
     stop = full[10:13]
@@ -63,7 +63,7 @@ def test_stop_string_truncates_text_and_streamed_deltas_add_up(model_dir):
 
 
 def test_stop_token_and_max_tokens_finish_reasons(model_dir):
-    llm = LLM(model_dir, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES)
+    llm = LLM(model_dir, **ENGINE_OPTIONS)
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     tokens = llm.generate(["abc"], greedy, use_tqdm=False)[0].outputs[0].token_ids
     stopped = llm.generate(["abc"], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
@@ -74,7 +74,7 @@ def test_stop_token_and_max_tokens_finish_reasons(model_dir):
 
 
 def test_penalties_change_the_greedy_output_and_min_tokens_holds_off_a_forced_eos(model_dir):
-    llm = LLM(model_dir, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES)
+    llm = LLM(model_dir, **ENGINE_OPTIONS)
     greedy = dict(max_tokens=16, temperature=0, ignore_eos=True)
     plain = llm.generate(["repeat"], SamplingParams(**greedy), use_tqdm=False)[0].outputs[0].token_ids
     penalised = llm.generate(["repeat"], SamplingParams(**greedy, frequency_penalty=2.0, presence_penalty=2.0),
@@ -90,7 +90,7 @@ def test_penalties_change_the_greedy_output_and_min_tokens_holds_off_a_forced_eo
 
 
 def test_logprobs_are_the_models_log_softmax(model_dir):
-    llm = LLM(model_dir, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES)
+    llm = LLM(model_dir, **ENGINE_OPTIONS)
     out = llm.generate(["logprobs"], SamplingParams(max_tokens=4, temperature=0, logprobs=3),
                        use_tqdm=False)[0].outputs[0]
     assert len(out.logprobs) == 4

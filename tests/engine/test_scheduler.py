@@ -151,3 +151,15 @@ def test_token_ids_spans_prompt_and_output():
     for start in range(len(everything)):
         for stop in range(start, len(everything) + 1):
             assert request.token_ids(start, stop) == everything[start:stop]
+
+
+def test_a_request_whose_kv_landed_runs_while_a_prompt_ahead_of_it_waits_for_blocks():
+    """Queued behind the prompt, the landed request would hold the blocks the prompt waits for."""
+    allocator = BlockAllocator(4, 16, enable_caching=False)
+    scheduler = Scheduler(allocator, max_num_batched_tokens=2048, max_num_seqs=8)
+    scheduler.add(Request("prompt", list(range(60)), SamplingParams(max_tokens=4), seed=0))  # needs all 4 blocks
+    landed = Request("landed", list(range(40)), SamplingParams(max_tokens=4), seed=0, output_token_ids=[7])
+    allocator.allocate("landed", 40)  # 3 blocks, its KV in place
+    landed.num_computed_tokens = 40
+    scheduler.add_landed(landed)
+    assert [chunk.request.request_id for chunk in scheduler.schedule().chunks] == ["landed"]

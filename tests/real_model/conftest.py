@@ -62,9 +62,9 @@ def hf_smollm2(smollm2_gguf):
 def smollm2_llm(smollm2_dir):
     from pdserve.engine.llm import LLM
 
-    from tests.helpers import KV_CACHE_MEMORY_BYTES
+    from tests.helpers import ENGINE_OPTIONS
 
-    return LLM(str(smollm2_dir), dtype="float32", kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES)
+    return LLM(str(smollm2_dir), **ENGINE_OPTIONS)
 
 
 @pytest.fixture(scope="session")

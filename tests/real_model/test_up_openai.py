@@ -17,7 +17,7 @@ from openai import OpenAI
 from pdserve.checkpoints.default_model import DEFAULT_MODEL_ID
 from pdserve.cluster.ports import free_port
 from pdserve.protocol.sampling_params import SamplingParams
-from tests.helpers import KV_CACHE_FLAGS
+from tests.helpers import ENGINE_FLAGS
 
 pytestmark = pytest.mark.real_model
 
@@ -53,7 +53,7 @@ def openai_client(smollm2_dir, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("up") / "up.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pdserve", "up", "--dtype", "float32", *KV_CACHE_FLAGS,
+            [sys.executable, "-m", "pdserve", "up", *ENGINE_FLAGS,
              "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True)

@@ -23,7 +23,7 @@ import redis
 from pdserve.cluster.health_probe import probe
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.redis_process import start_redis
-from tests.helpers import KV_CACHE_FLAGS, free_port, wait_until
+from tests.helpers import ENGINE_DTYPE, KV_CACHE_MEMORY_BYTES, free_port, wait_until
 
 START_TIMEOUT_S = 180.0
 
@@ -58,15 +58,19 @@ class Cluster:
               launcher: Sequence[str] = ()) -> Service:
         """Starts `python -m pdserve KIND` bound to `host`, through `launcher` (a prefix of its
         command line: tests/system/faults/netns.py runs it on a host of its own that way). A replica
-        whose flags size no KV pool gets the tests' (KV_CACHE_FLAGS)."""
+        gets the tests' KV pool and dtype (tests.helpers) unless its flags give them."""
         port, http_port = free_port(), free_port()
         port_flags = ["--grpc-port", str(port), "--http-port", str(http_port)] if kind == "gateway" \
             else ["--port", str(port), "--replica-id", name]
-        unsized_pool = kind != "gateway" and not {"--kv-cache-memory", "--num-gpu-blocks"} & set(flags)
-        pool_flags = KV_CACHE_FLAGS if unsized_pool else ()
+        engine_flags = []
+        if kind != "gateway":
+            if not {"--kv-cache-memory", "--num-gpu-blocks"} & set(flags):
+                engine_flags += ["--kv-cache-memory", str(KV_CACHE_MEMORY_BYTES)]
+            if "--dtype" not in flags:
+                engine_flags += ["--dtype", ENGINE_DTYPE]
         log_path = self.work_dir / f"{name}.log"
         command = [*launcher, sys.executable, "-m", "pdserve", kind, "--model", self.model_dir,
-                   "--redis-url", self.redis_url, "--host", host, *port_flags, *pool_flags, *flags]
+                   "--redis-url", self.redis_url, "--host", host, *port_flags, *engine_flags, *flags]
         with open(log_path, "w") as log:
             env = {**os.environ, "PDSERVE_INTERNAL_SECRET": self.internal_secret}
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -32,7 +32,7 @@ from tests.family_configs import (
     qwen3_moe_config,
     qwen3_sliding_config,
 )
-from tests.helpers import KV_CACHE_FLAGS, free_port, wait_for_endpoints
+from tests.helpers import ENGINE_FLAGS, free_port, wait_for_endpoints
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +70,7 @@ def up(tmp_path):
         with (tmp_path / "up.log").open("w") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "pdserve", "up", "--model", model_dir, "--prefill", "1", "--decode", "1",
-                 "--dtype", "float32", *KV_CACHE_FLAGS, "--transport", "shm", "--grpc-port", str(free_port()),
+                 *ENGINE_FLAGS, "--transport", "shm", "--grpc-port", str(free_port()),
                  "--http-port", str(http_port),
                  "--startup-timeout-s", str(STARTUP_DEADLINE_S)],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=environ, start_new_session=True)

@@ -9,7 +9,7 @@ import pytest
 
 from pdserve.engine import LLM, SamplingParams
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.helpers import KV_CACHE_MEMORY_BYTES
+from tests.helpers import ENGINE_OPTIONS
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +77,7 @@ def test_whole_completion_with_logprobs_and_a_stop_string(client, cluster):
 def test_penalised_seeded_completion_equals_the_offline_engine(client, cluster, e2e_model):
     # What `vllm bench serve` sends, plus every adjustment; values exact in float32, the wire's type.
     adjustments = dict(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.25, min_tokens=4)
-    llm = LLM(e2e_model, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES)
+    llm = LLM(e2e_model, **ENGINE_OPTIONS)
     banned = llm.generate(["penalties"], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0]
     bias = {banned.outputs[0].token_ids[0]: -100.0, 7: 2.5}
     response = client.completions.create(

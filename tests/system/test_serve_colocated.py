@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from pdserve.engine import LLM, SamplingParams
-from tests.helpers import KV_CACHE_FLAGS, KV_CACHE_MEMORY_BYTES, free_port, wait_for_health
+from tests.helpers import ENGINE_FLAGS, ENGINE_OPTIONS, free_port, wait_for_health
 
 pytestmark = pytest.mark.e2e
 
@@ -16,7 +16,7 @@ def server(e2e_model, tmp_path_factory):
     port = free_port()
     log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "pdserve", "serve", "--model", e2e_model, "--port", str(port),
-                                *KV_CACHE_FLAGS], stdout=log, stderr=subprocess.STDOUT)
+                                *ENGINE_FLAGS], stdout=log, stderr=subprocess.STDOUT)
     wait_for_health(process, f"http://127.0.0.1:{port}/health", 120)
     yield port
     process.terminate()
@@ -28,7 +28,7 @@ def test_streamed_completion_equals_the_offline_engine(server, e2e_model):
     stream = client.completions.create(model="model0", prompt="colocated", max_tokens=16, temperature=0,
                                        stream=True, extra_body={"ignore_eos": True})
     text = "".join(choice.text for chunk in stream for choice in chunk.choices)
-    expected = LLM(e2e_model, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES).generate(
+    expected = LLM(e2e_model, **ENGINE_OPTIONS).generate(
         ["colocated"], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)[0].outputs[0].text
     assert text == expected
 
@@ -61,6 +61,6 @@ def test_penalised_seeded_completion_equals_the_offline_engine(server, e2e_model
         extra_body={"repetition_penalty": 1.25, "min_tokens": 4, "ignore_eos": True})
     params = SamplingParams(max_tokens=12, temperature=0.8, seed=5, logit_bias={7: 2.5}, presence_penalty=0.5,
                             frequency_penalty=0.25, repetition_penalty=1.25, min_tokens=4, ignore_eos=True)
-    expected = LLM(e2e_model, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES).generate(
+    expected = LLM(e2e_model, **ENGINE_OPTIONS).generate(
         ["colocated"], params, use_tqdm=False)[0].outputs[0].text
     assert response.choices[0].text == expected

@@ -20,9 +20,7 @@ import pytest
 import redis
 
 from pdserve.cluster.service_args import SECRET_ENV
-from pdserve.engine.cpu_features import cpu_has_hardware_bf16
-from pdserve.engine.engine_config import resolve_dtype
-from tests.helpers import KV_CACHE_FLAGS, descendant_pids, free_port, is_alive, up_redis_url, wait_for_endpoints
+from tests.helpers import ENGINE_DTYPE, ENGINE_FLAGS, descendant_pids, free_port, is_alive, up_redis_url, wait_for_endpoints
 
 STARTUP_DEADLINE_S = 300.0  # includes writing the tiny model once and loading it twice
 GENERATE_TIMEOUT_S = 120.0
@@ -44,7 +42,7 @@ def start_up(tmp_path):
         with log_path.open("w") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "pdserve", "up", "--model", "tiny", "--grpc-port", str(grpc_port),
-                 "--http-port", str(http_port), *KV_CACHE_FLAGS, *flags],
+                 "--http-port", str(http_port), *ENGINE_FLAGS, *flags],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=environ, start_new_session=True)
         process.grpc_port, process.http_port, process.log_path = grpc_port, http_port, log_path
         started.append(process)
@@ -108,13 +106,12 @@ def test_up_logs_one_line_per_replica_and_stage_no_probe_and_no_secret(start_up)
         timeout=GENERATE_TIMEOUT_S).read()
     stop(up_process)
     console = endpoints + up_process.log_path.read_text()
-    dtype = resolve_dtype("auto", "float32", "cpu", cpu_has_hardware_bf16())  # the tiny model's, on this CPU
 
     for replica in ("prefill-0", "decode-0", "decode-1"):
         lines = [line.split("| ", 1)[1] for line in console.splitlines() if line.startswith(f"{replica:<10}| ")]
-        assert len([line for line in lines if line.endswith(f" loading tiny-llama-v2 ({dtype} on cpu)")]) == 1, lines
+        assert len([line for line in lines if line.endswith(f" loading tiny-llama-v2 ({ENGINE_DTYPE} on cpu)")]) == 1, lines
         (ready,) = [match for line in lines if (match := re.search(
-            rf" ready in [\d.]+ s: tiny-llama-v2 \({dtype} on cpu\), "
+            rf" ready in [\d.]+ s: tiny-llama-v2 \({ENGINE_DTYPE} on cpu\), "
             r"KV pool (\d+) blocks x 16 = (\d+) tokens \(0\.50 GiB\); "
             rf"{replica.split('-')[0]} replica {replica} serving on 127\.0\.0\.1:\d+$", line))]
         assert int(ready.group(2)) == int(ready.group(1)) * 16 > 0

@@ -17,7 +17,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.system.faults.conftest import greedy_request  # noqa: F401  (for the tests)
-from tests.helpers import KV_CACHE_FLAGS, KV_CACHE_MEMORY_BYTES
+from tests.helpers import ENGINE_FLAGS, ENGINE_OPTIONS
 from tests.helpers import free_port, wait_until  # noqa: F401  (also for the tests)
 
 START_DEADLINE_S = 180.0
@@ -38,7 +38,7 @@ def offline_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) ->
     """The offline engine's greedy output for each prompt (EOS ignored): what every front must give."""
     from pdserve.engine import LLM, SamplingParams
 
-    llm = LLM(model_dir, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES)
+    llm = LLM(model_dir, **ENGINE_OPTIONS)
     outputs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
                            use_tqdm=False)
     return [Greedy(list(output.outputs[0].token_ids), output.outputs[0].text) for output in outputs]
@@ -136,7 +136,7 @@ def start_serve(model_dir: str, work_dir: Path, *flags: str, context: ssl.SSLCon
     log_path = work_dir / "serve.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "pdserve", "serve", "--model", model_dir,
-                                    "--port", str(port), *KV_CACHE_FLAGS, *flags],
+                                    "--port", str(port), *ENGINE_FLAGS, *flags],
                                    stdout=log, stderr=subprocess.STDOUT)
     served = ServeProcess(process, f"{scheme}://127.0.0.1:{port}", log_path)
 

@@ -20,7 +20,7 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.helpers import KV_CACHE_FLAGS, children_of, free_port, is_alive, up_redis_url, wait_for_endpoints
+from tests.helpers import ENGINE_FLAGS, children_of, free_port, is_alive, up_redis_url, wait_for_endpoints
 
 STARTUP_DEADLINE_S = 300.0
 STOP_DEADLINE_S = 60.0
@@ -83,7 +83,7 @@ def start_up(tmp_path: Path, model_dir: str, *flags: str) -> Up:
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "pdserve", "up", "--model", model_dir, "--grpc-port", str(grpc_port),
-             "--http-port", str(free_port()), *KV_CACHE_FLAGS, *flags],
+             "--http-port", str(free_port()), *ENGINE_FLAGS, *flags],
             stdout=subprocess.PIPE, stderr=log, text=True, env=environ, start_new_session=True)
     up = Up(process, log_path, grpc_port)
     try:
