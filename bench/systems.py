@@ -2,7 +2,7 @@
 its own process group (`pdserve up` also serves the gateway's gRPC API, for the "grpc" backend):
 
     colocated      python -m pdserve serve --model DIR --port P --dtype D [--kv-cache-memory SIZE]
-    disaggregated  python -m pdserve up --model DIR --http-port P --dtype D --prefill N --decode M [--kv-cache-memory SIZE]
+    disaggregated  python -m pdserve up --model DIR --http-port P --dtype D --prefill N --decode M [--kv-cache-memory SIZE] [UP FLAGS]
     vllm           PEER serve DIR P --dtype D --enable-prefix-caching   (vLLM keeps the last flag given)
     llama-cpp      PEER serve FILE.gguf P SLOTS THREADS                 (the GGUF as stored, whatever D)
 
@@ -73,6 +73,7 @@ class SystemOptions:
     gguf: Path | None = None
     startup_timeout_s: float = 900.0
     kv_cache_memory_bytes: int | None = None  # each pdserve engine's KV pool; None: pdserve's default
+    up_flags: tuple[str, ...] = ()  # more flags of disaggregated's `pdserve up`
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,7 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
         return SystemSpec(name, (sys.executable, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(grpc_port), "--http-port", str(port),
                                  "--startup-timeout-s", str(options.startup_timeout_s), *dtype, *pool,
-                                 "--prefill", str(num_p), "--decode", str(num_d)), port,
+                                 "--prefill", str(num_p), "--decode", str(num_d), *options.up_flags), port,
                           f"pdserve up: gateway + {num_p} prefill + {num_d} decode + Redis, KV over shared memory",
                           grpc_port)
     if name == "vllm":
@@ -222,6 +223,8 @@ def add_system_arguments(parser, model: bool = True) -> None:
     parser.add_argument("--peer-llama-cpp", type=Path, metavar="SCRIPT", help="../shared/peers/llama-cpp")
     parser.add_argument("--gguf", type=Path, metavar="FILE", help="the GGUF file llama-cpp serves")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    parser.add_argument("--up-flags", type=str.split, default=(), metavar="'FLAGS'",
+                        help="more flags of disaggregated's `pdserve up`, e.g. '--line-order fifo'")
     add_kv_cache_memory_argument(parser)
 
 
@@ -236,5 +239,5 @@ def options_from(args) -> SystemOptions:
 
     model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
     return SystemOptions(model_dir, args.dtype, args.prefill_replicas, args.decode_replicas, args.peer_vllm,
-                         args.peer_llama_cpp, args.gguf, args.startup_timeout_s, args.kv_cache_memory)
+                         args.peer_llama_cpp, args.gguf, args.startup_timeout_s, args.kv_cache_memory, tuple(args.up_flags))
 

@@ -10,11 +10,11 @@ from pdserve.cluster.replica_server import serve_replica
 from pdserve.cluster.service_args import add_replica_arguments, run_service, served_model_name
 from pdserve.decode_svc.replica import DecodeReplica, DecodeReplicaConfig
 from pdserve.decode_svc.service import DecodeService
+from pdserve.engine.step_budget import DEFAULT_MAX_STEP_MS
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
 from pdserve.kvtransfer.receiver import KVReceiver
 from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2
 
-DEFAULT_MAX_STEP_MS = 100.0
 SERVICE_NAMES = [
     decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name,
     kv_transfer_pb2.DESCRIPTOR.services_by_name["KVTransfer"].full_name,

@@ -13,6 +13,7 @@ chunk has been timed, the budget is `min_tokens`. Pure arithmetic: times are pas
 """
 from __future__ import annotations
 
+DEFAULT_MAX_STEP_MS = 100.0  # a decode replica's, for the prompts it prefills itself
 SMOOTHING = 0.2  # weight of the newest observation
 MIN_TIMED_PROMPT_TOKENS = 8  # smaller chunks say more about noise than about the cost of a token
 

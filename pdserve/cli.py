@@ -20,6 +20,9 @@ from pathlib import Path
 from pdserve.checkpoints.errors import CheckpointError
 from pdserve.checkpoints.model_ref import MODEL_HELP
 from pdserve.cluster.routing_policies import ROUTING_POLICIES
+from pdserve.engine.step_budget import DEFAULT_MAX_STEP_MS
+from pdserve.gateway.disaggregated.prefill_line import ORDERS
+from pdserve.gateway.disaggregated.prefill_placement import PLACEMENTS
 from pdserve.protocol.transport_choice import TRANSPORT_NAMES
 
 DEFAULT_GATEWAY_GRPC_PORT = 50051
@@ -121,6 +124,7 @@ def run_up(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
+        prefill_placement=args.prefill_placement, line_order=args.line_order, max_step_ms=args.max_step_ms,
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_bytes=args.kv_cache_memory)
     return run_up(config, out=sys.stdout, log=sys.stderr)
@@ -166,6 +170,15 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                              "load, or load alone (default cache-aware)")
     parser.add_argument("--migration-limit", type=int, default=3,
                         help="the gateway's: times a request may move off replicas that went away (default 3)")
+    parser.add_argument("--prefill-placement", choices=PLACEMENTS, default="auto",
+                        help="the gateway's: where prompts are prefilled, on a prefill replica or the decode "
+                             "replica itself, whichever is expected sooner (auto), or always on one (remote, local)")
+    parser.add_argument("--max-step-ms", type=float, default=DEFAULT_MAX_STEP_MS,
+                        help="the decode replicas': prompts they prefill go in chunks sized so that a step lasts "
+                             f"at most this (default {DEFAULT_MAX_STEP_MS:g})")
+    parser.add_argument("--line-order", choices=ORDERS, default="slo",
+                        help="the gateway's: the order of prompts waiting for prefill, those that can still meet "
+                             "the TTFT target first (slo), or arrival order (fifo)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the gateway binds (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GATEWAY_GRPC_PORT,

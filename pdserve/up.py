@@ -56,6 +56,7 @@ from pdserve.cluster.ports import free_port
 from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
 from pdserve.engine.cpu_kv_memory import HostMemory, kv_memory_bytes, read_host_memory
+from pdserve.engine.step_budget import DEFAULT_MAX_STEP_MS
 from pdserve.gateway.front.api_keys import ENV_VAR as API_KEY_ENV_VAR
 from pdserve.gpu_placement import PlacementError, place_replicas
 from pdserve.protocol.errors import InvalidConfigError
@@ -86,6 +87,9 @@ class UpConfig:
     enable_prefix_caching: bool = True
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
+    prefill_placement: str = "auto"  # the gateway's (gateway.disaggregated.prefill_placement)
+    line_order: str = "slo"  # the gateway's (gateway.disaggregated.prefill_line)
+    max_step_ms: float = DEFAULT_MAX_STEP_MS  # the decode replicas' (engine.step_budget)
     gpu_memory_utilization: float = 0.9  # of each GPU, split between the replicas placed on it
     kv_cache_memory_bytes: int | None = None  # each replica's KV pool; None: see sized_kv_pools
     # On plain "cuda": the GPU of each replica (gpu_placement); None before placement.
@@ -206,16 +210,18 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     for i, (kind, index) in enumerate(replicas):
         name = f"{kind}-{index}"  # also its replica id, kept across restarts
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
+        step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool)
+                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
     gateway = ChildSpec(
         name="gateway",
         argv=(*_PDSERVE, "gateway", *common, "--served-model-name", model.served_name, "--host", config.host,
               "--grpc-port", str(config.grpc_port), "--http-port", str(config.http_port),
               "--transport", config.transport, "--routing", config.routing,
-              "--migration-limit", str(config.migration_limit)),
+              "--migration-limit", str(config.migration_limit), "--prefill-placement", config.prefill_placement,
+              "--line-order", config.line_order),
         grpc_target=gateway_target(config),
         http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health",
         env=gateway_env(env, config.api_keys))
