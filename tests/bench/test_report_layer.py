@@ -14,7 +14,7 @@ from pdserve.bench.cli import WORKLOADS
 from pdserve.cli import main as pdserve_main
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-KEPT = ("goodput_bf16", "goodput_fp32", "offline_smollm2")
+KEPT = tuple(sorted({path.parent.name for path in RESULTS.glob("*/*.json")}))  # every run kept with its JSON
 
 
 @pytest.fixture
