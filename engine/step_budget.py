@@ -9,7 +9,8 @@ A step that runs decodes and prompt chunks together lasts about
 from the steps the engine runs, as exponential moving averages; the budget is what is left of
 `max_step_s` after the decodes, in prompt tokens, never fewer than `min_tokens` (prompts always
 progress) nor more than `max_tokens` (the scheduler's own budget). Before any step with a prompt
-chunk has been timed, the budget is `min_tokens`. Pure arithmetic: times are passed in.
+chunk has been timed, the budget is `min_tokens`; the cost of a prompt token is always above 0.
+Pure arithmetic: times are passed in.
 """
 from __future__ import annotations
 
@@ -44,8 +45,11 @@ class StepBudget:
             return
         if num_prompt_tokens < MIN_TIMED_PROMPT_TOKENS:
             return
-        prompt_s = max(seconds - (self.decode_s if num_decodes else 0.0), 0.0) / num_prompt_tokens
-        self.s_per_prompt_token = _smooth(self.s_per_prompt_token or prompt_s, prompt_s)
+        prompt_s = (seconds - (self.decode_s if num_decodes else 0.0)) / num_prompt_tokens
+        if prompt_s <= 0:  # the step beat the decodes' own estimate: it says nothing of the prompt's cost
+            return
+        average = prompt_s if self.s_per_prompt_token is None else self.s_per_prompt_token
+        self.s_per_prompt_token = _smooth(average, prompt_s)
 
 
 def _smooth(average: float, value: float) -> float:

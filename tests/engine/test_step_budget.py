@@ -28,6 +28,16 @@ def test_the_budget_never_goes_below_its_minimum_or_above_the_scheduler_budget()
     assert fast.prompt_tokens(num_decodes=0) == 64
 
 
+def test_a_step_faster_than_the_decodes_estimate_teaches_nothing():
+    budget = StepBudget(max_step_s=0.1, max_tokens=2048, min_tokens=16)
+    budget.observe(num_decodes=4, num_prompt_tokens=0, seconds=0.05)
+    budget.observe(num_decodes=4, num_prompt_tokens=64, seconds=0.04)  # under the 50 ms of decodes alone
+    assert budget.s_per_prompt_token is None and budget.prompt_tokens(num_decodes=4) == 16
+    budget.observe(num_decodes=4, num_prompt_tokens=64, seconds=0.114)  # 1 ms a prompt token
+    budget.observe(num_decodes=4, num_prompt_tokens=64, seconds=0.01)
+    assert budget.s_per_prompt_token > 0 and budget.prompt_tokens(num_decodes=4) >= 16
+
+
 def test_the_scheduler_keeps_prompt_chunks_within_the_prompt_budget_and_decodes_run():
     scheduler = Scheduler(BlockAllocator(64, 16, enable_caching=False), max_num_batched_tokens=2048, max_num_seqs=8)
     decoding = Request("d", list(range(10)), SamplingParams(max_tokens=8), seed=0)
