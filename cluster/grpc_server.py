@@ -26,11 +26,12 @@ MAX_MESSAGE_BYTES = 256 * 2**20
 class GrpcServer:
     def __init__(self, bind: str, service_names: Iterable[str], auth: InternalAuth | None = None,
                  credentials: grpc.ServerCredentials | None = None):
-        """`auth`: callers must present the deployment secret (internal services). With
-        `credentials` the port speaks TLS only (the public front)."""
+        """`auth`: callers must present the deployment secret, and connections run its keepalive
+        (internal services). With `credentials` the port speaks TLS only (the public front)."""
         self.server = grpc.aio.server(interceptors=auth.server_interceptors() if auth else None, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            *(auth.keepalive.server_options() if auth else ()),
         ])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

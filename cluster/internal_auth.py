@@ -6,6 +6,7 @@ runs; only `grpc.health.v1` stays open, for probes (reflection is refused like t
 internal client channel sends the secret with each call, and the caller's id (a gateway's id),
 which the decode replica counts reservations against. With no secret configured, servers take
 any call and clients send none: the deployment runs open, and each process says so once at start.
+Every internal connection, client and server side, runs keepalive (cluster/keepalive.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+
+from pdserve.cluster.keepalive import Keepalive
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +31,7 @@ OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 class InternalAuth:
     secret: bytes | None  # None: the deployment runs open
     caller_id: str = ""  # what this process names itself in its calls
+    keepalive: Keepalive = Keepalive()
 
     @classmethod
     def open(cls) -> InternalAuth:
@@ -48,7 +52,8 @@ class InternalAuth:
 
     def channel(self, endpoint: str, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
         """A channel to an internal service that presents this process's credentials."""
-        return grpc.aio.insecure_channel(endpoint, options=list(options), interceptors=self.client_interceptors())
+        return grpc.aio.insecure_channel(endpoint, options=[*self.keepalive.client_options(), *options],
+                                         interceptors=self.client_interceptors())
 
 
 def warn_if_open(auth: InternalAuth, process: str) -> None:

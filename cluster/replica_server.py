@@ -17,6 +17,10 @@ Draining, in this order, so that no request is sent to a replica that refuses it
    here and is counted. Idle has to hold for `SETTLE_S` before it counts, so that such a late
    request, between its routing and its first call here, is not stranded.
 4. Stop the replica (its idle sessions end, its engine stops), then the server.
+
+A replica whose engine thread hangs (cluster/engine_watchdog.py) leaves the same way but
+without waiting: deregister, NOT_SERVING, stop (its requests fail with UNAVAILABLE and move to
+other replicas), then exit with an error for its supervisor to restart it.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from typing import Protocol
 import grpc
 from redis.exceptions import RedisError
 
+from pdserve.cluster.engine_watchdog import watch_engine
 from pdserve.cluster.grpc_server import GrpcServer
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.prefix_digest import MAX_DIGEST_HASHES
@@ -51,6 +56,11 @@ class Replica(Protocol):
     async def load(self) -> dict[str, int]: ...
     async def cached_prefix_hashes(self, limit: int) -> list[bytes]: ...
     def num_in_flight(self) -> int: ...
+    def engine_came_round_s(self) -> float: ...
+
+
+class EngineStalledError(RuntimeError):
+    """The replica's engine thread stopped coming round its loop; the replica left."""
 
 
 async def serve_replica(
@@ -81,13 +91,24 @@ async def serve_replica(
     await server.mark_serving()
     log_ready(model_text, time.monotonic() - started_s, load, f"{kind} replica {replica_id} serving on {endpoint}")
 
-    await server.wait_for_signal()
+    signalled = asyncio.create_task(server.wait_for_signal())
+    stalled = asyncio.create_task(watch_engine(replica.engine_came_round_s, args.engine_stall_s))
+    await asyncio.wait((signalled, stalled), return_when=asyncio.FIRST_COMPLETED)
+    stalled_s = stalled.result() if stalled.done() else None
+    signalled.cancel()
+    stalled.cancel()
     reporter.cancel()
     try:
         await heartbeat.stop()
     except RedisError as error:  # its key expires on its own
         logger.warning("could not deregister: %s", error)
     await server.mark_not_serving()
+    if stalled_s is not None:
+        logger.error("the engine has not come round its loop for %.0f s: deregistered; ending the requests "
+                     "on this replica and exiting", stalled_s)
+        await replica.stop()
+        await server.stop(0)
+        raise EngineStalledError(f"{kind} replica {replica_id}: engine stalled")
     logger.info("deregistered; draining %d in-flight requests (up to %.0f s)",
                 replica.num_in_flight(), args.drain_timeout_s)
     started_s = time.monotonic()

@@ -12,7 +12,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from pdserve.checkpoints.model_ref import MODEL_HELP
+from pdserve.cluster.engine_watchdog import DEFAULT_STALL_S
 from pdserve.cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
+from pdserve.cluster.keepalive import add_keepalive_arguments, keepalive_from
 from pdserve.protocol.errors import InvalidConfigError
 
 SECRET_ENV = "PDSERVE_INTERNAL_SECRET"
@@ -28,6 +30,9 @@ def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--replica-id", default=None, help=f"default: {kind}-<random>")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long in-flight requests may take to finish before the replica stops")
+    parser.add_argument("--engine-stall-s", type=float, default=DEFAULT_STALL_S,
+                        help="a replica whose engine thread takes no step (and does not idle) for this long "
+                             "leaves the registry, fails its requests over to other replicas and exits")
     add_internal_auth_arguments(parser)
     add_model_argument(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -44,11 +49,13 @@ def add_internal_auth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--internal-secret-file", default=None, metavar="PATH",
                         help=f"file holding the deployment secret that internal calls and registry entries carry "
                              f"(default: ${SECRET_ENV}; neither: internal services run open)")
+    add_keepalive_arguments(parser)
 
 
 def internal_auth_from(args: argparse.Namespace, kind: str) -> InternalAuth:
     """The deployment secret from --internal-secret-file, else $PDSERVE_INTERNAL_SECRET (never from
-    argv, where any local user reads it), and a fresh caller id; warns once if there is none."""
+    argv, where any local user reads it), a fresh caller id and the keepalive flags; warns once if
+    there is no secret."""
     secret = None
     if args.internal_secret_file:
         try:
@@ -59,7 +66,7 @@ def internal_auth_from(args: argparse.Namespace, kind: str) -> InternalAuth:
             raise InvalidConfigError(f"--internal-secret-file {args.internal_secret_file} is empty")
     elif os.environ.get(SECRET_ENV):
         secret = os.environ[SECRET_ENV].encode()
-    auth = InternalAuth(secret, new_caller_id(kind))
+    auth = InternalAuth(secret, new_caller_id(kind), keepalive_from(args))
     warn_if_open(auth, kind)
     return auth
 

@@ -88,6 +88,9 @@ class DecodeReplica:
         await self.engine.stop()
         self.pool.close()
 
+    def engine_came_round_s(self) -> float:
+        return self.engine.came_round_s
+
     def num_in_flight(self) -> int:
         return len(self.reservations) + sum(session.num_requests for session in self._sessions)
 

@@ -5,6 +5,8 @@ The engine is single-threaded: only the engine thread touches it. Callers submit
 asyncio queue (`open_stream`) or, with other requests of the same client, on an `OutputGroup`
 (`join_group`) that gets one put per engine step. The thread steps while any request is
 unfinished and otherwise sleeps on the command queue, so an idle replica burns no CPU.
+`came_round_s` is when the thread last came round its loop: at least every COMMAND_WAIT_S when
+idle, after every step when busy; a watchdog (cluster/engine_watchdog.py) reads it.
 
 Invariant: every command's future is resolved (result or exception), and every stream sees its
 request's outputs in order, ending with one that has `finished=True` or with an exception item
@@ -18,6 +20,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gate
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+COMMAND_WAIT_S = 0.5  # an idle engine thread comes round at least this often
 
 
 class EngineDeadError(UnavailableError, RuntimeError):
@@ -49,6 +53,7 @@ class AsyncEngine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=ENGINE_THREAD_NAME, daemon=True)
         self.on_step: Callable[[LLMEngine], None] | None = None  # called on the engine thread
+        self.came_round_s = time.monotonic()  # written by the engine thread only
 
     def start(self) -> None:
         self._thread.start()
@@ -104,6 +109,7 @@ class AsyncEngine:
         try:
             bind_thread(self.engine.device)
             while not self._stopping.is_set():
+                self.came_round_s = time.monotonic()
                 self._drain_commands(block=not self.engine.has_unfinished_requests())
                 if self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
@@ -119,7 +125,7 @@ class AsyncEngine:
     def _drain_commands(self, block: bool) -> None:
         while True:
             try:
-                item = self._commands.get(block=block, timeout=0.5 if block else None)
+                item = self._commands.get(block=block, timeout=COMMAND_WAIT_S if block else None)
             except queue.Empty:
                 return
             if item is None:

@@ -74,6 +74,9 @@ class PrefillReplica:
             await sender.close()
         await self.engine.stop()
 
+    def engine_came_round_s(self) -> float:
+        return self.engine.came_round_s
+
     def num_in_flight(self) -> int:
         return self._num_running
 

@@ -2,8 +2,9 @@
 
 INVALID_ARGUMENT is the client's fault (InvalidRequestError); any other status becomes a
 BackendError that carries it, so the gateway's edge reports what the replica said. A decode
-session that breaks under its requests fails each of them with SessionBrokenError, the one
-signal that says "the replica, not this request, went away".
+session that breaks under its requests fails each of them with SessionBrokenError, and a
+request that gets no step for the token timeout fails with ReplicaStalledError: the two signals
+that say "the replica, not this request, went away" (both UNAVAILABLE, so the request migrates).
 """
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ class BackendError(UnavailableError):
 
 class SessionBrokenError(BackendError):
     """The session with a decode replica ended while the request ran on it (UNAVAILABLE)."""
+
+    def __init__(self, replica_id: str, message: str):
+        super().__init__(grpc.StatusCode.UNAVAILABLE, message, replica_id)
+
+
+class ReplicaStalledError(BackendError):
+    """A replica took no step for a request in the token timeout: alive maybe, of no use (UNAVAILABLE)."""
 
     def __init__(self, replica_id: str, message: str):
         super().__init__(grpc.StatusCode.UNAVAILABLE, message, replica_id)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import grpc
 
 from pdserve.cluster.proto_convert import FINISH_REASON_NAMES, logprobs_from_proto
-from pdserve.gateway.disaggregated.backend_errors import BackendError, SessionBrokenError, backend_error
+from pdserve.gateway.disaggregated.backend_errors import (BackendError, ReplicaStalledError, SessionBrokenError,
+                                                         backend_error)
 from pdserve.gateway.disaggregated.completion_text import SampledToken
 from pdserve.v1 import decode_pb2, decode_pb2_grpc
 
@@ -48,8 +49,8 @@ class DecodeSession:
     async def generate(self, request: decode_pb2.DecodeRequest, token_timeout_s: float,
                        request_timeout_s: float) -> AsyncIterator[DecodeStep]:
         """The request's steps until one finishes it. Raises SessionBrokenError, a BackendError
-        with the replica's status for this request, or DEADLINE_EXCEEDED when no step comes in
-        `token_timeout_s` or the request outlives `request_timeout_s`."""
+        with the replica's status for this request, ReplicaStalledError when no step comes in
+        `token_timeout_s`, or DEADLINE_EXCEEDED when the request outlives `request_timeout_s`."""
         request_id = request.request_id
         if self.broken:
             raise SessionBrokenError(self.replica_id, f"decode replica {self.replica_id}: session is broken")
@@ -59,12 +60,16 @@ class DecodeSession:
         ended = False
         try:
             while not ended:
-                timeout_s = min(token_timeout_s, deadline_s - time.monotonic())
+                left_s = deadline_s - time.monotonic()
                 try:
-                    item = await asyncio.wait_for(steps.get(), timeout_s)
+                    item = await asyncio.wait_for(steps.get(), min(token_timeout_s, left_s))
                 except TimeoutError:
-                    raise BackendError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                       f"{self.replica_id}: request {request_id} got no decode step in time") from None
+                    if left_s <= token_timeout_s:
+                        raise BackendError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                           f"{self.replica_id}: request {request_id} ran past its "
+                                           f"{request_timeout_s:g} s") from None
+                    raise ReplicaStalledError(self.replica_id, f"decode replica {self.replica_id}: request "
+                                              f"{request_id} got no step in {token_timeout_s:g} s") from None
                 if isinstance(item, Exception):
                     ended = True
                     raise item

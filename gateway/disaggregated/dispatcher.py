@@ -8,7 +8,8 @@ they can take it.
 One task walks the line whenever something may have changed (an attempt joined, a first token
 came back, a request ended, a decode replica refused a reservation) and every DISPATCH_POLL_S
 while attempts wait (other gateways change the replicas' load too). For the waiter at the head
-it picks decode = most free KV blocks and prefill = fewest queued prompt tokens, each counting the
+it picks, among the replicas not ejected (gateway.disaggregated.outliers), decode = most free
+KV blocks and prefill = fewest queued prompt tokens, each counting the
 prompt's blocks it holds cached in its favour (gateway.disaggregated.router), and the side to
 prefill on (gateway.disaggregated.prefill_placement); a head it cannot place yet (its decode
 replica's free blocks, as counted here, cannot hold the prompt, or neither side can take it)
@@ -31,6 +32,7 @@ import grpc
 
 from pdserve.cluster.registry import LiveReplicas, ReplicaInfo
 from pdserve.gateway.disaggregated.backend_errors import BackendError
+from pdserve.gateway.disaggregated.outliers import Outliers
 from pdserve.gateway.disaggregated.prefill_line import PrefillLine, Waiter
 from pdserve.gateway.disaggregated.prefill_placement import PrefillLedger, PrefillTicket, Where, place
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
@@ -73,12 +75,13 @@ class _Ask:
 
 class Dispatcher:
     def __init__(self, config: DispatchConfig, replicas: LiveReplicas, affinity: PrefixAffinity, router: Router,
-                 metrics: GatewayMetrics):
+                 metrics: GatewayMetrics, outliers: Outliers | None = None):
         self.config = config
         self.replicas = replicas
         self.affinity = affinity
         self.router = router
         self.metrics = metrics
+        self.outliers = outliers or Outliers()
         self.line = PrefillLine(config.line_order, config.ttft_slo_s)
         self.ledger = PrefillLedger()
         self._asks: dict[Waiter, _Ask] = {}
@@ -170,8 +173,8 @@ class Dispatcher:
     def _place(self, ask: _Ask, decodes: list[ReplicaInfo], prefills: list[ReplicaInfo],
                now_s: float) -> Placement | None:
         """The replicas for `ask` now, counted against their load; None: it waits."""
-        decodes = [r for r in decodes if r.replica_id not in ask.excluded_replica_ids]
-        prefills = [r for r in prefills if r.replica_id not in ask.excluded_replica_ids]
+        decodes = self.outliers.usable([r for r in decodes if r.replica_id not in ask.excluded_replica_ids])
+        prefills = self.outliers.usable([r for r in prefills if r.replica_id not in ask.excluded_replica_ids])
         num_tokens = len(ask.token_ids)
         try:
             decode = self.router.pick_decode(decodes, num_tokens, ask.cached["decode"])

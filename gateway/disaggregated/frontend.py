@@ -32,6 +32,7 @@ from pdserve.gateway.disaggregated.channels import ChannelPool
 from pdserve.gateway.disaggregated.completion_text import CompletionText
 from pdserve.gateway.disaggregated.dispatcher import DispatchConfig, Dispatcher
 from pdserve.gateway.disaggregated.migration import Migrations
+from pdserve.gateway.disaggregated.outliers import Outliers
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
 from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillClient, Timeouts
 from pdserve.gateway.disaggregated.request import DisaggregatedRequest, Route
@@ -65,9 +66,10 @@ class DisaggregatedFrontend:
         self.store = store
         self.metrics = metrics
         self.router = Router()
+        self.outliers = Outliers()
         self.channels = ChannelPool(config.internal_auth)
         self.dispatcher = Dispatcher(config.dispatch, replicas, affinity or PrefixAffinity(None), self.router,
-                                     metrics)  # PrefixAffinity(None): load-only routing
+                                     metrics, self.outliers)  # PrefixAffinity(None): load-only routing
         self._decode_clients: dict[tuple[str, str], DecodeClient] = {}  # (replica id, endpoint): its session
         self._live: dict[str, DisaggregatedRequest] = {}
         self._has_replicas = False
@@ -96,7 +98,7 @@ class DisaggregatedFrontend:
         request_id, prompt_ids, params = await self.prompts.prepare(request, self._live)
         text = CompletionText(self.tokenizer, request_id, prompt_ids, params)
         driven = DisaggregatedRequest(request_id, prompt_ids, params, text, self.route, self.store, self.metrics,
-                                      Migrations(self.config.migration_limit), request.owner)
+                                      Migrations(self.config.migration_limit, self.outliers), request.owner)
         self._live[request_id] = driven
         try:
             async with contextlib.aclosing(driven.stream()) as chunks:

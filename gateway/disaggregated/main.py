@@ -23,6 +23,7 @@ from pdserve.gateway.disaggregated.frontend import DisaggregatedConfig, Disaggre
 from pdserve.gateway.disaggregated.prefill_line import ORDERS
 from pdserve.gateway.disaggregated.prefill_placement import PLACEMENTS
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
+from pdserve.gateway.disaggregated.replica_clients import Timeouts
 from pdserve.gateway.disaggregated.request_store import RequestStore
 from pdserve.gateway.front.admission import Admission
 from pdserve.gateway.front.front_config import add_front_arguments, front_config_from
@@ -39,6 +40,7 @@ from pdserve.v1 import gateway_pb2
 logger = logging.getLogger(__name__)
 HEALTH_REFRESH_S = 1.0
 REDIS_TIMEOUT_S = 5.0
+_TIMEOUTS = Timeouts()  # the defaults
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "to be sooner (a short prompt, a busy prefill side, a prefix it holds cached); "
                              "remote, local: always there")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
+    parser.add_argument("--rpc-timeout-s", type=float, default=_TIMEOUTS.rpc_s,
+                        help="deadline of a reservation or an abort on a replica")
+    parser.add_argument("--token-timeout-s", type=float, default=_TIMEOUTS.token_s,
+                        help="a running request that gets no decode step in this long moves to another replica, "
+                             "as when its replica goes away")
+    parser.add_argument("--request-timeout-s", type=float, default=_TIMEOUTS.request_s,
+                        help="deadline of a whole request on its replicas (its wait in the line, its prefill, all "
+                             "its decode steps)")
     add_front_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
     add_internal_auth_arguments(parser)
@@ -86,6 +96,7 @@ async def serve(args: argparse.Namespace) -> None:
     prompts = PromptBuilder(tokenizer, args.model, limits.vocab_size, limits.max_model_len)
     frontend = DisaggregatedFrontend(
         DisaggregatedConfig(model_name=model_name, migration_limit=args.migration_limit, internal_auth=internal_auth,
+                            timeouts=Timeouts(args.rpc_timeout_s, args.request_timeout_s, args.token_timeout_s),
                             dispatch=DispatchConfig(args.ttft_slo_s, args.line_order, args.prefill_placement,
                                                     transport_from_name(args.transport))),
         prompts, LiveReplicas(redis, internal_auth.secret), RequestStore(redis, ttl_s=args.request_ttl_s), metrics,

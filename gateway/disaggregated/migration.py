@@ -8,7 +8,9 @@ not approximate, because sampling is a pure function of (seed, position, logits)
 tokens count as output (engine/sampler.py). Any other failure is the request's own and ends it.
 
 A request migrates at most `limit` times. Each replica that failed it is excluded from its
-routing from then on: the registry lists a dead replica until its heartbeat expires.
+routing from then on: the registry lists a dead replica until its heartbeat expires, and a
+stalled or unreachable one for as long as it heartbeats. The gateway's other requests avoid it
+for a back-off too (gateway.disaggregated.outliers).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from pdserve.gateway.disaggregated.backend_errors import BackendError
+from pdserve.gateway.disaggregated.outliers import Outliers
 
 
 class MigrationLimitError(BackendError):
@@ -26,6 +29,7 @@ class MigrationLimitError(BackendError):
 @dataclass(slots=True)
 class Migrations:
     limit: int  # migrations allowed per request; 0 fails it on its first replica failure
+    outliers: Outliers = field(default_factory=Outliers)  # the gateway's: every request's failures eject
     num_done: int = 0
     excluded_replica_ids: set[str] = field(default_factory=set)
 
@@ -37,8 +41,10 @@ class Migrations:
         return None
 
     def start(self, request_id: str, error: BackendError, replica_id: str) -> None:
-        """Counts one migration away from `replica_id`; raises MigrationLimitError past the limit."""
+        """Counts one migration away from `replica_id`, which is ejected from the gateway's routing;
+        raises MigrationLimitError past the limit."""
         self.excluded_replica_ids.add(replica_id)
+        self.outliers.failed(replica_id)
         if self.num_done >= self.limit:
             raise MigrationLimitError(
                 grpc.StatusCode.UNAVAILABLE,

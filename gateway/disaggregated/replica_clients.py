@@ -24,9 +24,12 @@ from pdserve.v1 import decode_pb2, decode_pb2_grpc, kv_transfer_pb2, prefill_pb2
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
+    """Deadlines of the calls to replicas (the gateway's flags). A replica that stops answering
+    altogether is found sooner, by keepalive (cluster/keepalive.py)."""
+
     rpc_s: float = 30.0  # Reserve, Abort
-    request_s: float = 600.0  # a whole Prefill.Run, or all the decode steps of a request
-    token_s: float = 120.0  # longest wait for a running request's next decode step
+    request_s: float = 3600.0  # a whole Prefill.Run, or all the decode steps of a request
+    token_s: float = 120.0  # longest wait for a running request's next decode step: past it, the replica stalled
 
 
 @dataclass(frozen=True, slots=True)

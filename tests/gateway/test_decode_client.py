@@ -9,7 +9,7 @@ import pytest
 
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.protocol.sampling_params import SamplingParams
-from pdserve.gateway.disaggregated.backend_errors import BackendError, SessionBrokenError
+from pdserve.gateway.disaggregated.backend_errors import BackendError, ReplicaStalledError, SessionBrokenError
 from pdserve.gateway.disaggregated.replica_clients import DecodeClient, Timeouts
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
@@ -158,7 +158,7 @@ def test_leaving_a_request_early_sends_its_abort_command():
     with_client(test)
 
 
-def test_no_step_within_the_token_timeout_fails_the_request_and_aborts_it():
+def test_no_step_within_the_token_timeout_fails_the_request_as_a_stalled_replica_and_aborts_it():
     async def test(servicer, client):
         with pytest.raises(BackendError) as failure:
             await collect(generate(client, "stuck"))
@@ -166,4 +166,16 @@ def test_no_step_within_the_token_timeout_fails_the_request_and_aborts_it():
         return failure.value
 
     failure = with_client(test, Timeouts(token_s=0.2))
+    assert isinstance(failure, ReplicaStalledError)
+    assert failure.grpc_code == grpc.StatusCode.UNAVAILABLE  # so the request migrates
+
+
+def test_a_request_past_its_request_timeout_fails_with_deadline_exceeded():
+    async def test(servicer, client):
+        with pytest.raises(BackendError) as failure:
+            await collect(generate(client, "long"))
+        return failure.value
+
+    failure = with_client(test, Timeouts(token_s=10.0, request_s=0.2))
+    assert not isinstance(failure, ReplicaStalledError)
     assert failure.grpc_code == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -10,6 +10,7 @@ import pytest
 from pdserve.cluster.registry import ReplicaInfo
 from pdserve.gateway.disaggregated.backend_errors import BackendError
 from pdserve.gateway.disaggregated.dispatcher import DispatchConfig, Dispatcher
+from pdserve.gateway.disaggregated.outliers import Outliers
 from pdserve.gateway.disaggregated.prefill_placement import Where
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
 from pdserve.gateway.disaggregated.router import Router
@@ -77,3 +78,23 @@ def test_a_local_placement_names_no_prefill_replica():
             gateway.close()
     placement = asyncio.run(main())
     assert placement.prefill is None and placement.ticket.where is Where.LOCAL
+
+
+def test_an_ejected_decode_replica_gets_no_turn_while_another_can_take_it():
+    async def main():
+        registry = Registry(free_blocks=64)
+        other = dataclasses.replace(registry.decode, replica_id="d1", free_blocks=32)  # fewer free: picked second
+        registry.list = lambda kind: _listed([registry.decode, other] if kind == "decode" else [registry.prefill])
+        outliers = Outliers()
+        outliers.failed("d0")
+        gateway = Dispatcher(DispatchConfig(prefill_placement="remote"), registry, PrefixAffinity(None), Router(),
+                             GatewayMetrics("m"), outliers)
+        try:
+            return await asyncio.wait_for(gateway.turn(list(range(100)), set(), time.monotonic(), WAIT_S), WAIT_S)
+        finally:
+            gateway.close()
+    assert asyncio.run(main()).decode.replica_id == "d1"
+
+
+async def _listed(replicas: list[ReplicaInfo]) -> list[ReplicaInfo]:
+    return replicas
