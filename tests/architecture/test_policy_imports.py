@@ -11,6 +11,7 @@ POLICY_MODULES = [
     "pdserve.engine.request",
     "pdserve.decode_svc.reservations",
     "pdserve.gateway.disaggregated.router",
+    "pdserve.cluster.registry_entry",
     "pdserve.gateway.front.request_state",
 ]
 HEAVY = ("torch", "grpc", "google.protobuf", "redis")
