@@ -1,7 +1,8 @@
 """The live replica set in Redis: replicas announce themselves, the gateway reads who is alive.
 
-    replica:{kind}:{replica_id}   JSON of a ReplicaInfo, signed with the deployment secret
-                                  (cluster/registry_signing.py), with a TTL of ttl_s (ids hold no ':')
+    replica:{kind}:{replica_id}   JSON of a ReplicaInfo (cluster/registry_entry.py), signed with the
+                                  deployment secret (cluster/registry_signing.py), with a TTL of
+                                  ttl_s (ids hold no ':')
     replicas:{kind}               sorted set of replica ids, scored by their last heartbeat's
                                   expiry (unix s): the index LiveReplicas reads
     prefixes:{kind}:{replica_id}  the replica's cached prefixes (cluster.prefix_digest), with the
@@ -9,16 +10,19 @@
 
 A replica's ReplicaHeartbeat rewrites its key every interval_s (< ttl_s) with a fresh TTL, so
 the key lives while the replica keeps beating: `stop()` deletes it, and a killed
-replica's key expires within ttl_s. The load in the key is the last one the replica reported
-through `update_load`, so it lags the replica by up to interval_s; `updated_unix_s` says when the
-replica reported it.
+replica's key expires within ttl_s. Each write states the time it was written (`written_unix_s`),
+the replica's KV layout fingerprint and the registry protocol version. The load in the key is the
+last one the replica reported through `update_load`, so it lags the replica by up to interval_s;
+`updated_unix_s` says when the replica reported it.
 
 Liveness is the key alone; the index only says which keys to read, so listing costs two round
 trips however many other keys (request records) Redis holds. An index member whose key has
 expired is skipped, and every heartbeat drops members of its kind silent for over
 INDEX_GRACE_S; a member dropped while alive (a replica whose clock runs that far behind) is back
 at its next beat. With a signing key, `LiveReplicas` leaves out every entry whose signature does
-not verify, or that sits under another replica's key, and logs each such replica id once.
+not verify; it also leaves out the entries that registry_entry's reading rules refuse (under
+another replica's key, of a newer protocol version, written too long ago: a replay), and logs
+each such replica id once. Fields it does not know are ignored, so newer replicas stay listed.
 
 While Redis cannot be reached, each replica logs one line per missed beat and keeps beating, so
 it is listed again by the first beat after Redis returns (within interval_s). The gateway's
@@ -35,50 +39,24 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from pdserve.cluster.prefix_digest import digest_key, encode_digest
 from pdserve.cluster.redis_client import StateStoreUnavailableError, connect_redis, state_store_errors
+from pdserve.cluster.registry_entry import (LOAD_FIELDS, MAX_CLOCK_SKEW_S, REGISTRY_PROTOCOL_VERSION, ReplicaInfo,
+                                            ReplicaKind, UnusableEntryError, read_entry)
 from pdserve.cluster.registry_signing import sign_entry, verified_fields
 from pdserve.protocol.errors import InvalidConfigError
 
 logger = logging.getLogger(__name__)
 
-ReplicaKind = Literal["prefill", "decode"]
 _KINDS = ("prefill", "decode")
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _SHM_PATH = Path("/dev/shm")
 INDEX_GRACE_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaInfo:
-    replica_id: str
-    kind: ReplicaKind
-    endpoint: str  # host:port of the replica's gRPC service
-    host_id: str  # equal for two replicas that can share memory (see default_host_id)
-    device: str  # "cpu", "cuda:0", ...
-    # Load, as last reported; fields a replica does not report stay 0.
-    queued_tokens: int = 0  # prompt tokens waiting for or in prefill
-    free_blocks: int = 0  # KV blocks not reserved or in use
-    total_blocks: int = 0
-    block_size: int = 0  # tokens per KV block; 0 when not reported
-    running_seqs: int = 0
-    waiting_seqs: int = 0
-    used_slots: int = 0  # KV slots holding a token (allocated slots minus paging waste)
-    num_preemptions: int = 0  # since the replica started
-    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since the replica started
-    prefix_cache_hits: int = 0  # of those, tokens found cached
-    updated_unix_s: float = 0.0  # when the replica last reported its load
-
-
-LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs",
-                         "used_slots", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits"})
 
 
 def default_host_id(boot_id_path: Path = _BOOT_ID_PATH, shm_path: Path = _SHM_PATH) -> str:
@@ -113,6 +91,7 @@ class ReplicaHeartbeat:
         ttl_s: float = 3.0,
         interval_s: float = 1.0,
         signing_key: bytes | None = None,  # the deployment secret; None: entries go unsigned
+        kv_layout_fingerprint: str = "",  # kvtransfer.layout.KVLayout.fingerprint; "": not stated
     ):
         if kind not in _KINDS:
             raise InvalidConfigError(f"replica kind must be one of {_KINDS}, got {kind!r}")
@@ -126,7 +105,9 @@ class ReplicaHeartbeat:
         self._ttl_s = ttl_s
         self._ttl_ms = round(ttl_s * 1000)
         self._interval_s = interval_s
-        self._info = ReplicaInfo(replica_id, kind, endpoint, host_id, device)
+        self._info = ReplicaInfo(replica_id, kind, endpoint, host_id, device,
+                                 kv_layout_fingerprint=kv_layout_fingerprint,
+                                 protocol_version=REGISTRY_PROTOCOL_VERSION, ttl_s=ttl_s)
         self._digest_key = digest_key(kind, replica_id)
         self._digest: str | None = None  # None: never reported
         self._signing_key = signing_key
@@ -187,8 +168,9 @@ class ReplicaHeartbeat:
 
     async def _write(self) -> None:
         now_unix_s = time.time()
+        entry = dataclasses.asdict(dataclasses.replace(self._info, written_unix_s=now_unix_s))
         async with self._client.pipeline(transaction=True) as pipe:
-            pipe.set(self._key, sign_entry(dataclasses.asdict(self._info), self._signing_key), px=self._ttl_ms)
+            pipe.set(self._key, sign_entry(entry, self._signing_key), px=self._ttl_ms)
             if self._digest is not None:
                 pipe.set(self._digest_key, self._digest, px=self._ttl_ms)
             pipe.zadd(self._index, {self._info.replica_id: now_unix_s + self._ttl_s})
@@ -199,13 +181,16 @@ class ReplicaHeartbeat:
 class LiveReplicas:
     """The gateway's side: reads the replicas whose heartbeat keys have not expired."""
 
-    def __init__(self, client: redis.Redis, signing_key: bytes | None = None, *, stale_limit_s: float = 30.0):
+    def __init__(self, client: redis.Redis, signing_key: bytes | None = None, *, stale_limit_s: float = 30.0,
+                 max_clock_skew_s: float = MAX_CLOCK_SKEW_S):
         """`client` must decode replies (cluster.redis_client.connect_redis makes one);
-        `signing_key`: the deployment secret, which every entry taken must be signed with."""
+        `signing_key`: the deployment secret, which every entry taken must be signed with;
+        `max_clock_skew_s`: how far a replica's clock may run from this one's (registry_entry)."""
         if stale_limit_s < 0:
             raise InvalidConfigError(f"stale_limit_s must be >= 0, got {stale_limit_s}")
         self._redis = client
         self._signing_key = signing_key
+        self._max_clock_skew_s = max_clock_skew_s
         self._rejected_ids: set[str] = set()  # logged once each
         self._stale_limit_s = stale_limit_s
         self._last_read: dict[str, tuple[float, list[ReplicaInfo]]] = {}  # kind: (monotonic s, replicas)
@@ -230,23 +215,24 @@ class LiveReplicas:
                 return []
             # An indexed replica whose key has expired reads as None and is left out.
             values = await self._redis.mget([_replica_key(kind, replica_id) for replica_id in replica_ids])
+        now_unix_s = time.time()
         replicas = [replica for replica_id, value in zip(replica_ids, values, strict=True)
-                    if value is not None and (replica := self._verified(kind, replica_id, value)) is not None]
+                    if value is not None and (replica := self._used(kind, replica_id, value, now_unix_s)) is not None]
         return sorted(replicas, key=lambda replica: replica.replica_id)
 
-    def _verified(self, kind: str, replica_id: str, value: str) -> ReplicaInfo | None:
+    def _used(self, kind: str, replica_id: str, value: str, now_unix_s: float) -> ReplicaInfo | None:
+        """The replica the entry announces, or None (logged once per replica id) for an entry that
+        does not verify or that the reading rules (cluster/registry_entry.py) leave out."""
         fields = verified_fields(value, self._signing_key)
         try:
-            replica = None if fields is None else ReplicaInfo(**fields)
-        except TypeError:
-            replica = None
-        if replica is not None and (replica.kind, replica.replica_id) == (kind, replica_id):
-            return replica
-        if replica_id not in self._rejected_ids:
-            self._rejected_ids.add(replica_id)
-            logger.warning("ignoring the registry entry of %s replica %r: malformed, under another replica's key, "
-                           "or not signed with the deployment secret", kind, replica_id)
-        return None
+            if fields is None:
+                raise UnusableEntryError("not JSON, or not signed with the deployment secret")
+            return read_entry(fields, kind, replica_id, now_unix_s, self._max_clock_skew_s)
+        except UnusableEntryError as error:
+            if replica_id not in self._rejected_ids:
+                self._rejected_ids.add(replica_id)
+                logger.warning("ignoring the registry entry of %s replica %r: %s", kind, replica_id, error)
+            return None
 
 
 def _replica_key(kind: str, replica_id: str) -> str:

@@ -6,7 +6,8 @@
 Starting logs one line as loading begins and one once SERVING (cluster/startup_log.py).
 
 The server refuses callers without the deployment secret, and the heartbeat signs the replica's
-registry entry with it (cluster/internal_auth.py, cluster/registry.py).
+registry entry with it (cluster/internal_auth.py, cluster/registry.py). The entry announces the
+replica's KV layout fingerprint, by which gateways pair only compatible replicas.
 
 Draining, in this order, so that no request is sent to a replica that refuses it:
 1. Deregister: the heartbeat key goes, and gateways read the registry on every request they
@@ -50,7 +51,13 @@ SETTLE_S = 0.5
 STOP_GRACE_S = 2.0  # for the calls still open once drained: session streams ending
 
 
+class KVLayoutView(Protocol):
+    fingerprint: str  # kvtransfer.layout.KVLayout's: equal for replicas whose KV blocks are byte-compatible
+
+
 class Replica(Protocol):
+    layout: KVLayoutView  # announced in the registry, so gateways pair only compatible replicas
+
     def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def load(self) -> dict[str, int]: ...
@@ -82,7 +89,7 @@ async def serve_replica(
     await server.start()
     replica.start()
     heartbeat = ReplicaHeartbeat(args.redis_url, kind, replica_id, endpoint, default_host_id(), args.device,
-                                 signing_key=auth.secret)
+                                 signing_key=auth.secret, kv_layout_fingerprint=replica.layout.fingerprint)
     # Registered with its load: a replica listed with none would look full to the router.
     load = await replica.load()
     heartbeat.update_load(**_load_fields(load))

@@ -9,11 +9,12 @@ One task walks the line whenever something may have changed (an attempt joined, 
 came back, a request ended, a decode replica refused a reservation) and every DISPATCH_POLL_S
 while attempts wait (other gateways change the replicas' load too). For the waiter at the head
 it picks, among the replicas not ejected (gateway.disaggregated.outliers), decode = most free
-KV blocks and prefill = fewest queued prompt tokens, each counting the
-prompt's blocks it holds cached in its favour (gateway.disaggregated.router), and the side to
-prefill on (gateway.disaggregated.prefill_placement); a head it cannot place yet (its decode
-replica's free blocks, as counted here, cannot hold the prompt, or neither side can take it)
-ends the walk, so no waiter overtakes one ahead of it in the order.
+KV blocks and prefill = fewest queued prompt tokens, each counting the prompt's blocks it holds
+cached in its favour (gateway.disaggregated.router), among the pairs whose KV layouts match
+(gateway.disaggregated.pairing), and the side to prefill on
+(gateway.disaggregated.prefill_placement); a head it cannot place yet (its decode replica's free
+blocks, as counted here, cannot hold the prompt, or neither side can take it) ends the walk, so
+no waiter overtakes one ahead of it in the order.
 
 Invariants: between a pick and counting it against the replicas' load (the router's pending
 dispatches, the ledger's backlog) there is no await, so each pick sees every dispatch this gateway
@@ -33,6 +34,7 @@ import grpc
 from pdserve.cluster.registry import LiveReplicas, ReplicaInfo
 from pdserve.gateway.disaggregated.backend_errors import BackendError
 from pdserve.gateway.disaggregated.outliers import Outliers
+from pdserve.gateway.disaggregated.pairing import pairable_decodes, partners
 from pdserve.gateway.disaggregated.prefill_line import PrefillLine, Waiter
 from pdserve.gateway.disaggregated.prefill_placement import PrefillLedger, PrefillTicket, Where, place
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
@@ -92,8 +94,8 @@ class Dispatcher:
     async def turn(self, token_ids: list[int], excluded_replica_ids: set[str], arrival_s: float,
                    timeout_s: float) -> Placement:
         """The attempt's placement, once its turn comes (none of `excluded_replica_ids`). Raises
-        UnavailableError with no replica of a kind, BackendError for a prompt no decode replica
-        could ever hold, DEADLINE_EXCEEDED after `timeout_s`."""
+        UnavailableError with no replica of a kind or no pair of matching KV layouts, BackendError
+        for a prompt no decode replica could ever hold, DEADLINE_EXCEEDED after `timeout_s`."""
         decodes, prefills = await self._live_replicas(excluded_replica_ids)
         ask = _Ask(token_ids, excluded_replica_ids, await self.affinity.cached_tokens(prefills + decodes, token_ids))
         waiter = self.line.join(len(token_ids), arrival_s)
@@ -177,8 +179,8 @@ class Dispatcher:
         prefills = self.outliers.usable([r for r in prefills if r.replica_id not in ask.excluded_replica_ids])
         num_tokens = len(ask.token_ids)
         try:
-            decode = self.router.pick_decode(decodes, num_tokens, ask.cached["decode"])
-            prefill = self.router.pick_prefill(prefills, ask.cached["prefill"])
+            decode = self.router.pick_decode(pairable_decodes(decodes, prefills), num_tokens, ask.cached["decode"])
+            prefill = self.router.pick_prefill(partners(decode, prefills), ask.cached["prefill"])
         except NoReplicaError as exc:
             raise UnavailableError(str(exc)) from exc
         if self._full_decodes.get(decode.replica_id, 0.0) > now_s or not _fits(decode, num_tokens):

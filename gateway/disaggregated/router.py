@@ -3,6 +3,7 @@
 Decode: the replica with the most free KV blocks, ties to the fewest running sequences, then to
 the smallest replica_id; replicas whose free blocks cannot hold the prompt are passed over while
 any replica can. Prefill: the fewest queued prompt tokens, ties to the smallest replica_id.
+The dispatcher offers each pick only replicas whose KV layouts match (gateway.disaggregated.pairing).
 
 Cache-aware (gateway.disaggregated.prefix_affinity), the prompt tokens a replica already holds count in its
 favour, at the rate of the work they save, as Dynamo's KV router weighs overlap against load:

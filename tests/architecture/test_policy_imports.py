@@ -11,6 +11,8 @@ POLICY_MODULES = [
     "pdserve.engine.request",
     "pdserve.decode_svc.reservations",
     "pdserve.gateway.disaggregated.router",
+    "pdserve.gateway.disaggregated.pairing",
+    "pdserve.cluster.registry_entry",
     "pdserve.gateway.front.request_state",
 ]
 HEAVY = ("torch", "grpc", "google.protobuf", "redis")

@@ -1,5 +1,5 @@
-"""The replica registry as a specification: a beating replica is listed with its latest load,
-and one that stops, is cancelled or is killed leaves the list within ttl_s."""
+"""The replica registry as a specification: a beating replica is listed with its latest load and
+its KV layout, and one that stops, is cancelled or is killed leaves the list within ttl_s."""
 import asyncio
 import gc
 import os
@@ -13,6 +13,7 @@ import redis
 
 from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import INDEX_GRACE_S, LiveReplicas, ReplicaHeartbeat
+from pdserve.cluster.registry_entry import REGISTRY_PROTOCOL_VERSION
 from pdserve.protocol.errors import InvalidConfigError
 from tests.helpers import free_port
 
@@ -64,6 +65,28 @@ def test_a_started_replica_is_listed_under_its_kind_only(redis_url):
             await beat.stop()
 
     run_with_live(redis_url, scenario)
+
+
+def test_an_entry_states_the_kv_layout_the_protocol_and_when_each_beat_wrote_it(redis_url):
+    async def scenario(live):
+        beat = heartbeat(redis_url, "d0", kv_layout_fingerprint="0123456789abcdef")
+        await beat.start()
+        try:
+            [first] = await live.list("decode")
+
+            async def rewritten():
+                return (await live.list("decode"))[0].written_unix_s > first.written_unix_s
+
+            await wait_until(rewritten, INTERVAL_S + MARGIN_S)
+            return first
+        finally:
+            await beat.stop()
+
+    started_unix_s = time.time()
+    replica = run_with_live(redis_url, scenario)
+    assert (replica.kv_layout_fingerprint, replica.protocol_version, replica.ttl_s) == (
+        "0123456789abcdef", REGISTRY_PROTOCOL_VERSION, TTL_S)
+    assert started_unix_s <= replica.written_unix_s <= time.time()
 
 
 def test_reported_load_is_listed_within_one_interval(redis_url):

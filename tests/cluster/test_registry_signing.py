@@ -1,13 +1,16 @@
 """Signed registry entries: with the deployment secret, the gateway's view of the registry holds
-only replicas whose entry is signed with it; a forged, unsigned or moved entry is left out."""
+only replicas whose entry is signed with it; a forged, unsigned, moved or replayed entry is left
+out, and an entry with fields the gateway does not know is kept."""
 import asyncio
 import dataclasses
 import json
+import time
 
 import pytest
 
 from pdserve.cluster.redis_client import connect_redis
 from pdserve.cluster.registry import LiveReplicas, ReplicaHeartbeat, ReplicaInfo
+from pdserve.cluster.registry_entry import REGISTRY_PROTOCOL_VERSION
 from pdserve.cluster.registry_signing import sign_entry
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("empty_redis")]
@@ -52,3 +55,30 @@ def test_only_entries_signed_with_the_secret_are_listed(redis_url, caplog):
     warnings = [record.getMessage() for record in caplog.records if "ignoring the registry entry" in record.getMessage()]
     for replica_id in ("unsigned", "wrongkey", "garbage", "copied"):  # once each, however often it lists
         assert sum(f"'{replica_id}'" in message for message in warnings) == 1, warnings
+
+
+def test_a_signed_entry_is_listed_while_fresh_and_readable_whatever_fields_it_adds(redis_url, caplog):
+    """What a newer replica writes is listed; a genuine entry recorded an hour ago and written
+    back (a replay), or one of a protocol this gateway predates, is not."""
+    async def main():
+        client = connect_redis(redis_url, timeout_s=2.0)
+        now_unix_s = time.time()
+        entry = dataclasses.asdict(ReplicaInfo("", "decode", "127.0.0.1:2", "host", "cpu", free_blocks=8,
+                                               protocol_version=REGISTRY_PROTOCOL_VERSION,
+                                               written_unix_s=now_unix_s, ttl_s=3.0))
+        cases = {"newer": {"kv_pool_tier": "host-dram"},
+                 "replayed": {"written_unix_s": now_unix_s - 3600},
+                 "next-protocol": {"protocol_version": REGISTRY_PROTOCOL_VERSION + 1}}
+        try:
+            for replica_id, changes in cases.items():
+                await forge(client, "decode", replica_id, sign_entry({**entry, **changes, "replica_id": replica_id},
+                                                                     SECRET))
+            caplog.clear()
+            return await LiveReplicas(client, SECRET).list("decode")
+        finally:
+            await client.aclose()
+
+    listed = asyncio.run(main())
+    assert [(replica.replica_id, replica.free_blocks) for replica in listed] == [("newer", 8)]
+    warnings = "\n".join(record.getMessage() for record in caplog.records)
+    assert "'replayed': written 3600" in warnings and "'next-protocol': protocol version" in warnings

@@ -1,6 +1,6 @@
 """The gateway's dispatcher over an in-memory registry: turns come in the line's order, a head that
 cannot be placed yet holds back those behind it, a request's end lets the next one go, and a prompt
-no decode pool could hold fails at once."""
+no decode pool could hold, or one with no pair of replicas whose KV layouts match, fails at once."""
 import asyncio
 import dataclasses
 import time
@@ -14,6 +14,7 @@ from pdserve.gateway.disaggregated.outliers import Outliers
 from pdserve.gateway.disaggregated.prefill_placement import Where
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
 from pdserve.gateway.disaggregated.router import Router
+from pdserve.gateway.front.frontend_types import UnavailableError
 from pdserve.gateway.front.metrics import GatewayMetrics
 
 WAIT_S = 5.0
@@ -98,3 +99,19 @@ def test_an_ejected_decode_replica_gets_no_turn_while_another_can_take_it():
 
 async def _listed(replicas: list[ReplicaInfo]) -> list[ReplicaInfo]:
     return replicas
+
+
+def test_a_request_with_no_pair_of_matching_kv_layouts_fails_at_once():
+    async def main():
+        registry = Registry(free_blocks=64)
+        registry.decode = dataclasses.replace(registry.decode, kv_layout_fingerprint="block-size-32")
+        registry.prefill = dataclasses.replace(registry.prefill, kv_layout_fingerprint="block-size-16")
+        gateway = dispatcher(registry)
+        started_s = time.monotonic()
+        try:
+            with pytest.raises(UnavailableError, match="no live prefill replica shares a KV layout"):
+                await asyncio.wait_for(gateway.turn(list(range(100)), set(), started_s, WAIT_S), WAIT_S)
+        finally:
+            gateway.close()
+        return time.monotonic() - started_s
+    assert asyncio.run(main()) < WAIT_S / 2  # refused, not left to wait out its deadline
