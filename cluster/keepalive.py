@@ -7,7 +7,9 @@ every `interval_s` and closes the connection when a ping goes unanswered for `ti
 call on it then fails with UNAVAILABLE, which the gateway treats as the replica going away
 (gateway.disaggregated.migration). So a silent peer is noticed within interval_s + timeout_s,
 whatever the call's own deadline. Pings are answered by gRPC's own threads, not by the
-engine, so a replica busy with a long step still answers them.
+engine, so a replica busy with a long step still answers them. A channel tries to reconnect at
+least every `interval_s` (gRPC's default backoff grows to 2 minutes), so a peer back from a
+partition is reachable again within that.
 
 Servers accept pings as often as a client may send them, with or without calls in flight:
 gRPC's default server policy ends a connection that pings more often than every 5 minutes
@@ -42,6 +44,7 @@ class Keepalive:
             ("grpc.http2.ping_timeout_ms", round(self.timeout_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_reconnect_backoff_ms", round(self.interval_s * 1000)),
         ]
 
     def server_options(self) -> list[tuple[str, int]]:

@@ -11,6 +11,10 @@ where a fresh tmpfs is mounted on /dev/shm before the command starts. Two hosts 
 kernel (its boot id) and nothing else: a POSIX shared-memory segment one creates does not exist
 for the other, so a refusal of shm between them is the real one, not a flag.
 
+`cut(a, b)` partitions two hosts: each drops what it would send the other (a blackhole route), so
+their connections go silent, as over a failed link, while both still reach every other host;
+`heal(a, b)` removes the two routes.
+
 `close()` removes what `create_hosts` made, by name: the root end of the veth pairs, then the
 namespaces (which take their veth ends along). Stop the processes started on the hosts first: a
 namespace with a process left in it outlives its name.
@@ -79,6 +83,14 @@ class Hosts:
         _ip("-n", namespace, "addr", "add", f"{self._addresses[name]}/{self.subnet.prefixlen}", "dev", "eth0")
         _ip("-n", namespace, "link", "set", "eth0", "up")
         _ip("-n", namespace, "link", "set", "lo", "up")
+
+    def cut(self, a: str, b: str) -> None:
+        for source, destination in ((a, b), (b, a)):
+            _ip("-n", self.namespace(source), "route", "add", "blackhole", f"{self.address(destination)}/32")
+
+    def heal(self, a: str, b: str) -> None:
+        for source, destination in ((a, b), (b, a)):
+            _ip("-n", self.namespace(source), "route", "del", "blackhole", f"{self.address(destination)}/32")
 
     def close(self) -> None:
         """Removes everything, even past a removal that fails; then raises the first failure."""
