@@ -2,16 +2,15 @@
 
 Health (`grpc.health.v1`) reports NOT_SERVING until the service says it is ready; reflection is
 on. An internal service passes its `InternalAuth`, whose interceptor refuses callers without the
-deployment secret (cluster/internal_auth.py); the public gateway passes none. `serve_until_signal` is the plain stop: SIGTERM/SIGINT switch health to NOT_SERVING, stop
-accepting calls, give in-flight calls `grace_s` to finish, then stop. A service that drains
-first (a replica) composes `wait_for_signal`, `mark_not_serving` and `stop` itself.
+deployment secret (cluster/internal_auth.py); the public gateway passes none. A service stops by
+composing `wait_for_signal`, `mark_not_serving` and `stop` with its own drain in between.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -64,14 +63,6 @@ class GrpcServer:
     async def stop(self, grace_s: float) -> None:
         """Refuses new calls and gives running ones grace_s before cancelling them."""
         await self.server.stop(grace_s)
-
-    async def serve_until_signal(self, grace_s: float = 10.0, on_stop: Callable | None = None) -> None:
-        await self.wait_for_signal()
-        logger.info("shutting down (grace %.0f s)", grace_s)
-        await self.mark_not_serving()
-        await self.stop(grace_s)
-        if on_stop is not None:
-            await on_stop()
 
     async def _set_status(self, status) -> None:
         for name in ("", *self._names):

@@ -15,8 +15,8 @@ Draining, in this order, so that no request is sent to a replica that refuses it
 2. NOT_SERVING: health checks (orchestrators, `pdserve up`) see the replica leaving.
 3. Wait, up to `--drain-timeout-s`, until nothing is in flight (`Replica.num_in_flight`). The
    server still takes calls meanwhile: a request routed just before the deregistration lands
-   here and is counted. Idle has to hold for `SETTLE_S` before it counts, so that such a late
-   request, between its routing and its first call here, is not stranded.
+   here and is counted. Idle has to hold for a moment before it counts (cluster/drain.py), so
+   that such a late request, between its routing and its first call here, is not stranded.
 4. Stop the replica (its idle sessions end, its engine stops), then the server.
 
 A replica whose engine thread hangs (cluster/engine_watchdog.py) leaves the same way but
@@ -36,6 +36,7 @@ from typing import Protocol
 import grpc
 from redis.exceptions import RedisError
 
+from pdserve.cluster.drain import drain
 from pdserve.cluster.engine_watchdog import watch_engine
 from pdserve.cluster.grpc_server import GrpcServer
 from pdserve.cluster.internal_auth import InternalAuth
@@ -46,8 +47,6 @@ from pdserve.cluster.startup_log import log_loading, log_ready
 
 logger = logging.getLogger(__name__)
 LOAD_REPORT_INTERVAL_S = 0.5
-DRAIN_POLL_INTERVAL_S = 0.05
-SETTLE_S = 0.5
 STOP_GRACE_S = 2.0  # for the calls still open once drained: session streams ending
 
 
@@ -125,21 +124,6 @@ async def serve_replica(
         logger.warning("drain timed out with %d requests in flight; stopping them", replica.num_in_flight())
     await replica.stop()
     await server.stop(STOP_GRACE_S)
-
-
-async def drain(num_in_flight: Callable[[], int], timeout_s: float) -> bool:
-    """Waits until num_in_flight() has read 0 for SETTLE_S; False if timeout_s passes first."""
-    deadline_s = time.monotonic() + timeout_s
-    idle_since_s = None
-    while (now_s := time.monotonic()) < deadline_s:
-        if num_in_flight() > 0:
-            idle_since_s = None
-        elif idle_since_s is None:
-            idle_since_s = now_s
-        elif now_s - idle_since_s >= SETTLE_S:
-            return True
-        await asyncio.sleep(DRAIN_POLL_INTERVAL_S)
-    return num_in_flight() == 0
 
 
 async def _report_load(heartbeat: ReplicaHeartbeat, replica: Replica) -> None:

@@ -2,6 +2,11 @@
 
 Both fronts share one configuration (gateway.front.front_config): the same API keys, the same TLS
 certificate, and one admission bound over the requests of both.
+
+On SIGTERM the gateway drains as a replica does: admission closes (every new request is refused
+with UNAVAILABLE / HTTP 503, so clients and load balancers retry on another gateway), health turns
+NOT_SERVING, the requests already taken stream to their end for up to `--drain-timeout-s`, then
+both fronts stop.
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 
+from pdserve.cluster.drain import drain
 from pdserve.cluster.grpc_server import GrpcServer
 from pdserve.cluster.prefix_digest import PrefixDigests
 from pdserve.cluster.redis_client import connect_redis
@@ -39,6 +45,7 @@ from pdserve.v1 import gateway_pb2
 
 logger = logging.getLogger(__name__)
 HEALTH_REFRESH_S = 1.0
+STOP_GRACE_S = 2.0  # for the streams still open once drained
 REDIS_TIMEOUT_S = 5.0
 _TIMEOUTS = Timeouts()  # the defaults
 
@@ -67,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: on a prefill replica, or on the decode replica itself when that is expected "
                              "to be sooner (a short prompt, a busy prefill side, a prefix it holds cached); "
                              "remote, local: always there")
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0,
+                        help="on SIGTERM, how long the requests already taken may stream before the gateway stops")
     parser.add_argument("--request-ttl-s", type=float, default=3600.0, help="how long finished requests stay in Redis")
     parser.add_argument("--rpc-timeout-s", type=float, default=_TIMEOUTS.rpc_s,
                         help="deadline of a reservation or an abort on a replica")
@@ -117,11 +126,15 @@ async def serve(args: argparse.Namespace) -> None:
                     args.host, args.http_port, model_name,
                     "API keys required" if front.api_keys.required else "no API key required")
 
-        async def stop_refreshing() -> None:
-            health.cancel()
-            records.cancel()
-
-        await server.serve_until_signal(on_stop=stop_refreshing)
+        await server.wait_for_signal()
+        admission.close()
+        await server.mark_not_serving()
+        logger.info("draining %d requests (up to %.0f s)", admission.num_pending, args.drain_timeout_s)
+        if not await drain(lambda: admission.num_pending, args.drain_timeout_s):
+            logger.warning("drain timed out with %d requests streaming; stopping them", admission.num_pending)
+        health.cancel()
+        records.cancel()
+        await server.stop(STOP_GRACE_S)
     await frontend.close()
     await redis.aclose()
 

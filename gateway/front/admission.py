@@ -8,6 +8,10 @@ gateway tokenizes it, writes to Redis or calls a replica: the client sees HTTP 4
 load shedding at the front (as SGLang's `--max-queued-requests`); the gateway never queues a
 request behind others, so the bound is also the bound on what it holds in memory.
 
+On SIGTERM the gateway `close`s admission: from then on every new request is refused with
+UNAVAILABLE (HTTP 503), so a client or load balancer retries it on another gateway, while the
+requests already admitted stream to their end (gateway/disaggregated/main.py drains them).
+
 Invariant: `num_pending` is the number of slots held, and returns to 0 once every admitted
 stream has ended; `pdserve:num_requests_pending` shows it and
 `pdserve:requests_rejected_total{front}` counts the refusals.
@@ -19,7 +23,8 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError, ResourceExhaustedError
+from pdserve.protocol.errors import (InvalidConfigError, InvalidRequestError, ResourceExhaustedError,
+                                     UnavailableError)
 
 DEFAULT_MAX_PENDING_REQUESTS = 4096
 RETRY_AFTER_S = 1
@@ -36,12 +41,17 @@ class OverloadedError(ResourceExhaustedError):
         self.retry_after_s = retry_after_s
 
 
+class DrainingError(UnavailableError):
+    """The gateway is shutting down: it takes no new request (UNAVAILABLE, HTTP 503)."""
+
+
 class Admission:
     def __init__(self, max_pending_requests: int, registry: CollectorRegistry, model_name: str):
         if max_pending_requests < 1:
             raise InvalidConfigError(f"max_pending_requests must be at least 1, got {max_pending_requests}")
         self.max_pending_requests = max_pending_requests
         self.num_pending = 0
+        self.closed = False
         self._pending = Gauge(
             "pdserve:num_requests_pending", "Requests the gateway's fronts hold (admitted, not ended).",
             ("model_name",), registry=registry).labels(model_name)
@@ -51,8 +61,10 @@ class Admission:
 
     def admit(self, num_requests: int, front: str) -> contextlib.AbstractContextManager[None]:
         """Slots for `num_requests`, held inside the `with` block the answer opens; raises
-        OverloadedError at once, holding none, when they do not fit now, and
-        InvalidRequestError when they never could."""
+        OverloadedError at once, holding none, when they do not fit now, DrainingError once
+        closed, and InvalidRequestError when they never could."""
+        if self.closed:
+            raise DrainingError("the gateway is shutting down: retry on another one")
         if num_requests > self.max_pending_requests:
             raise InvalidRequestError(
                 f"{num_requests} requests at once exceed the gateway's maximum of {self.max_pending_requests}")
@@ -62,6 +74,10 @@ class Admission:
                 f"the gateway holds {self.num_pending} requests, its maximum is {self.max_pending_requests}: "
                 f"retry in {RETRY_AFTER_S} s", RETRY_AFTER_S)
         return self._holding(num_requests)
+
+    def close(self) -> None:
+        """Refuses every request from now on; those admitted hold their slots to their end."""
+        self.closed = True
 
     @contextlib.contextmanager
     def _holding(self, num_requests: int) -> Iterator[None]:

@@ -176,7 +176,7 @@ class _OpenAIApi:
         return web.json_response({"prompt": self._frontend.tokenizer.decode(token_ids)})
 
     async def health(self, request: web.Request) -> web.Response:
-        healthy = self._frontend.health()
+        healthy = self._frontend.health() and not self._admission.closed
         return web.json_response({"status": "ok" if healthy else "unavailable"}, status=200 if healthy else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:

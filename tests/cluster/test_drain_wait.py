@@ -1,9 +1,9 @@
-"""A draining replica stops once nothing has been in flight for the settle time, or at its deadline."""
+"""A draining process stops once nothing has been in flight for the settle time, or at its deadline."""
 import asyncio
 import time
 
-from pdserve.cluster import replica_server
-from pdserve.cluster.replica_server import drain
+from pdserve.cluster import drain as drain_module
+from pdserve.cluster.drain import drain
 
 
 def test_drain_returns_once_idle_has_held_for_the_settle_time():
@@ -11,7 +11,7 @@ def test_drain_returns_once_idle_has_held_for_the_settle_time():
 
     started_s = time.monotonic()
     assert asyncio.run(drain(lambda: next(counts, 0), timeout_s=10.0))
-    assert replica_server.SETTLE_S <= time.monotonic() - started_s < 5.0
+    assert drain_module.SETTLE_S <= time.monotonic() - started_s < 5.0
 
 
 def test_drain_gives_up_at_its_deadline_while_requests_stay_in_flight():

@@ -24,7 +24,6 @@ where one is installed):
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import re
@@ -37,8 +36,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pdserve.cluster.grpc_server import GrpcServer
 from pdserve.cluster.replica_server import STOP_GRACE_S
+from pdserve.gateway.disaggregated.main import STOP_GRACE_S as GATEWAY_STOP_GRACE_S
 from tests.deploy.kustomize import render
 
 pytestmark = pytest.mark.deploy
@@ -288,12 +287,11 @@ def test_gateway_is_ready_only_with_replicas(objects):
 
 
 def test_termination_grace_outlasts_shutdown(objects):
-    serve_grace_s = inspect.signature(GrpcServer.serve_until_signal).parameters["grace_s"].default
     for component in PDSERVE_COMPONENTS:
         deployment = deployments(objects)[component]
         container = main_container(deployment)
         args = parse_pdserve(container)
-        shutdown_s = args.drain_timeout_s + STOP_GRACE_S if component in REPLICAS else serve_grace_s
+        shutdown_s = args.drain_timeout_s + (STOP_GRACE_S if component in REPLICAS else GATEWAY_STOP_GRACE_S)
         grace_s = pod_spec(deployment).get("terminationGracePeriodSeconds", 30)
         assert grace_s > prestop_s(container) + shutdown_s, component
 

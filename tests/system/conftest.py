@@ -37,6 +37,7 @@ class Service:
     log_path: Path
     http_port: int = 0  # gateway only
     host: str = "127.0.0.1"  # the address it binds and advertises
+    flags: tuple[str, ...] = ()  # its own, as given to Cluster.start
 
     @property
     def endpoint(self) -> str:
@@ -71,10 +72,10 @@ class Cluster:
         log_path = self.work_dir / f"{name}.log"
         command = [*launcher, sys.executable, "-m", "pdserve", kind, "--model", self.model_dir,
                    "--redis-url", self.redis_url, "--host", host, *port_flags, *engine_flags, *flags]
-        with open(log_path, "w") as log:
+        with open(log_path, "a") as log:
             env = {**os.environ, "PDSERVE_INTERNAL_SECRET": self.internal_secret}
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        service = Service(kind, name, process, port, log_path, http_port if kind == "gateway" else 0, host)
+        service = Service(kind, name, process, port, log_path, http_port if kind == "gateway" else 0, host, flags)
         self.services.append(service)
         return service
 
@@ -133,6 +134,16 @@ class Cluster:
     def kill(self, service: Service) -> None:
         service.process.send_signal(signal.SIGKILL)
         service.process.wait(timeout=10)
+
+    def restart(self, service: Service, drain_timeout_s: float = 60.0) -> Service:
+        """Stops `service` with SIGTERM (it drains first) and starts it again with its flags on
+        fresh ports (its log goes on in the same file); returns it once it serves again."""
+        service.process.send_signal(signal.SIGTERM)
+        service.process.wait(timeout=drain_timeout_s)
+        self.services.remove(service)
+        started = self.start(service.kind, service.name, *service.flags, host=service.host)
+        self.wait_ready()
+        return started
 
     def stop(self) -> None:
         for service in self.services:
