@@ -7,7 +7,8 @@ request that its client does not cut must finish with the offline engine's greed
 no KV block is held on any replica and every request record is terminal.
 
 1. 32 concurrent prompts of 1,500-1,900 tokens through two prefill replicas and one decode
-   replica whose pool holds about three of them.
+   replica whose pool holds about three of them; the same with one prefill replica killed
+   (SIGKILL) once a quarter of them have begun, its requests moving to the other.
 2. 200 streams, 64 at a time, half of them cut by their clients at a random (seeded) point.
 """
 import asyncio
@@ -26,6 +27,7 @@ from tests.system.faults.stream_clients import LIVE_STATES, grpc_stream, request
 pytestmark = pytest.mark.faults
 
 SETTLE_TIMEOUT_S = 30.0
+LONG_MAX_TOKENS = 16
 
 
 def random_prompts(model_dir: str, seed: int, num_prompts: int, min_len: int, max_len: int) -> list[list[int]]:
@@ -58,22 +60,51 @@ def assert_nothing_left(cluster, request_ids: list[str]) -> dict[str, tuple[str,
     return wait_until(all_terminal, "every request record to be terminal", SETTLE_TIMEOUT_S)
 
 
-@pytest.mark.timeout(300)
-def test_32_long_prompts_at_once_all_finish_through_a_pool_that_holds_three(make_cluster, e2e_model):
-    max_tokens = 16
+@pytest.fixture(scope="module")
+def long_burst(make_cluster, e2e_model):
+    """One deployment for the long prompts: its decode pool's 360 blocks of 16 tokens hold three
+    requests of ~1,700 tokens and the gateway may reserve 180; the prompts and their greedy
+    tokens."""
     prompts = random_prompts(e2e_model, seed=11, num_prompts=32, min_len=1500, max_len=1900)
-    # 360 blocks of 16 tokens hold three requests of ~1,700 tokens; the gateway may reserve 180.
     cluster = make_cluster([("decode", "d0", ("--num-gpu-blocks", "360")), ("prefill", "p0", ()),
-                            ("prefill", "p1", ()), ("gateway", "gw", ())])
-    reference = [greedy.token_ids for greedy in offline_greedy(e2e_model, prompts, max_tokens)]
+                            ("prefill", "p1", ()), ("gateway", "gw", ("--prefill-placement", "remote"))])
+    return cluster, prompts, [greedy.token_ids for greedy in offline_greedy(e2e_model, prompts, LONG_MAX_TOKENS)]
 
-    cases = [(f"long-{i}", prompt, None) for i, prompt in enumerate(prompts)]
-    outcomes = asyncio.run(burst(cluster.gateway.endpoint, cases, max_tokens, max_in_flight=len(cases)))
 
+def assert_long_burst_done(cluster, cases, outcomes, reference) -> None:
     assert [(o.request_id, o.status, o.message) for o in outcomes if o.status is not None] == []
     assert [i for i, o in enumerate(outcomes) if o.token_ids != reference[i]] == []
     records = assert_nothing_left(cluster, [request_id for request_id, _, _ in cases])
     assert {records[request_id][0] for request_id, _, _ in cases} == {"FINISHED"}
+
+
+@pytest.mark.timeout(300)
+def test_32_long_prompts_at_once_all_finish_through_a_pool_that_holds_three(long_burst):
+    cluster, prompts, reference = long_burst
+    cases = [(f"long-{i}", prompt, None) for i, prompt in enumerate(prompts)]
+    outcomes = asyncio.run(burst(cluster.gateway.endpoint, cases, LONG_MAX_TOKENS, max_in_flight=len(cases)))
+    assert_long_burst_done(cluster, cases, outcomes, reference)
+
+
+@pytest.mark.timeout(300)
+def test_32_long_prompts_lose_none_when_a_prefill_replica_is_killed_among_them(long_burst):
+    cluster, prompts, reference = long_burst
+    cases = [(f"kill-{i}", prompt, None) for i, prompt in enumerate(prompts)]
+
+    async def burst_with_a_kill():
+        running = asyncio.create_task(burst(cluster.gateway.endpoint, cases, LONG_MAX_TOKENS,
+                                            max_in_flight=len(cases)))
+
+        def begun() -> int:
+            records = request_records(cluster.redis_url)
+            return sum(records.get(request_id, ("QUEUED",))[0] != "QUEUED" for request_id, _, _ in cases)
+        while await asyncio.to_thread(begun) < len(cases) // 4:
+            assert not running.done(), "the burst ended before the kill"
+            await asyncio.sleep(0.05)
+        cluster.kill(next(s for s in cluster.services if s.name == "p0"))
+        return await running
+    outcomes = asyncio.run(asyncio.wait_for(burst_with_a_kill(), 240))
+    assert_long_burst_done(cluster, cases, outcomes, reference)
 
 
 @pytest.mark.timeout(300)
