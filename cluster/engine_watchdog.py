@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-DEFAULT_STALL_S = 120.0  # longer than any legitimate step, a long prompt chunk on one CPU core included
+DEFAULT_STALL_S = 300.0  # longer than any legitimate step: a long prompt chunk of a larger model on one CPU core
 TICK_S = 1.0
 LATE_TICK_S = 2.0  # a tick this much later than due: the process (or its event loop) was held
 
