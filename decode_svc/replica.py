@@ -8,7 +8,8 @@
 3. Generate: on a gateway's `DecodeSession`, the request joins the running batch with its
    first token; its tokens go out with the session's other requests, one message per step.
 4. Finish / abort / session end / expiry: the engine frees the blocks, once no write into them
-   is in progress (decode_svc/reservations.py: fencing).
+   is in progress or can start (decode_svc/reservations.py: fencing; the in-place transports'
+   write fence over the pool's blocks is `self.fence`).
 
 All engine access goes through `AsyncEngine`; the reservation table and the open sessions live
 on the event loop. In flight, for a drain: every reservation not yet joined plus every request
@@ -34,6 +35,7 @@ from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.kvtransfer.write_fence import WriteFence
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.protocol.kv_blocks import num_blocks_for
 from pdserve.v1 import common_pb2
@@ -52,7 +54,6 @@ class DecodeReplicaConfig:
     reservation_timeout_s: float = 30.0
     # Of the pool, the share one caller may hold in reservations not yet joined.
     max_reserved_fraction_per_caller: float = 0.5
-    in_place_grace_s: float = 5.0  # expired in-place reservations keep their blocks this much longer
 
 
 class DecodeReplica:
@@ -65,10 +66,10 @@ class DecodeReplica:
         self.layout = make_layout(model_id(config.engine.model), engine.kv_spec)
         self.max_model_len = engine.max_model_len
         self.block_size = engine.allocator.block_size
+        self.fence = WriteFence(engine.allocator.num_blocks)
         self.reservations = ReservationTable(
-            config.reservation_timeout_s,
-            max_blocks_per_caller=max(1, int(config.max_reserved_fraction_per_caller * engine.allocator.num_blocks)),
-            in_place_grace_s=config.in_place_grace_s)
+            config.reservation_timeout_s, self.fence.try_close,
+            max_blocks_per_caller=max(1, int(config.max_reserved_fraction_per_caller * engine.allocator.num_blocks)))
         self._reaper: asyncio.Task | None = None
         self._sessions: set[DecodeSession] = set()
 
@@ -87,6 +88,7 @@ class DecodeReplica:
             session.close(ReplicaStoppingError(f"decode replica {self.config.replica_id} is stopping"))
         await self.engine.stop()
         self.pool.close()
+        self.fence.close()
 
     def engine_came_round_s(self) -> float:
         return self.engine.came_round_s
@@ -110,14 +112,16 @@ class DecodeReplica:
                 f"num_prompt_tokens must be in [1, {self.max_model_len}] (the model's context length), "
                 f"got {num_prompt_tokens}")
         pool_fields = target_fields(self.pool, transport)
+        in_place = transport in IN_PLACE_TRANSPORTS
         self.reservations.check_quota(caller, num_blocks_for(num_prompt_tokens, self.block_size))
         table, num_cached = await self.engine.call(
             lambda engine: engine.reserve(request_id, num_prompt_tokens, token_ids))
         write_token = secrets.token_bytes(WRITE_TOKEN_BYTES)
         # Only the blocks after the cached prefix take writes; the shared ones are never written.
         entry = self.reservations.add(request_id, table[num_cached:], num_prompt_tokens, time.monotonic(),
-                                      caller=caller, write_token=write_token,
-                                      in_place=transport in IN_PLACE_TRANSPORTS)
+                                      caller=caller, write_token=write_token, in_place=in_place)
+        if in_place:
+            pool_fields.update(fence_name=self.fence.name, fence_generation=self.fence.generation(entry.block_ids[0]))
         remaining_s = entry.deadline_s - time.monotonic()
         return KVTarget(
             request_id=request_id, block_ids=tuple(entry.block_ids), layout=self.layout, transport=transport,
@@ -150,14 +154,14 @@ class DecodeReplica:
 
     async def abort(self, request_id: str) -> bool:
         if not self.reservations.remove(request_id):
-            return True  # a KV write still holds its blocks; its end releases them
+            return True  # a KV write still holds its blocks; they go back once none does
         return await self.engine.abort(request_id)
 
     async def _reap_expired(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
-            for entry in self.reservations.pop_expired(time.monotonic()):
-                self._release(entry, f"expired ({entry.state.value})")
+            for entry in self.reservations.pop_ended(time.monotonic()):
+                self._release(entry, f"ended ({entry.state.value})")
 
     def _release(self, entry: Reservation, why: str) -> None:
         logger.warning("reservation of %s %s; releasing %d blocks", entry.request_id, why, len(entry.block_ids))

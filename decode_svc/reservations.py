@@ -2,20 +2,22 @@
 
     RESERVED ──(KV landed)──▶ LANDED ──(generate)──▶ joined (leaves the table)
         │                        │
-        └── deadline passes, ────┴──▶ ended: the caller releases the blocks
+        └── deadline passes, ────┴──▶ ended ──(no write holds it)──▶ the caller releases the blocks
             or removed (abort)
 
 Who may write: only a caller presenting the reservation's `write_token` (a random capability
 returned by Reserve only to its caller), and only into a RESERVED entry before its deadline.
 
-Fencing, the invariant: the blocks of an ended reservation are handed back for reuse only once
-no write into them can still be in progress. A receiver-side write holds its reservation from
-`begin_write` to `end_write`; an entry that expires or is removed while held is marked ended
-(no new write or landing is accepted) and `end_write` of its last write hands it back. An
-in-place write (shm, cuda_ipc) happens in the sender's process where this table cannot see it:
-the sender starts no copy after the deadline and checks the deadline again before it commits,
-and the blocks of an expired RESERVED in-place entry are kept `in_place_grace_s` past the
-deadline, so a copy that started in time finishes before anyone else can be given them.
+Fencing, the invariant: the blocks of an ended reservation go back for reuse only once no write
+into them is in progress or can start. A receiver-side write holds its reservation from
+`begin_write` to `end_write`. An in-place write (shm, cuda_ipc) runs in the sender's process, out
+of this table's sight, under the reservation's write fence (kvtransfer/write_fence.py):
+`try_fence(first block id)` closes the fence, which stops every later writer, unless a writer
+holds it now. Only a RESERVED in-place entry needs its fence closed: a sender commits after its
+copy, so a LANDED one has no writer left. An ended entry that a write still holds stays in the
+table, taking no write or landing, until the `end_write` of its last write or the first
+`pop_ended` after its in-place writer let go. That quarantine ends: a writer lets go when its
+copy ends or its process does, however long it was paused.
 
 A LANDED entry gets a fresh deadline: if its generate command never comes, it expires too.
 Each caller (a gateway) may hold at most `max_blocks_per_caller` blocks in entries of the table.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdserve.protocol.errors import NotFoundError, PreconditionError, ResourceExhaustedError, WriteTokenError
@@ -59,14 +62,15 @@ class Reservation:
     state: ReservationState = ReservationState.RESERVED
     num_bytes: int = 0
     num_writes: int = 0  # receiver-side writes into its blocks in progress
-    ended: bool = False  # expired or removed while a write held it: released at the write's end
+    ended: bool = False  # expired or removed; kept in the table while a write still holds it
 
 
 class ReservationTable:
-    def __init__(self, timeout_s: float, max_blocks_per_caller: int | None = None, in_place_grace_s: float = 0.0):
+    def __init__(self, timeout_s: float, try_fence: Callable[[int], bool], max_blocks_per_caller: int | None = None):
         self.timeout_s = timeout_s
+        # first block id -> True once that reservation's in-place writes are fenced off, False while one runs
+        self._try_fence = try_fence
         self.max_blocks_per_caller = max_blocks_per_caller  # None: no cap
-        self.in_place_grace_s = in_place_grace_s
         self._entries: dict[str, Reservation] = {}
 
     def __len__(self) -> int:
@@ -101,13 +105,11 @@ class ReservationTable:
         return entry.block_ids
 
     def end_write(self, request_id: str) -> Reservation | None:
-        """Ends a write that `begin_write` began; returns the entry if it ended meanwhile and this
-        was its last write: its blocks are the caller's to release now."""
+        """Ends a write that `begin_write` began; returns the entry if it ended meanwhile and no
+        write holds it any more: its blocks are the caller's to release now."""
         entry = self._entries[request_id]
         entry.num_writes -= 1
-        if entry.ended and entry.num_writes == 0:
-            return self._entries.pop(request_id)
-        return None
+        return self._pop_if_released(entry)
 
     def mark_landed(self, request_id: str, write_token: bytes, num_bytes: int, now_s: float) -> None:
         entry = self._writable(request_id, write_token, now_s)
@@ -128,34 +130,30 @@ class ReservationTable:
 
     def remove(self, request_id: str) -> bool:
         """Ends the reservation. True: the caller may release its blocks now (or there is no
-        reservation); False: a write still holds them, and its `end_write` hands them back."""
+        reservation); False: a write still holds them, and `end_write` or `pop_ended` hands them back."""
         entry = self._entries.get(request_id)
         if entry is None or entry.ended:
             return entry is None
-        if entry.num_writes:
-            entry.ended = True
-            return False
-        del self._entries[request_id]
-        return True
+        entry.ended = True
+        return self._pop_if_released(entry) is not None
 
-    def pop_expired(self, now_s: float) -> list[Reservation]:
-        """The entries past their deadline whose blocks may be released now; those a write still
-        holds are ended, and come back from its `end_write`."""
-        expired = []
+    def pop_ended(self, now_s: float) -> list[Reservation]:
+        """Ends the entries past their deadline, and returns the ended entries that no write
+        holds any more: their blocks are the caller's to release now."""
+        released = []
         for entry in list(self._entries.values()):
-            if entry.ended or now_s < self._release_s(entry):
-                continue
-            if entry.num_writes:
-                entry.ended = True
-            else:
-                expired.append(self._entries.pop(entry.request_id))
-        return expired
+            entry.ended = entry.ended or now_s >= entry.deadline_s
+            if (popped := self._pop_if_released(entry)) is not None:
+                released.append(popped)
+        return released
 
-    def _release_s(self, entry: Reservation) -> float:
-        """When an expired entry's blocks may go to someone else."""
-        if entry.in_place and entry.state is ReservationState.RESERVED:
-            return entry.deadline_s + self.in_place_grace_s
-        return entry.deadline_s
+    def _pop_if_released(self, entry: Reservation) -> Reservation | None:
+        """Removes an ended entry once no write into its blocks is in progress, nor can start."""
+        if not entry.ended or entry.num_writes:
+            return None
+        if entry.in_place and entry.state is ReservationState.RESERVED and not self._try_fence(entry.block_ids[0]):
+            return None
+        return self._entries.pop(entry.request_id)
 
     def _writable(self, request_id: str, write_token: bytes, now_s: float) -> Reservation:
         entry = self._entries.get(request_id)

@@ -9,13 +9,15 @@ Same host, CUDA pools, CUDA's own IPC through cupy's public API (the `gpu` extra
              (ipcOpenMemHandle, on the pool's GPU); a target with a new generation (the replica
              came back with a new pool) replaces it, and the old mapping is closed once no copy
              uses it (`OpenedPools`)
-             → the copy, on this sender's own stream of the prefill GPU, after the work already
-             queued there → the copy's event waited on, on the copy thread
+             → under the reservation's write fence (kvtransfer/in_place.py): the copy, on this
+             sender's own stream of the prefill GPU, after the work already queued there → the
+             copy's event waited on, on the copy thread
              → the deadline checked again → KVTransfer.Commit (kvtransfer/in_place.py)
 
 Invariant: Commit follows the copy's event, so the decode replica never reads a half-written
-block, and the sender waits for nothing else on either GPU. Across GPUs the copy goes peer to
-peer. Device indexes are as both processes see them: they must share one view of the GPUs
+block; so does dropping the write fence, so no block goes to another request under a copy still
+queued on a GPU. The sender waits for nothing else on either GPU. Across GPUs the copy goes peer
+to peer. Device indexes are as both processes see them: they must share one view of the GPUs
 (`pdserve up` and `pdserve compose-gpus` arrange that). There is no fallback: where CUDA IPC
 cannot work, this raises TransportUnavailableError. Nothing here imports cupy or touches CUDA
 until a CUDA pool or a sender is made.

@@ -1,16 +1,18 @@
 """The senders that write straight into the decode pool's memory (shm, cuda_ipc), and then say so.
 
     validate → check the target's blocks and deadline → open the decode pool (once per pool)
-             → copy the blocks on a worker thread → check the deadline again
-             → KVTransfer.Commit, with the target's write token
+             → on a worker thread: hold the reservation's write fence → copy the blocks → drop it
+             → check the deadline again → KVTransfer.Commit, with the target's write token
 
 A subclass says how to open a target's pool (`_open_pool`, which may refuse the source pool too,
 and returns the pool as its `_copy` takes it) and how to copy into it (`_copy`, on a worker
-thread, usually through `copy_blocks`). Invariant: Commit is sent only after
-the copy has finished, so the decode replica never reads a half-written block; a send that raises
-commits nothing. The blocks written are those of the target, which only the caller of Reserve
-got, and only before the reservation's deadline; the decode replica keeps them from anyone else
-for a grace period past it (decode_svc/reservations.py), and refuses the commit once it passed.
+thread, usually through `copy_blocks`). Invariant: Commit is sent only after the copy has
+finished, so the decode replica never reads a half-written block; a send that raises commits
+nothing. The blocks written are those of the target, which only the caller of Reserve got, and
+only while its reservation lasts: the copy runs under the write fence (kvtransfer/write_fence.py),
+which the decode replica cannot close while the copy holds it and which no copy passes once
+closed, so a sender paused anywhere, however long, never writes into blocks given to another
+request (decode_svc/reservations.py).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from pdserve.kvtransfer.base import TransferResult, validate_send
 from pdserve.kvtransfer.layout import KVLayout
 from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient
 from pdserve.kvtransfer.target import KVTarget
+from pdserve.kvtransfer.write_fence import hold
 from pdserve.protocol.errors import TransferError
 from pdserve.protocol.transport_choice import transport_name
 
@@ -64,8 +67,8 @@ class InPlaceSender:
         validate_send(self._layout, request_id, kv_cache, block_ids, target)
         _check_in_place_target(request_id, target)
         decode_pool = self._open_pool(target, kv_cache)
-        copy = on_device(kv_cache.device, self._copy)
-        await asyncio.to_thread(copy, decode_pool, list(target.block_ids), kv_cache, list(block_ids))
+        copy = on_device(kv_cache.device, self._fenced_copy)
+        await asyncio.to_thread(copy, decode_pool, target, kv_cache, list(block_ids))
         _check_deadline(request_id, target, "the copy ended")
         num_bytes = len(block_ids) * self._spec.bytes_per_block
         await self._client.commit(request_id, target, self._layout, num_bytes)
@@ -74,6 +77,10 @@ class InPlaceSender:
                      request_id, num_bytes, transport_name(self.transport), seconds)
         return TransferResult(num_bytes=num_bytes, seconds=seconds, transport=self.transport)
 
+    def _fenced_copy(self, dst: Any, target: KVTarget, src: torch.Tensor, src_block_ids: list[int]) -> None:
+        with hold(target):
+            self._copy(dst, list(target.block_ids), src, src_block_ids)
+
     async def close(self) -> None:
         self._pools.clear()
         await self._client.close()
@@ -81,7 +88,10 @@ class InPlaceSender:
 
 def _check_in_place_target(request_id: str, target: KVTarget) -> None:
     """In-place transports write straight into decode memory: only into blocks that exist, and
-    never after the reservation's deadline, when the blocks may already belong to someone else."""
+    not past the reservation's deadline, when the commit would be refused (the write fence, not
+    this check, keeps a late copy out of blocks given to someone else)."""
+    if not target.block_ids:
+        raise TransferError(f"request {request_id}: the KV target names no decode blocks")
     if any(block_id >= target.pool_num_blocks for block_id in target.block_ids):
         raise TransferError(
             f"request {request_id}: decode block ids outside the pool's {target.pool_num_blocks} blocks"

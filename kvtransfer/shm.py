@@ -5,7 +5,8 @@ Decode end: `create_shared_pool` puts the pool in a segment with a unique name, 
 replica owns (`close()` unlinks it; the resource tracker unlinks it too if the process dies
 first); `target_fields` names the segment in each `KVTarget`. Prefill end: `ShmSender` maps the
 segment once per name (`map_shared_pool`, which never creates or unlinks one), copies blocks in
-place on a worker thread, then `KVTransfer.Commit` tells the decode replica they are complete.
+place on a worker thread under the reservation's write fence (kvtransfer/in_place.py), then
+`KVTransfer.Commit` tells the decode replica they are complete.
 
 Every mapping is an `mmap` object that only the tensor references and nobody closes, so the
 memory stays mapped exactly as long as some tensor still views it: closing a pool can never
@@ -24,11 +25,10 @@ from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
 from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.target import KVTarget
+from pdserve.kvtransfer.write_fence import SHM_DIR
 from pdserve.protocol.errors import TransferError, TransportUnavailableError
 from pdserve.v1 import common_pb2
 
-# Linux exposes POSIX shared-memory segments as files in this directory.
-SHM_DIR = "/dev/shm"
 _SHM_NAME_PREFIX = "pdserve_kv_"
 
 

@@ -2,7 +2,8 @@
 
 Decode.Reserve returns it, Prefill.Run hands it to a `KVSender`. The transport-specific fields
 come from the transport's own module (`target_fields` in shm.py, cuda_ipc.py, grpc_stream.py) and
-are empty for the others. On the wire: `pdserve.v1.KVTarget` (see kvtransfer/wire.py).
+are empty for the others; the in-place transports' write fence comes with the reservation
+(kvtransfer/write_fence.py). On the wire: `pdserve.v1.KVTarget` (see kvtransfer/wire.py).
 """
 from __future__ import annotations
 
@@ -26,3 +27,5 @@ class KVTarget:
     cuda_device: int = 0  # TRANSPORT_CUDA_IPC: the pool's device index
     num_cached_blocks: int = 0  # the prompt's leading blocks decode holds already; block_ids follow them
     write_token: bytes = b""  # the reservation's capability, carried by every write into it
+    fence_name: str = ""  # TRANSPORT_SHM, TRANSPORT_CUDA_IPC: the pool's write fence (kvtransfer/write_fence.py)
+    fence_generation: int = 0  # ... and the generation of block_ids[0] in it when the reservation was made

@@ -26,7 +26,7 @@ def target_to_proto(target: KVTarget) -> kv_transfer_pb2.KVTarget:
         shm_name=target.shm_name, cuda_ipc_handle=target.cuda_ipc_handle, cuda_device=target.cuda_device,
         pool_num_blocks=target.pool_num_blocks, deadline_unix_s=target.deadline_unix_s or 0.0,
         num_cached_blocks=target.num_cached_blocks,
-        write_token=target.write_token,
+        write_token=target.write_token, fence_name=target.fence_name, fence_generation=target.fence_generation,
     )
 
 
@@ -37,5 +37,5 @@ def target_from_proto(msg: kv_transfer_pb2.KVTarget) -> KVTarget:
         pool_num_blocks=msg.pool_num_blocks, deadline_unix_s=msg.deadline_unix_s or None,
         shm_name=msg.shm_name, cuda_ipc_handle=msg.cuda_ipc_handle, cuda_device=msg.cuda_device,
         num_cached_blocks=msg.num_cached_blocks,
-        write_token=msg.write_token,
+        write_token=msg.write_token, fence_name=msg.fence_name, fence_generation=msg.fence_generation,
     )

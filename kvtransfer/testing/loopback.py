@@ -1,13 +1,14 @@
 """A decode-side KV endpoint in a process of its own, for end-to-end checks and benchmarks.
 
-The child process owns a KV pool (shared CPU memory, or CUDA), serves `KVTransfer` through a
-real `KVReceiver` on a loopback port (or `host`, in the network namespace `netns` names, to be
-reached from another one), and keeps a plain reservation table (each reservation with its write
-token, which a write must present). The parent drives it through a pipe, each
-call with a deadline:
+The child process owns a KV pool (shared CPU memory, or CUDA) and its write fence, serves
+`KVTransfer` through a real `KVReceiver` on a loopback port (or `host`, in the network namespace
+`netns` names, to be reached from another one), and keeps a plain reservation table (each
+reservation with its write token, which a write must present). The parent drives it through a
+pipe, each call with a deadline:
 
     reserve(request id, block ids, transport) -> KVTarget, as a decode replica would return it
-    release(request id)   the reservation ends (as when it expires)
+    release(request id)   the reservation ends (as when it expires); False while an in-place
+                          writer holds its write fence, which then stays open
     landed()              request id -> bytes, for the requests whose KV has landed
     pool()                a copy of the child's whole pool, read by the child itself
 """
@@ -31,6 +32,7 @@ from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.receiver import KVReceiver
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.transports import create_kv_pool, target_fields
+from pdserve.kvtransfer.write_fence import WriteFence
 from pdserve.protocol.errors import NotFoundError, TransportUnavailableError, WriteTokenError
 
 _CLONE_NEWNET = 0x40000000  # from <sched.h>
@@ -69,8 +71,8 @@ class LoopbackDecode:
     def reserve(self, request_id: str, block_ids: list[int], transport: int, ttl_s: float = 60.0) -> KVTarget:
         return self._call("reserve", request_id, block_ids, transport, ttl_s)
 
-    def release(self, request_id: str) -> None:
-        self._call("release", request_id)
+    def release(self, request_id: str) -> bool:
+        return self._call("release", request_id)
 
     def landed(self) -> dict[str, int]:
         return self._call("landed")
@@ -123,9 +125,9 @@ class _ReservationTable:
             self._write_tokens[request_id] = secrets.token_bytes(16)
             return self._write_tokens[request_id]
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str) -> list[int]:
         with self._lock:
-            self._block_ids.pop(request_id, None)
+            return self._block_ids.pop(request_id, [])
 
     def landed(self) -> dict[str, int]:
         with self._lock:
@@ -171,6 +173,7 @@ def _enter_netns(name: str) -> None:
 
 async def _serve_async(conn, config: LoopbackConfig) -> None:
     pool = create_kv_pool(config.spec, config.num_blocks, config.device, shared=config.device == "cpu")
+    fence = WriteFence(config.num_blocks)
     layout = make_layout(config.model_name, config.spec)
     table = _ReservationTable()
     # Room for the largest chunk a sender makes, and its header.
@@ -200,12 +203,13 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
                 target = KVTarget(
                     request_id=request_id, block_ids=tuple(block_ids), layout=layout, transport=transport,
                     decode_replica="loopback", kv_endpoint=endpoint, deadline_unix_s=time.time() + ttl_s,
-                    write_token=write_token, **fields,
+                    write_token=write_token, fence_name=fence.name, fence_generation=fence.generation(block_ids[0]),
+                    **fields,
                 )
                 conn.send(("ok", target))
             elif command == "release":
-                table.release(*args)
-                conn.send(("ok", None))
+                released = table.release(*args)
+                conn.send(("ok", not released or fence.try_close(released[0])))
             elif command == "landed":
                 conn.send(("ok", table.landed()))
             elif command == "dump":
@@ -215,3 +219,4 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
     finally:
         await server.stop(grace=1.0)
         pool.close()
+        fence.close()

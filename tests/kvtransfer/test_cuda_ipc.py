@@ -14,6 +14,7 @@ from pdserve.kvtransfer.in_place import InPlaceSender, copy_blocks
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.wire import target_from_proto, target_to_proto
+from pdserve.kvtransfer.write_fence import WriteFence
 from pdserve.v1 import common_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32)
@@ -112,11 +113,18 @@ class SlowCopySender(InPlaceSender):
         copy_blocks(dst, dst_block_ids, src, src_block_ids)
 
 
+@pytest.fixture
+def fence():
+    fence = WriteFence(8)
+    yield fence
+    fence.close()
+
+
 @pytest.mark.parametrize("copy_s, commits", [(0.0, ["r"]), (0.5, [])])
-def test_a_reservation_that_expires_during_the_copy_is_not_committed(copy_s, commits):
+def test_a_reservation_that_expires_during_the_copy_is_not_committed(fence, copy_s, commits):
     sender = SlowCopySender(copy_s)
     target = KVTarget("r", (5, 6), LAYOUT, common_pb2.TRANSPORT_CUDA_IPC, pool_num_blocks=8,
-                      deadline_unix_s=time.time() + 0.25)
+                      deadline_unix_s=time.time() + 0.25, fence_name=fence.name, fence_generation=fence.generation(5))
     send = sender.send("r", SPEC.allocate(4, torch.device("cpu")).normal_(), [0, 1], target)
     if commits:
         asyncio.run(send)

@@ -230,7 +230,8 @@ def test_an_unknown_request_is_refused(decode):
 
     request_id = fresh_id(decode, "released")
     target = decode.reserve(request_id, [3], SHM)
-    decode.release(request_id)
+    assert decode.release(request_id) is True  # no writer held its write fence
+    before = decode.pool()
 
     async def send():
         sender = create_sender(SHM, decode.layout)
@@ -239,8 +240,9 @@ def test_an_unknown_request_is_refused(decode):
         finally:
             await sender.close()
 
-    with pytest.raises(TransferError, match="NOT_FOUND"):
+    with pytest.raises(TransferError, match="reservation ended before the copy"):
         asyncio.run(send())
+    assert torch.equal(decode.pool().view(torch.uint8), before.view(torch.uint8))  # not a byte written
     assert request_id not in decode.landed()
 
 

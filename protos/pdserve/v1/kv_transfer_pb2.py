@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdserve.v1 import common_pb2 as pdserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpdserve/v1/kv_transfer.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xd0\x02\n\x08KVTarget\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_replica\x18\x02 \x01(\t\x12\x13\n\x0bkv_endpoint\x18\x03 \x01(\t\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12(\n\ttransport\x18\x06 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x10\n\x08shm_name\x18\x07 \x01(\t\x12\x17\n\x0f\x63uda_ipc_handle\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63uda_device\x18\t \x01(\r\x12\x17\n\x0fpool_num_blocks\x18\n \x01(\x04\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x0b \x01(\x01\x12\x13\n\x0bwrite_token\x18\x0c \x01(\x0c\x12\x19\n\x11num_cached_blocks\x18\r \x01(\r\"\xa4\x01\n\x07KVChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06layout\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12\r\n\x05layer\x18\x03 \x01(\r\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x0b\n\x03key\x18\x05 \x01(\x0c\x12\r\n\x05value\x18\x06 \x01(\x0c\x12\x0c\n\x04last\x18\x07 \x01(\x08\x12\x13\n\x0bwrite_token\x18\x08 \x01(\x0c\"l\n\x08KVCommit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06layout\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12\x11\n\tnum_bytes\x18\x03 \x01(\x04\x12\x13\n\x0bwrite_token\x18\x04 \x01(\x0c\".\n\x05KVAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\x32q\n\nKVTransfer\x12\x30\n\x04Push\x12\x13.pdserve.v1.KVChunk\x1a\x11.pdserve.v1.KVAck(\x01\x12\x31\n\x06\x43ommit\x12\x14.pdserve.v1.KVCommit\x1a\x11.pdserve.v1.KVAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cpdserve/v1/kv_transfer.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"\xfe\x02\n\x08KVTarget\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65\x63ode_replica\x18\x02 \x01(\t\x12\x13\n\x0bkv_endpoint\x18\x03 \x01(\t\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12$\n\x06layout\x18\x05 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12(\n\ttransport\x18\x06 \x01(\x0e\x32\x15.pdserve.v1.Transport\x12\x10\n\x08shm_name\x18\x07 \x01(\t\x12\x17\n\x0f\x63uda_ipc_handle\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63uda_device\x18\t \x01(\r\x12\x17\n\x0fpool_num_blocks\x18\n \x01(\x04\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x0b \x01(\x01\x12\x13\n\x0bwrite_token\x18\x0c \x01(\x0c\x12\x19\n\x11num_cached_blocks\x18\r \x01(\r\x12\x12\n\nfence_name\x18\x0e \x01(\t\x12\x18\n\x10\x66\x65nce_generation\x18\x0f \x01(\x04\"\xa4\x01\n\x07KVChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06layout\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12\r\n\x05layer\x18\x03 \x01(\r\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x0b\n\x03key\x18\x05 \x01(\x0c\x12\r\n\x05value\x18\x06 \x01(\x0c\x12\x0c\n\x04last\x18\x07 \x01(\x08\x12\x13\n\x0bwrite_token\x18\x08 \x01(\x0c\"l\n\x08KVCommit\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06layout\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.KVLayout\x12\x11\n\tnum_bytes\x18\x03 \x01(\x04\x12\x13\n\x0bwrite_token\x18\x04 \x01(\x0c\".\n\x05KVAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tnum_bytes\x18\x02 \x01(\x04\x32q\n\nKVTransfer\x12\x30\n\x04Push\x12\x13.pdserve.v1.KVChunk\x1a\x11.pdserve.v1.KVAck(\x01\x12\x31\n\x06\x43ommit\x12\x14.pdserve.v1.KVCommit\x1a\x11.pdserve.v1.KVAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.kv_transfer_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KVTARGET']._serialized_start=70
-  _globals['_KVTARGET']._serialized_end=406
-  _globals['_KVCHUNK']._serialized_start=409
-  _globals['_KVCHUNK']._serialized_end=573
-  _globals['_KVCOMMIT']._serialized_start=575
-  _globals['_KVCOMMIT']._serialized_end=683
-  _globals['_KVACK']._serialized_start=685
-  _globals['_KVACK']._serialized_end=731
-  _globals['_KVTRANSFER']._serialized_start=733
-  _globals['_KVTRANSFER']._serialized_end=846
+  _globals['_KVTARGET']._serialized_end=452
+  _globals['_KVCHUNK']._serialized_start=455
+  _globals['_KVCHUNK']._serialized_end=619
+  _globals['_KVCOMMIT']._serialized_start=621
+  _globals['_KVCOMMIT']._serialized_end=729
+  _globals['_KVACK']._serialized_start=731
+  _globals['_KVACK']._serialized_end=777
+  _globals['_KVTRANSFER']._serialized_start=779
+  _globals['_KVTRANSFER']._serialized_end=892
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KVTarget(_message.Message):
-    __slots__ = ("request_id", "decode_replica", "kv_endpoint", "block_ids", "layout", "transport", "shm_name", "cuda_ipc_handle", "cuda_device", "pool_num_blocks", "deadline_unix_s", "write_token", "num_cached_blocks")
+    __slots__ = ("request_id", "decode_replica", "kv_endpoint", "block_ids", "layout", "transport", "shm_name", "cuda_ipc_handle", "cuda_device", "pool_num_blocks", "deadline_unix_s", "write_token", "num_cached_blocks", "fence_name", "fence_generation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_REPLICA_FIELD_NUMBER: _ClassVar[int]
     KV_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class KVTarget(_message.Message):
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     WRITE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    FENCE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     decode_replica: str
     kv_endpoint: str
@@ -35,7 +37,9 @@ class KVTarget(_message.Message):
     deadline_unix_s: float
     write_token: bytes
     num_cached_blocks: int
-    def __init__(self, request_id: _Optional[str] = ..., decode_replica: _Optional[str] = ..., kv_endpoint: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pool_num_blocks: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., write_token: _Optional[bytes] = ..., num_cached_blocks: _Optional[int] = ...) -> None: ...
+    fence_name: str
+    fence_generation: int
+    def __init__(self, request_id: _Optional[str] = ..., decode_replica: _Optional[str] = ..., kv_endpoint: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., transport: _Optional[_Union[_common_pb2.Transport, str]] = ..., shm_name: _Optional[str] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pool_num_blocks: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., write_token: _Optional[bytes] = ..., num_cached_blocks: _Optional[int] = ..., fence_name: _Optional[str] = ..., fence_generation: _Optional[int] = ...) -> None: ...
 
 class KVChunk(_message.Message):
     __slots__ = ("request_id", "layout", "layer", "block_ids", "key", "value", "last", "write_token")
