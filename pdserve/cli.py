@@ -319,6 +319,9 @@ def add_healthcheck(subparsers: argparse._SubParsersAction) -> None:
 def run_certs(args: argparse.Namespace) -> int:
     from pdserve.cluster.certificates import write_certificates
 
+    if args.days <= 0:
+        print(f"pdserve certs: --days must be positive, not {args.days:g}", file=sys.stderr)
+        return 1
     try:
         files = write_certificates(args.out, args.names, args.hosts, args.days)
     except FileExistsError as error:

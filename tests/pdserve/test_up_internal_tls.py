@@ -87,6 +87,8 @@ def test_pdserve_certs_writes_a_set_that_services_load(tmp_path, monkeypatch, ca
     args = cli.build_parser().parse_args(["healthcheck", "127.0.0.1:50061"])
     assert internal_tls_from(args).server_name == "pdserve-internal"
     assert cli.main(["certs", "--out", str(out)]) == 1  # never over an existing set
+    assert cli.main(["certs", "--out", str(tmp_path / "expired"), "--days", "0"]) == 1
+    assert not (tmp_path / "expired").exists()
 
 
 @pytest.mark.parametrize("command", [["certs", "--help"], ["healthcheck", "--help"]])
