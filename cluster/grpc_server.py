@@ -2,8 +2,9 @@
 
 Health (`grpc.health.v1`) reports NOT_SERVING until the service says it is ready; reflection is
 on. An internal service passes its `InternalAuth`, whose interceptor refuses callers without the
-deployment secret (cluster/internal_auth.py); the public gateway passes none. A service stops by
-composing `wait_for_signal`, `mark_not_serving` and `stop` with its own drain in between.
+deployment secret and whose TLS, when it has one, is the only thing its port speaks
+(cluster/internal_auth.py); the public gateway passes none. A service stops by composing
+`wait_for_signal`, `mark_not_serving` and `stop` with its own drain in between.
 """
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ class GrpcServer:
     def __init__(self, bind: str, service_names: Iterable[str], auth: InternalAuth | None = None,
                  credentials: grpc.ServerCredentials | None = None):
         """`auth`: callers must present the deployment secret, and connections run its keepalive
-        (internal services). With `credentials` the port speaks TLS only (the public front)."""
+        and its mutual TLS (internal services). With `credentials` the port speaks TLS only (the
+        public front)."""
+        if credentials is None and auth is not None:
+            credentials = auth.server_credentials()
         self.server = grpc.aio.server(interceptors=auth.server_interceptors() if auth else None, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -1,11 +1,16 @@
-"""Who may call a deployment's internal services: the holders of its shared secret.
+"""Who may call a deployment's internal services: the holders of its shared secret and, with
+internal TLS, of a certificate from its CA.
 
 Every internal gRPC server (prefill, decode, KVTransfer) refuses a call whose metadata does not
 carry the deployment secret with UNAUTHENTICATED, compared in constant time, before any handler
-runs; only `grpc.health.v1` stays open, for probes (reflection is refused like the rest). Every
+runs; only `grpc.health.v1` takes calls without it, for probes (reflection is refused like the
+rest; with TLS, probes too present a certificate). Every
 internal client channel sends the secret with each call, and the caller's id (a gateway's id),
-which the decode replica counts reservations against. With no secret configured, servers take
-any call and clients send none: the deployment runs open, and each process says so once at start.
+which the decode replica counts reservations against. With `tls` (cluster/internal_tls.py) every
+internal connection is mutual TLS: servers take only callers with a certificate from the
+deployment's CA, callers reach only servers with one, and the secret travels encrypted. With no
+secret configured, servers take any call and clients send none; with no TLS, connections are
+plaintext: each process says so once at start.
 Every internal connection, client and server side, runs keepalive (cluster/keepalive.py).
 """
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from pdserve.cluster.internal_tls import InternalTls
 from pdserve.cluster.keepalive import Keepalive
 
 logger = logging.getLogger(__name__)
@@ -32,10 +38,15 @@ class InternalAuth:
     secret: bytes | None  # None: the deployment runs open
     caller_id: str = ""  # what this process names itself in its calls
     keepalive: Keepalive = Keepalive()
+    tls: InternalTls | None = None  # None: connections are plaintext
 
     @classmethod
     def open(cls) -> InternalAuth:
         return cls(None)
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        """What an internal server's port speaks: mutual TLS, or plaintext (None)."""
+        return None if self.tls is None else self.tls.server_credentials()
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         return [] if self.secret is None else [SecretCheck(self.secret)]
@@ -51,9 +62,14 @@ class InternalAuth:
         return [interceptor(tuple(metadata)) for interceptor in _CLIENT_INTERCEPTORS]
 
     def channel(self, endpoint: str, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
-        """A channel to an internal service that presents this process's credentials."""
-        return grpc.aio.insecure_channel(endpoint, options=[*self.keepalive.client_options(), *options],
-                                         interceptors=self.client_interceptors())
+        """A channel to an internal service that presents this process's credentials (and, with
+        TLS, connects only to a server whose certificate the deployment's CA issued)."""
+        options = [*self.keepalive.client_options(), *options]
+        if self.tls is None:
+            return grpc.aio.insecure_channel(endpoint, options=options, interceptors=self.client_interceptors())
+        return grpc.aio.secure_channel(endpoint, self.tls.channel_credentials(),
+                                       options=[*options, *self.tls.channel_options()],
+                                       interceptors=self.client_interceptors())
 
 
 def warn_if_open(auth: InternalAuth, process: str) -> None:
@@ -61,6 +77,10 @@ def warn_if_open(auth: InternalAuth, process: str) -> None:
         logger.warning("%s runs with no internal secret (--internal-secret-file or PDSERVE_INTERNAL_SECRET): "
                        "internal gRPC services accept any caller and replica registry entries are not signed",
                        process)
+    if auth.tls is None:
+        logger.warning("%s runs with no internal TLS (--internal-tls-ca, --internal-tls-cert, --internal-tls-key or "
+                       "PDSERVE_INTERNAL_TLS_*): internal gRPC is plaintext, and callers do not check whom they "
+                       "reach", process)
 
 
 def new_caller_id(kind: str) -> str:

@@ -5,9 +5,10 @@
 
 Starting logs one line as loading begins and one once SERVING (cluster/startup_log.py).
 
-The server refuses callers without the deployment secret, and the heartbeat signs the replica's
-registry entry with it (cluster/internal_auth.py, cluster/registry.py). The entry announces the
-replica's KV layout fingerprint, by which gateways pair only compatible replicas.
+The server refuses callers without the deployment secret, and, with internal TLS, speaks only
+mutual TLS (cluster/internal_tls.py); the heartbeat signs the replica's registry entry with the
+secret (cluster/internal_auth.py, cluster/registry.py). The entry announces the replica's KV
+layout fingerprint, by which gateways pair only compatible replicas.
 
 Draining, in this order, so that no request is sent to a replica that refuses it:
 1. Deregister: the heartbeat key goes, and gateways read the registry on every request they

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pdserve.checkpoints.model_ref import MODEL_HELP
 from pdserve.cluster.engine_watchdog import DEFAULT_STALL_S
 from pdserve.cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
+from pdserve.cluster.internal_tls import add_internal_tls_arguments, internal_tls_from
 from pdserve.cluster.keepalive import add_keepalive_arguments, keepalive_from
 from pdserve.protocol.errors import InvalidConfigError
 
@@ -49,13 +50,14 @@ def add_internal_auth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--internal-secret-file", default=None, metavar="PATH",
                         help=f"file holding the deployment secret that internal calls and registry entries carry "
                              f"(default: ${SECRET_ENV}; neither: internal services run open)")
+    add_internal_tls_arguments(parser)
     add_keepalive_arguments(parser)
 
 
 def internal_auth_from(args: argparse.Namespace, kind: str) -> InternalAuth:
     """The deployment secret from --internal-secret-file, else $PDSERVE_INTERNAL_SECRET (never from
-    argv, where any local user reads it), a fresh caller id and the keepalive flags; warns once if
-    there is no secret."""
+    argv, where any local user reads it), the internal TLS files, checked, a fresh caller id and
+    the keepalive flags; warns once for no secret, once for no TLS."""
     secret = None
     if args.internal_secret_file:
         try:
@@ -66,7 +68,7 @@ def internal_auth_from(args: argparse.Namespace, kind: str) -> InternalAuth:
             raise InvalidConfigError(f"--internal-secret-file {args.internal_secret_file} is empty")
     elif os.environ.get(SECRET_ENV):
         secret = os.environ[SECRET_ENV].encode()
-    auth = InternalAuth(secret, new_caller_id(kind), keepalive_from(args))
+    auth = InternalAuth(secret, new_caller_id(kind), keepalive_from(args), internal_tls_from(args))
     warn_if_open(auth, kind)
     return auth
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from pdserve.cluster.health_probe import probe_grpc, probe_http
+from pdserve.cluster.internal_tls import InternalTls
 from pdserve.parent_death import die_with_parent
 
 _PROBE_TIMEOUT_S = 1.0
@@ -29,6 +30,7 @@ class ChildSpec:
     grpc_target: str  # "host:port" of its health service
     http_health_url: str | None = None  # also probed, when set
     env: dict[str, str] | None = None  # its environment (None: this process's)
+    grpc_tls: InternalTls | None = None  # what probes of an internal service on mutual TLS present
 
 
 class UpLog:
@@ -85,7 +87,7 @@ class Child:
         return "\n".join(self._last_lines)
 
     def probe_ready(self) -> bool:
-        result = probe_grpc(self.spec.grpc_target, _PROBE_TIMEOUT_S)
+        result = probe_grpc(self.spec.grpc_target, _PROBE_TIMEOUT_S, self.spec.grpc_tls)
         if result.ready and self.spec.http_health_url is not None:
             result = probe_http(self.spec.http_health_url, _PROBE_TIMEOUT_S)
         self.last_probe = result.detail

@@ -27,6 +27,8 @@ from pdserve.protocol.transport_choice import TRANSPORT_NAMES
 
 DEFAULT_GATEWAY_GRPC_PORT = 50051
 DEFAULT_GATEWAY_HTTP_PORT = 8000
+CERT_NAMES = ("gateway", "prefill", "decode")  # `pdserve certs`' certificates: one per service
+CERT_SHARED_HOST = "pdserve-internal"  # what they name where replicas' addresses are not known when they are made
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
 
 
@@ -126,7 +128,7 @@ def run_up(args: argparse.Namespace) -> int:
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
         prefill_placement=args.prefill_placement, line_order=args.line_order, max_step_ms=args.max_step_ms,
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=args.kv_cache_memory)
+        kv_cache_memory_bytes=args.kv_cache_memory, internal_tls=args.internal_tls)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -187,6 +189,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help=f"gateway HTTP port (default {DEFAULT_GATEWAY_HTTP_PORT})")
     parser.add_argument("--api-key", action="append", metavar="KEY",
                         help="a key the gateway requires as 'Authorization: Bearer KEY'; repeat for more callers")
+    parser.add_argument("--internal-tls", action=argparse.BooleanOptionalAction, default=True,
+                        help="mutual TLS between the processes, with a CA and certificates made for this run and "
+                             "deleted with it (default on; --no-internal-tls, plaintext, is for debugging)")
     parser.add_argument("--startup-timeout-s", type=float, default=120.0,
                         help="deadline for every process to become healthy (default 120)")
     parser.add_argument("--shutdown-timeout-s", type=float, default=15.0,
@@ -281,20 +286,74 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 def run_healthcheck(args: argparse.Namespace) -> int:
     from pdserve.cluster.health_probe import probe
+    from pdserve.cluster.internal_tls import internal_tls_from
+    from pdserve.protocol.errors import InvalidConfigError
 
-    result = probe(args.target, args.timeout_s)
+    try:
+        tls = internal_tls_from(args)
+    except InvalidConfigError as error:
+        print(f"pdserve healthcheck: {error}", file=sys.stderr)
+        return 1
+    result = probe(args.target, args.timeout_s, tls)
     print(f"{args.target}: {result.detail}")
     return 0 if result.ready else 1
 
 
 def add_healthcheck(subparsers: argparse._SubParsersAction) -> None:
+    def declare_tls_arguments(parser: argparse.ArgumentParser) -> None:
+        from pdserve.cluster.internal_tls import add_internal_tls_arguments
+
+        add_internal_tls_arguments(parser)
+
     parser = subparsers.add_parser(
         "healthcheck", help="exit 0 if a server is healthy (for container healthchecks)",
         description="HOST:PORT asks the standard gRPC health service (grpc.health.v1) whether "
-                    "the server is SERVING; an http:// URL must answer 200.")
+                    "the server is SERVING, over mutual TLS where the internal TLS flags (or their "
+                    "variables, as a service in the same container reads them) are given; an "
+                    "http:// URL must answer 200.", declare_arguments=declare_tls_arguments)
     parser.add_argument("target", metavar="HOST:PORT|URL")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="default 5")
     parser.set_defaults(run=run_healthcheck)
+
+
+def run_certs(args: argparse.Namespace) -> int:
+    from pdserve.cluster.certificates import write_certificates
+
+    if args.days <= 0:
+        print(f"pdserve certs: --days must be positive, not {args.days:g}", file=sys.stderr)
+        return 1
+    try:
+        files = write_certificates(args.out, args.names, args.hosts, args.days)
+    except FileExistsError as error:
+        print(f"pdserve certs: {error.filename} exists; write a new set into an empty folder", file=sys.stderr)
+        return 1
+    except ValueError as error:
+        print(f"pdserve certs: {error}", file=sys.stderr)
+        return 1
+    print(f"CA: {next(iter(files.values())).ca_path}")
+    for name, paths in files.items():
+        print(f"{name}: {paths.cert_path} {paths.key_path}")
+    return 0
+
+
+def add_certs(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "certs", help="make a CA and a certificate per service, for mutual TLS between them",
+        description="Writes a new CA's certificate (ca.pem) and, for each of --names, a certificate "
+                    "NAME.pem issued by it and its key NAME-key.pem, into --out (made, mode 0700; keys "
+                    "0600). Each certificate names every one of --hosts: the hosts callers dial the "
+                    f"replicas by, or, by default, the one name {CERT_SHARED_HOST!r}, for replicas whose "
+                    "addresses are not known yet (pod IPs, container hostnames): then give every service "
+                    f"--internal-tls-server-name {CERT_SHARED_HOST}. The CA's key is not kept: to add a "
+                    "service, make a new set and give it to every service. Pass the files with "
+                    "--internal-tls-ca, --internal-tls-cert and --internal-tls-key.")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the files go")
+    parser.add_argument("--names", nargs="+", default=list(CERT_NAMES), metavar="NAME",
+                        help=f"one certificate for each (default: {' '.join(CERT_NAMES)})")
+    parser.add_argument("--hosts", nargs="+", default=[CERT_SHARED_HOST], metavar="HOST",
+                        help=f"DNS names and IP addresses each certificate names (default: {CERT_SHARED_HOST})")
+    parser.add_argument("--days", type=float, default=365.0, help="how long they are valid (default 365)")
+    parser.set_defaults(run=run_certs)
 
 
 def _add_service(subparsers: argparse._SubParsersAction, name: str, module: str, help: str) -> None:
@@ -360,7 +419,7 @@ def _positive_int(text: str) -> int:
 
 
 SUBCOMMANDS = (add_up, add_model, add_compose_gpus, add_gateway, add_prefill, add_decode, add_serve, add_generate, add_healthcheck,
-               add_bench, add_plan, add_make_tiny_model)
+               add_certs, add_bench, add_plan, add_make_tiny_model)
 
 
 def build_parser() -> argparse.ArgumentParser:

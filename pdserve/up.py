@@ -18,7 +18,10 @@ cluster/internal_auth.py) and, for its own Redis, a password; children get both,
 URL, in their environment, never on argv, where any local user reads them. Neither is ever
 printed: the Redis URL is shown without its password, and the whole URL of our own Redis is in
 a file only its owner reads, named in the endpoints. Replicas bind to loopback only; the gateway
-alone listens on --host.
+alone listens on --host. Unless --no-internal-tls, `up` also makes a CA for the run and a
+certificate for each child and for its own health probes (cluster/certificates.py), in the run's
+folder, which only its owner enters and which goes when `up` ends: internal gRPC runs on mutual
+TLS (cluster/internal_tls.py), and children inherit no other TLS settings.
 
 Invariant: while `up` runs, so does the deployment, and nothing outlives `up`. A child that
 dies is restarted and everything else keeps serving (see supervisor: what restarts how, and
@@ -52,6 +55,8 @@ import grpc
 from pdserve.checkpoints.errors import CheckpointError
 from pdserve.checkpoints.model_ref import ResolvedModel, resolve_model
 from pdserve.child_process import ChildSpec, UpLog, UpLogHandler
+from pdserve.cluster.certificates import write_certificates
+from pdserve.cluster.internal_tls import TLS_ENV_VARS, InternalTls, InternalTlsFiles
 from pdserve.cluster.ports import free_port
 from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
@@ -67,6 +72,8 @@ LOOPBACK = "127.0.0.1"
 _PDSERVE = (sys.executable, "-m", "pdserve")
 _PROBE_TIMEOUT_S = 1.0
 _REDIS_START_TIMEOUT_S = 10.0
+PROBER = "up"  # the name of up's own certificate, which its health probes of replicas present
+CERTIFICATE_DAYS = 3650  # longer than any run: its files go with it, and no one keeps the CA's key
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +99,7 @@ class UpConfig:
     max_step_ms: float = DEFAULT_MAX_STEP_MS  # the decode replicas' (engine.step_budget)
     gpu_memory_utilization: float = 0.9  # of each GPU, split between the replicas placed on it
     kv_cache_memory_bytes: int | None = None  # each replica's KV pool; None: see sized_kv_pools
+    internal_tls: bool = True  # mutual TLS between the children, with certificates made for the run
     # On plain "cuda": the GPU of each replica (gpu_placement); None before placement.
     prefill_gpus: tuple[int, ...] | None = None
     decode_gpus: tuple[int, ...] | None = None
@@ -123,7 +131,8 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
             # For whoever started `up`, to inspect the deployment with: the password in a file, not on screen.
             url_file = _write_private(run_dir / "redis-url", redis_url)
             redis_shown = f"{without_password(redis_url)}  ({redis.server}; the URL with its password: {url_file})"
-        for slot in child_slots(config, model, redis_url, secrets.token_hex(32)):
+        tls = internal_certificates(run_dir / "tls", config) if config.internal_tls else None
+        for slot in child_slots(config, model, redis_url, secrets.token_hex(32), tls):
             supervisor.start(slot)
         supervisor.wait_ready(time.monotonic() + config.startup_timeout_s, stop)
         model_id = served_model_id(gateway_target(config), _PROBE_TIMEOUT_S, _probe_key(config))
@@ -189,15 +198,35 @@ def gateway_target(config: UpConfig) -> str:
     return f"{_reachable(config.host)}:{config.grpc_port}"
 
 
-def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal_secret: str) -> list[Slot]:
+def internal_certificates(directory: Path, config: UpConfig) -> dict[str, InternalTlsFiles]:
+    """A new CA's certificate for each child and for up's probes (PROBER), all for loopback, in
+    `directory`, which only its owner may enter; each one's files by name."""
+    names = [PROBER, *(name for _, name in replica_names(config)), "gateway"]
+    return write_certificates(directory, names, (LOOPBACK, "localhost"), CERTIFICATE_DAYS)
+
+
+def replica_names(config: UpConfig) -> list[tuple[str, str]]:
+    """(kind, name) of each replica, prefill then decode; the name is also its replica id."""
+    return [(kind, f"{kind}-{index}") for kind, count in (("prefill", config.num_prefill),
+                                                         ("decode", config.num_decode)) for index in range(count)]
+
+
+def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal_secret: str,
+                tls: dict[str, InternalTlsFiles] | None = None) -> list[Slot]:
     """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...` on
-    the model's resolved folder, the Redis URL and the deployment secret in their environment.
-    On CPU each replica gets its own CPUs (see cpu_placement), on GPUs the one placement gave it,
-    kept across its restarts, and each the KV pool size `config` holds (sized_kv_pools)."""
+    the model's resolved folder, the Redis URL, the deployment secret and, with `tls`, the child's
+    own certificate files in their environment. On CPU each replica gets its own CPUs (see
+    cpu_placement), on GPUs the one placement gave it, kept across its restarts, and each the KV
+    pool size `config` holds (sized_kv_pools)."""
     common = ("--model", str(model.model_dir))
-    env = {**os.environ, REDIS_URL_ENV: redis_url, SECRET_ENV: internal_secret}
-    replicas = [(kind, index) for kind, count in (("prefill", config.num_prefill), ("decode", config.num_decode))
-                for index in range(count)]
+    inherited = {name: value for name, value in os.environ.items() if name not in TLS_ENV_VARS}
+    env = {**inherited, REDIS_URL_ENV: redis_url, SECRET_ENV: internal_secret}
+
+    def env_of(name: str) -> dict[str, str]:
+        return env if tls is None else {**env, **tls[name].env()}
+
+    probe_tls = None if tls is None else tls[PROBER].load()
+    replicas = replica_names(config)
     gpus = ([*config.prefill_gpus, *config.decode_gpus]
             if config.prefill_gpus is not None and config.decode_gpus is not None else None)
     devices = [f"cuda:{gpu}" for gpu in gpus] if gpus else [config.device] * len(replicas)
@@ -207,14 +236,13 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
     pool = () if config.kv_cache_memory_bytes is None else ("--kv-cache-memory", str(config.kv_cache_memory_bytes))
     slots = []
-    for i, (kind, index) in enumerate(replicas):
-        name = f"{kind}-{index}"  # also its replica id, kept across restarts
+    for i, (kind, name) in enumerate(replicas):
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
                 "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
-        slots.append(Slot(name, functools.partial(replica_spec, name, argv, env)))
+        slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls)))
     gateway = ChildSpec(
         name="gateway",
         argv=(*_PDSERVE, "gateway", *common, "--served-model-name", model.served_name, "--host", config.host,
@@ -224,7 +252,7 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
               "--line-order", config.line_order),
         grpc_target=gateway_target(config),
         http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health",
-        env=gateway_env(env, config.api_keys))
+        env=gateway_env(env_of("gateway"), config.api_keys))
     slots.append(Slot("gateway", lambda: gateway, fatal_if_restart_fails=True))
     return slots
 
@@ -235,10 +263,11 @@ def gateway_env(env: dict[str, str], api_keys: tuple[str, ...]) -> dict[str, str
     return {**env, API_KEY_ENV_VAR: ",".join(keys)} if keys else env
 
 
-def replica_spec(name: str, argv: tuple[str, ...], env: dict[str, str]) -> ChildSpec:
+def replica_spec(name: str, argv: tuple[str, ...], env: dict[str, str], probe_tls: InternalTls | None) -> ChildSpec:
     """The replica's command on a free loopback port, taken now: each start gets a fresh one."""
     port = free_port(LOOPBACK)
-    return ChildSpec(name, (*argv, "--host", LOOPBACK, "--port", str(port)), f"{LOOPBACK}:{port}", env=env)
+    return ChildSpec(name, (*argv, "--host", LOOPBACK, "--port", str(port)), f"{LOOPBACK}:{port}",
+                     grpc_tls=probe_tls, env=env)
 
 
 def endpoints_text(config: UpConfig, model_dir: Path, model_id: str, redis: str) -> str:

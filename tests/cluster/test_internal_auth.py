@@ -1,11 +1,12 @@
 """Where the deployment secret comes from: --internal-secret-file, else $PDSERVE_INTERNAL_SECRET,
 never argv; an empty or unreadable file is a configuration error; no secret at all runs open
-with one warning."""
+with one warning (and no internal TLS with one more)."""
 import argparse
 import logging
 
 import pytest
 
+from pdserve.cluster.internal_tls import TLS_ENV_VARS
 from pdserve.cluster.service_args import add_internal_auth_arguments, internal_auth_from
 from pdserve.protocol.errors import InvalidConfigError
 
@@ -35,10 +36,13 @@ def test_an_empty_or_missing_secret_file_is_an_error(tmp_path):
 
 
 def test_no_secret_runs_open_and_warns_once(monkeypatch, caplog):
-    monkeypatch.delenv("PDSERVE_INTERNAL_SECRET", raising=False)
+    for name in ("PDSERVE_INTERNAL_SECRET", *TLS_ENV_VARS):
+        monkeypatch.delenv(name, raising=False)
     with caplog.at_level(logging.WARNING):
         auth = internal_auth_from(parse(), "prefill")
     assert auth.secret is None and auth.server_interceptors() == []
-    assert [record.getMessage() for record in caplog.records if "no internal secret" in record.getMessage()] != []
-    assert len(caplog.records) == 1
+    messages = [record.getMessage() for record in caplog.records]
+    assert len([message for message in messages if "no internal secret" in message]) == 1
+    assert len([message for message in messages if "no internal TLS" in message]) == 1  # see test_internal_tls
+    assert len(messages) == 2
 

@@ -1,7 +1,9 @@
 """compose.yaml as a real Compose implementation reads it, and the facts deployments rely on:
 GPU reservations, shared IPC/PID namespaces for CUDA IPC, healthchecks on every service,
-scalable replicas that each advertise their own hostname, commands the CLI accepts, and the
-deployment secret and Redis password: required, in the environment, never on argv.
+scalable replicas that each advertise their own hostname, commands the CLI accepts, the
+deployment secret and Redis password: required, in the environment, never on argv; and
+internal mutual TLS: each service mounts the CA and its own certificate and key from the folder
+`pdserve certs` writes, as Compose secrets, and loads them, healthchecks included.
 
 Needs a Compose CLI: `docker-compose` (Debian package docker-compose) or `docker compose`.
 """
@@ -18,13 +20,14 @@ import pytest
 import yaml
 
 from pdserve import cli
+from pdserve.cluster.internal_tls import InternalTlsFiles
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 REPLICAS = ("prefill", "decode")
 COMPOSE_VARIABLES = ("PDSERVE_MODEL_DIR", "PREFILL_GPU", "DECODE_GPU", "PREFILL_DEVICE",
                      "DECODE_DEVICE", "PDSERVE_TRANSPORT", "PDSERVE_GRPC_PORT", "PDSERVE_HTTP_PORT",
-                     "PDSERVE_INTERNAL_SECRET", "PDSERVE_REDIS_PASSWORD")
+                     "PDSERVE_INTERNAL_SECRET", "PDSERVE_REDIS_PASSWORD", "PDSERVE_INTERNAL_TLS_DIR")
 SECRETS = {"PDSERVE_INTERNAL_SECRET": "s3cret-of-the-deployment", "PDSERVE_REDIS_PASSWORD": "redis-pw"}
 
 
@@ -206,6 +209,43 @@ def test_redis_requires_the_password_and_only_the_gateway_publishes_ports(servic
     assert [name for name, service in services.items() if service.get("ports")] == ["gateway"]
 
 
+def mounted_secrets(compose: dict, name: str) -> dict[str, Path]:
+    """Where each of the service's secrets appears in its container -> the host file it is."""
+    return {f"/run/secrets/{secret['target']}": Path(compose["secrets"][secret["source"]]["file"])
+            for secret in compose["services"][name]["secrets"]}
+
+
+@pytest.mark.parametrize("name", ["gateway", "prefill", "decode"])
+def test_each_service_mounts_the_ca_and_its_own_certificate_and_loads_them(name, tmp_path):
+    certs = tmp_path / "certs"
+    assert cli.main(["certs", "--out", str(certs)]) == 0
+    compose = compose_config(PDSERVE_INTERNAL_TLS_DIR=str(certs))
+    mounted = mounted_secrets(compose, name)
+    assert sorted(path.name for path in mounted.values()) == sorted(["ca.pem", f"{name}.pem", f"{name}-key.pem"])
+    assert all(path.parent == certs and path.is_file() for path in mounted.values())
+    args = parse_service(compose["services"][name])
+    tls = InternalTlsFiles(*(mounted[str(path)] for path in (
+        args.internal_tls_ca, args.internal_tls_cert, args.internal_tls_key))).load(args.internal_tls_server_name)
+    assert tls.server_name == cli.CERT_SHARED_HOST  # what `pdserve certs` names by default
+    assert tls.cert_pem == (certs / f"{name}.pem").read_bytes()
+
+
+def test_the_certificates_folder_defaults_to_certs_beside_the_file(services):
+    compose = compose_config()
+    assert {path.parent for name in services if name != "redis"
+            for path in mounted_secrets(compose, name).values()} == {REPO_ROOT / "certs"}
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replica_healthcheck_presents_the_services_certificate(services, name):
+    _, *check_argv = services[name]["healthcheck"]["test"]
+    check = parse_cli(check_argv, {k: str(v) for k, v in services[name]["environment"].items()})
+    served = parse_service(services[name])
+    assert (check.internal_tls_ca, check.internal_tls_cert, check.internal_tls_key) == (
+        served.internal_tls_ca, served.internal_tls_cert, served.internal_tls_key)
+    assert check.internal_tls_server_name == served.internal_tls_server_name == cli.CERT_SHARED_HOST
+
+
 @pytest.mark.parametrize("prefill_gpus, decode_gpus, expected", [
     ("0", "1,2,3", {"prefill-gpu0": "cuda:0", "decode-gpu1": "cuda:1", "decode-gpu2": "cuda:2", "decode-gpu3": "cuda:3"}),
     ("4", "6,2", {"prefill-gpu4": "cuda:1", "decode-gpu6": "cuda:2", "decode-gpu2": "cuda:0"}),
@@ -228,3 +268,5 @@ def test_compose_gpus_runs_one_replica_per_gpu_and_every_replica_sees_them_all(
         assert args.service == ("pdserve.prefill_svc.main" if name.startswith("prefill") else "pdserve.decode_svc.main")
         assert services[name]["ipc"] == services[name]["pid"] == "host"
         assert services[name]["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        kind = name.split("-")[0]
+        assert {secret["source"] for secret in services[name]["secrets"]} == {"internal-ca", f"{kind}-cert", f"{kind}-key"}

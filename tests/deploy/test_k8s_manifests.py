@@ -12,9 +12,13 @@ where one is installed):
   declares; --model is where the model volume is mounted; replicas advertise their pod IP;
 - prefill, decode and the gateway have startup, readiness and liveness probes on declared
   ports; the gRPC probes ask for a service name the server reports in grpc.health.v1, and the
-  HTTP probe for a path the gateway serves without an API key;
+  HTTP probe for a path the gateway serves without an API key; the replicas' probes run
+  `pdserve healthcheck` in the container, over the pod's mutual TLS, within the probe's timeout;
+- gateway, prefill and decode mount the CA and their own certificate and key from the TLS Secret
+  and name them in PDSERVE_INTERNAL_TLS_*, with the shared name `pdserve certs` gives them;
 - the termination grace outlasts the drain (replicas) or the stop grace (gateway) plus preStop;
-- every Secret reference names a key that the README's `kubectl create secret` command makes;
+- every Secret reference (variables, volumes) names a key that the README's `kubectl create
+  secret` commands make;
 - prefill and decode mount a Memory emptyDir at /dev/shm and carry their llm-d role label;
 - the network policies let the pods that call each other through, and no other pod;
 - the GPU overlay gives prefill and decode one GPU each and cuda:0; the CPU overlay asks for no
@@ -23,6 +27,7 @@ where one is installed):
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -36,6 +41,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pdserve import cli
 from pdserve.cluster.replica_server import STOP_GRACE_S
 from pdserve.gateway.disaggregated.main import STOP_GRACE_S as GATEWAY_STOP_GRACE_S
 from tests.deploy.kustomize import render
@@ -164,16 +170,34 @@ def grpc_health_names(component: str) -> set[str]:
     return {"", *services}
 
 
-def readme_secret() -> tuple[str, set[str]]:
-    """The name and keys of the Secret that the README's `kubectl create secret` command makes."""
+def readme_secrets(tmp_path: Path) -> dict[str, set[str]]:
+    """The name and keys of each Secret the README's `kubectl create secret` commands make; a
+    `--from-file=DIR/` brings the files `pdserve certs` writes there (made in tmp_path)."""
     lines = (REPO / "README.md").read_text().splitlines()
-    (start,) = [index for index, line in enumerate(lines) if "kubectl create secret generic" in line]
-    command = [lines[start]]
-    while command[-1].rstrip().endswith("\\"):
-        command.append(lines[start + len(command)])
-    text = " ".join(command)
-    name = re.search(r"kubectl create secret generic (\S+)", text)[1]
-    return name, set(re.findall(r"--from-literal=([\w.-]+)=", text))
+    secrets = {}
+    for start in [index for index, line in enumerate(lines) if "kubectl create secret generic" in line]:
+        command = [lines[start]]
+        while command[-1].rstrip().endswith("\\"):
+            command.append(lines[start + len(command)])
+        text = " ".join(command)
+        keys = set(re.findall(r"--from-literal=([\w.-]+)=", text))
+        for folder in re.findall(r"--from-file=(\S+)/", text):
+            written = tmp_path / folder
+            assert cli.main(["certs", "--out", str(written)]) == 0
+            keys |= set(os.listdir(written))
+        secrets[re.search(r"kubectl create secret generic (\S+)", text)[1]] = keys
+    return secrets
+
+
+def mounted_file(deployment: dict, path: str) -> tuple[str, str]:
+    """(Secret, key) that the file at `path` in the main container comes from."""
+    for mount in main_container(deployment).get("volumeMounts", []):
+        if path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            secret = volume(deployment, mount["name"])["secret"]
+            relative = path[len(mount["mountPath"].rstrip("/")) + 1:]
+            (key,) = [item["key"] for item in secret["items"] if item["path"] == relative]
+            return secret["secretName"], key
+    raise AssertionError(f"nothing is mounted at {path}")
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -258,6 +282,14 @@ def test_model_flag_is_the_model_mount(objects):
         assert mount["name"] == "model" and mount.get("readOnly"), component
 
 
+def healthcheck_of(container: dict, probe: dict) -> argparse.Namespace:
+    """The probe's `pdserve healthcheck` command as it parses in the container's environment."""
+    command = probe["exec"]["command"]
+    assert command[:2] == ["pdserve", "healthcheck"], command
+    with mock.patch.dict(os.environ, container_env(container), clear=True):
+        return cli.build_parser().parse_args(command[1:])
+
+
 def test_probes_hit_served_ports_and_health_names(objects):
     from pdserve.gateway.front.http_api import OPEN_PATHS
 
@@ -266,7 +298,10 @@ def test_probes_hit_served_ports_and_health_names(objects):
         ports = declared_ports(container)
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = container[kind]
-            if "grpc" in probe:
+            if "exec" in probe:
+                host, port = healthcheck_of(container, probe).target.rsplit(":", 1)
+                assert host == "127.0.0.1" and int(port) in ports.values(), (component, kind)
+            elif "grpc" in probe:
                 assert probe["grpc"]["port"] in ports.values(), (component, kind)
                 assert probe["grpc"].get("service", "") in grpc_health_names(component), (component, kind)
             else:
@@ -275,10 +310,28 @@ def test_probes_hit_served_ports_and_health_names(objects):
                 assert http["path"] in OPEN_PATHS, (component, kind)  # the kubelet sends no API key
 
 
-def test_replica_probes_are_grpc_health(objects):
+def test_replica_probes_ask_grpc_health_over_the_pods_mutual_tls_in_time(objects):
     for component in REPLICAS:
         container = main_container(deployments(objects)[component])
-        assert all("grpc" in container[kind] for kind in ("startupProbe", "readinessProbe", "livenessProbe"))
+        served = parse_pdserve(container)
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            check = healthcheck_of(container, container[kind])
+            assert check.target == f"127.0.0.1:{served.port}", (component, kind)
+            assert (check.internal_tls_ca, check.internal_tls_cert, check.internal_tls_key,
+                    check.internal_tls_server_name) == (served.internal_tls_ca, served.internal_tls_cert,
+                                                        served.internal_tls_key, served.internal_tls_server_name)
+            assert check.timeout_s < container[kind].get("timeoutSeconds", 1), (component, kind)
+
+
+def test_every_component_mounts_the_ca_and_its_own_certificate(objects):
+    for component in PDSERVE_COMPONENTS:
+        deployment = deployments(objects)[component]
+        args = parse_pdserve(main_container(deployment))
+        assert args.internal_tls_server_name == cli.CERT_SHARED_HOST, component  # what `pdserve certs` names
+        files = {flag: mounted_file(deployment, str(getattr(args, flag)))
+                 for flag in ("internal_tls_ca", "internal_tls_cert", "internal_tls_key")}
+        assert {secret for secret, _ in files.values()} == {"pdserve-internal-tls"}, component
+        assert [key for _, key in files.values()] == ["ca.pem", f"{component}.pem", f"{component}-key.pem"]
 
 
 def test_gateway_is_ready_only_with_replicas(objects):
@@ -296,14 +349,18 @@ def test_termination_grace_outlasts_shutdown(objects):
         assert grace_s > prestop_s(container) + shutdown_s, component
 
 
-def test_secret_references_are_keys_of_the_documented_secret(objects):
-    name, keys = readme_secret()
-    references = [var["valueFrom"]["secretKeyRef"] for deployment in deployments(objects).values()
+def test_secret_references_are_keys_of_the_documented_secrets(objects, tmp_path):
+    documented = readme_secrets(tmp_path)
+    references = [(var["valueFrom"]["secretKeyRef"]["name"], var["valueFrom"]["secretKeyRef"]["key"])
+                  for deployment in deployments(objects).values()
                   for container in pod_spec(deployment)["containers"] for var in container.get("env", [])
                   if "secretKeyRef" in var.get("valueFrom", {})]
-    assert references
-    for reference in references:
-        assert reference["name"] == name and reference["key"] in keys, reference
+    references += [(volume["secret"]["secretName"], item["key"]) for deployment in deployments(objects).values()
+                   for volume in pod_spec(deployment).get("volumes", []) if "secret" in volume
+                   for item in volume["secret"]["items"]]
+    assert {name for name, _ in references} == {"pdserve-secrets", "pdserve-internal-tls"}
+    for name, key in references:
+        assert key in documented.get(name, set()), (name, key)
 
 
 def test_pdserve_secrets_come_from_the_secret(objects):

@@ -1,10 +1,15 @@
 """tests/system drives whole deployments, so no one package owns its tests: real processes on
 loopback, a private redis-server and pdserve replicas started with the same command line users run
 (`python -m pdserve prefill|decode|gateway ...`), or `pdserve up|serve` itself. Each module carries
-its tier marker (e2e here, faults in faults/, where replicas are killed, cut off or hosted apart)."""
+its tier marker (e2e here, faults in faults/, where replicas are killed, cut off or hosted apart).
+
+A cluster made with `internal_tls=True` runs internal gRPC on mutual TLS: a CA of its own issues
+each service a certificate naming the host it binds, and the tests' own internal calls and probes
+present one more, "e2e-test"."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import secrets
@@ -20,8 +25,10 @@ import grpc
 import pytest
 import redis
 
+from pdserve.cluster.certificates import CertificateAuthority
 from pdserve.cluster.health_probe import probe
 from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.cluster.internal_tls import InternalTls, InternalTlsFiles
 from pdserve.redis_process import start_redis
 from tests.helpers import ENGINE_DTYPE, KV_CACHE_MEMORY_BYTES, free_port, wait_until
 
@@ -53,6 +60,7 @@ class Cluster:
     work_dir: Path
     redis_url: str
     internal_secret: str  # the deployment's, which every service gets in its environment
+    tls_ca: CertificateAuthority | None = None  # None: internal gRPC is plaintext
     services: list[Service] = field(default_factory=list)
 
     def start(self, kind: str, name: str, *flags: str, host: str = "127.0.0.1",
@@ -72,8 +80,10 @@ class Cluster:
         log_path = self.work_dir / f"{name}.log"
         command = [*launcher, sys.executable, "-m", "pdserve", kind, "--model", self.model_dir,
                    "--redis-url", self.redis_url, "--host", host, *port_flags, *engine_flags, *flags]
+        env = {**os.environ, "PDSERVE_INTERNAL_SECRET": self.internal_secret}
+        if self.tls_ca is not None:
+            env |= self.tls_files(name, host).env()
         with open(log_path, "a") as log:
-            env = {**os.environ, "PDSERVE_INTERNAL_SECRET": self.internal_secret}
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         service = Service(kind, name, process, port, log_path, http_port if kind == "gateway" else 0, host, flags)
         self.services.append(service)
@@ -86,7 +96,7 @@ class Cluster:
             for service in list(pending):
                 if service.process.poll() is not None:
                     raise RuntimeError(f"{service.name} exited:\n{service.log_tail()}")
-                if probe(service.endpoint, timeout_s=1.0).ready:
+                if probe(service.endpoint, 1.0, None if service.kind == "gateway" else self.client_tls).ready:
                     pending.remove(service)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not ready: {[s.name for s in pending]}")
@@ -95,8 +105,26 @@ class Cluster:
                         and len(self.replicas("decode")) == self.count("decode"), "replicas registered")
 
     def internal_channel(self, service: Service, caller_id: str = "e2e-test") -> grpc.aio.Channel:
-        """A channel to an internal service that presents the deployment secret, as a gateway's does."""
-        return InternalAuth(self.internal_secret.encode(), caller_id).channel(service.endpoint)
+        """A channel to an internal service that presents the deployment secret, and the tests'
+        certificate where the cluster runs TLS, as a gateway's does."""
+        return InternalAuth(self.internal_secret.encode(), caller_id, tls=self.client_tls).channel(service.endpoint)
+
+    @functools.cached_property
+    def client_tls(self) -> InternalTls | None:
+        """What the tests' own internal calls and probes present; None without TLS."""
+        return None if self.tls_ca is None else self.tls_files("e2e-test", "127.0.0.1").load()
+
+    def tls_files(self, name: str, host: str) -> InternalTlsFiles:
+        """A new certificate from the cluster's CA for `name`, naming `host`, and its files."""
+        directory = self.work_dir / "tls"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        issued = self.tls_ca.issue(name, [host])
+        paths = InternalTlsFiles(directory / "ca.pem", directory / f"{name}.pem", directory / f"{name}-key.pem")
+        paths.ca_path.write_bytes(self.tls_ca.cert_pem)
+        paths.cert_path.write_bytes(issued.cert_pem)
+        paths.key_path.touch(mode=0o600)
+        paths.key_path.write_bytes(issued.key_pem)
+        return paths
 
     def count(self, kind: str) -> int:
         return sum(1 for s in self.services if s.kind == kind and s.process.poll() is None)
@@ -170,13 +198,15 @@ def redis_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def make_cluster(e2e_model, redis_server, tmp_path_factory):
-    """Starts clusters on one Redis (distinct db per cluster) and stops them after the module."""
+    """Starts clusters on one Redis (distinct db per cluster) and stops them after the module;
+    with `internal_tls`, on mutual TLS."""
     clusters = []
 
-    def make(layout: list[tuple[str, str, tuple[str, ...]]]) -> Cluster:
+    def make(layout: list[tuple[str, str, tuple[str, ...]]], internal_tls: bool = False) -> Cluster:
         db = len(clusters) + 1
         url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
-        cluster = Cluster(e2e_model, tmp_path_factory.mktemp("cluster"), url, secrets.token_hex(32))
+        tls_ca = CertificateAuthority("e2e CA", valid_days=1) if internal_tls else None
+        cluster = Cluster(e2e_model, tmp_path_factory.mktemp("cluster"), url, secrets.token_hex(32), tls_ca)
         clusters.append(cluster)
         for kind, name, flags in layout:
             cluster.start(kind, name, *flags)

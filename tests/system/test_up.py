@@ -1,14 +1,17 @@
 """`pdserve up --model tiny` with no Redis given: it writes the tiny model into the user cache,
 starts Redis, a prefill, a decode and a gateway as real processes, prints its endpoints, serves
-`pdserve generate`, and on Ctrl-C leaves no process and no Redis behind. Its console reads one
-line per replica and stage, no health probe's access-log line, and neither the deployment's
-internal secret nor its Redis password.
+`pdserve generate`, and on Ctrl-C leaves no process and no Redis behind. Its replicas speak
+mutual TLS only, with certificates up made for the run in a folder only its owner enters, gone
+once up stops. Its console reads one line per replica and stage, no health probe's access-log
+line, no warning of running without a secret or TLS, and neither the deployment's internal
+secret nor its Redis password.
 """
 import json
 import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -19,6 +22,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from pdserve.cluster.health_probe import probe
+from pdserve.cluster.internal_tls import CA_ENV, CERT_ENV, KEY_ENV, InternalTlsFiles
 from pdserve.cluster.service_args import SECRET_ENV
 from tests.helpers import ENGINE_DTYPE, ENGINE_FLAGS, descendant_pids, free_port, is_alive, up_redis_url, wait_for_endpoints
 
@@ -83,6 +88,13 @@ def test_up_serves_generate_and_ctrl_c_stops_everything(start_up, tmp_path):
     num_tokens = int(re.search(r"(\d+) tokens", generated.stderr).group(1))
     assert 1 <= num_tokens <= 8
 
+    child_env = next(environ for pid in pids if CERT_ENV in (environ := environ_of(pid)))
+    tls = InternalTlsFiles(*(Path(child_env[name]) for name in (CA_ENV, CERT_ENV, KEY_ENV)))
+    assert stat.S_IMODE(tls.ca_path.parent.stat().st_mode) == 0o700
+    decode = json.loads(redis.Redis.from_url(redis_url, socket_timeout=5).get("replica:decode:decode-0"))["endpoint"]
+    assert probe(decode, 5.0, tls.load()).ready
+    assert not probe(decode, 5.0).ready  # plaintext gets nothing
+
     stop(up_process)
     deadline = time.monotonic() + SHUTDOWN_DEADLINE_S
     while any(is_alive(pid) for pid in pids) and time.monotonic() < deadline:
@@ -90,6 +102,7 @@ def test_up_serves_generate_and_ctrl_c_stops_everything(start_up, tmp_path):
     assert not [pid for pid in pids if is_alive(pid)]
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(redis_url, socket_connect_timeout=2).ping()
+    assert not tls.ca_path.parent.exists()
 
 
 def test_up_logs_one_line_per_replica_and_stage_no_probe_and_no_secret(start_up):
@@ -118,6 +131,7 @@ def test_up_logs_one_line_per_replica_and_stage_no_probe_and_no_secret(start_up)
     assert "/health" not in up_process.log_path.read_text()  # probed many times: up's own and ours
     assert '"POST /v1/completions HTTP/1.1" 200' in console  # requests are still logged
     assert secret not in console and redis_password not in console
+    assert "no internal secret" not in console and "no internal TLS" not in console
     assert "redis://:***@127.0.0.1:" in endpoints
 
 

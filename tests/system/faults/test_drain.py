@@ -9,7 +9,6 @@ import time
 import grpc
 import pytest
 
-from pdserve.cluster.health_probe import probe_grpc
 from pdserve.v1 import gateway_pb2_grpc
 from tests.system.faults.up_deployment import SteadyLoad, generate, wrong_outputs
 from tests.helpers import is_alive, wait_until
@@ -34,7 +33,7 @@ def sigterm_and_wait_for_exit(deployment, name: str) -> dict[str, float]:
     restarted = wait_until(lambda: (entry := deployment.registry("decode").get(name))
                            and entry["endpoint"] != old_endpoint and entry, f"a new {name} to register",
                            RESTART_DEADLINE_S)
-    wait_until(lambda: probe_grpc(restarted["endpoint"], 1.0).ready, f"the new {name} to serve", 30.0)
+    wait_until(lambda: deployment.serves(restarted["endpoint"]), f"the new {name} to serve", 30.0)
     timings["serving_again_s"] = time.monotonic() - signalled_s
     return timings
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pdserve.cluster.health_probe import probe_grpc
 from tests.system.faults.up_deployment import STOP_DEADLINE_S, cmdline, generate, start_up, stop_up, wrong_outputs
 from tests.helpers import children_of, is_alive, wait_until
 from pdserve.v1 import gateway_pb2_grpc
@@ -39,7 +38,7 @@ def test_a_killed_decode_replica_is_restarted_and_the_deployment_keeps_serving(d
     restarted = wait_until(lambda: (entry := deployment.registry("decode").get("decode-0"))
                            and entry["endpoint"] != old_endpoint and entry, "a new decode-0 to register",
                            RESTART_DEADLINE_S)
-    wait_until(lambda: probe_grpc(restarted["endpoint"], 1.0).ready, "the new decode-0 to serve", 30.0)
+    wait_until(lambda: deployment.serves(restarted["endpoint"]), "the new decode-0 to serve", 30.0)
     restart_s = time.monotonic() - killed_s
 
     after = asyncio.run(generate_all(deployment.gateway, cases + cases))

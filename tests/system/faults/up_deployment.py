@@ -1,9 +1,11 @@
 """`pdserve up` as a real process tree, for the supervision and drain tests: start it, find its
-children by pid, read its registry, and drive greedy streams through its gateway. Its fixtures
-are made visible to tests/system/faults by conftest.py."""
+children by pid, read its registry, probe its replicas (with the certificate files its children
+were given: up runs internal gRPC on mutual TLS), and drive greedy streams through its gateway.
+Its fixtures are made visible to tests/system/faults by conftest.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -18,6 +20,8 @@ import pytest
 import redis
 import torch
 
+from pdserve.cluster.health_probe import probe_grpc
+from pdserve.cluster.internal_tls import CA_ENV, CERT_ENV, KEY_ENV, InternalTls, InternalTlsFiles
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.helpers import ENGINE_FLAGS, children_of, free_port, is_alive, up_redis_url, wait_for_endpoints
@@ -32,6 +36,14 @@ def cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # exited meanwhile
+        return {}
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
 
 
 @dataclass
@@ -62,6 +74,19 @@ class Up:
             else:
                 found[Path(argv[0]).name] = pid
         return found
+
+    def serves(self, endpoint: str) -> bool:
+        """The replica at `endpoint` says SERVING to a probe with the deployment's certificate."""
+        return probe_grpc(endpoint, 1.0, self.internal_tls).ready
+
+    @functools.cached_property
+    def internal_tls(self) -> InternalTls | None:
+        """A certificate up gave one of its children (files that last as long as up); None
+        where it runs without TLS."""
+        for pid in self.children().values():
+            if CERT_ENV in (environ := environ_of(pid)):
+                return InternalTlsFiles(*(Path(environ[name]) for name in (CA_ENV, CERT_ENV, KEY_ENV))).load()
+        return None
 
     def registry(self, kind: str) -> dict[str, dict]:
         client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=5)
