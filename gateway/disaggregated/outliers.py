@@ -5,7 +5,8 @@ this gateway can reach it or whether it serves: a replica cut off from the gatew
 Redis, or one whose engine stalled, stays listed. So every replica that a request had to move
 away from (gateway.disaggregated.migration) is ejected here for a back-off: `base_s` after its
 first failure, doubled (up to `max_s`) for each failure that comes less than `max_s` after the
-previous ejection ended. Once the back-off ends, the next request routed to it is the probe: if
+previous ejection ended. Failures while it is out (the many requests one fault hits at once) add
+nothing. Once the back-off ends, the next request routed to it is the probe: if
 it fails, the replica is ejected again for twice as long; a replica back in routing for `max_s`
 without failing starts again from `base_s`, as Envoy's outlier detection does.
 
@@ -43,9 +44,11 @@ class Outliers:
         self._ejections: dict[str, _Ejection] = {}
 
     def failed(self, replica_id: str) -> float:
-        """Ejects the replica after a failure; returns for how many seconds."""
+        """Ejects the replica after a failure; returns for how many more seconds it is out."""
         now_s = self._clock()
         previous = self._ejections.get(replica_id)
+        if previous is not None and now_s < previous.until_s:
+            return previous.until_s - now_s
         backoff_s = self._base_s
         if previous is not None and now_s - previous.until_s < self._max_s:
             backoff_s = min(self._max_s, 2 * previous.backoff_s)

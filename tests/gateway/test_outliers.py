@@ -26,6 +26,14 @@ def test_a_failed_replica_is_out_of_routing_for_the_base_backoff_then_probed():
     assert outliers.ejected() == set()
 
 
+def test_the_requests_one_fault_fails_at_once_eject_the_replica_once():
+    clock = Clock()
+    outliers = Outliers(base_s=5.0, max_s=20.0, clock=clock)
+    assert [outliers.failed("d0") for _ in range(8)] == [5.0] * 8
+    clock.now_s += 5.1
+    assert outliers.ejected() == set()
+
+
 def test_the_backoff_doubles_while_the_replica_keeps_failing_up_to_the_max():
     clock = Clock()
     outliers = Outliers(base_s=5.0, max_s=20.0, clock=clock)
