@@ -4,6 +4,10 @@ Domain code raises typed errors; a servicer method wrapped with `grpc_errors` ab
 with the code of the error's category (engine.errors) and the error's message. An error that
 carries a downstream replica's status (`grpc_code`) and a failed downstream call keep that
 status. Anything else is a bug: INTERNAL, logged.
+
+An error that names the side of a KV transfer at fault (`failed_side`, protocol.errors.
+TransferError) also sends it as trailing metadata `pdserve-failed-side` ("prefill" or "decode"):
+the gateway reads it to move the request off the replica that failed it.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from pdserve.protocol.errors import (AbortedError, InvalidRequestError, NotFound
                                      ResourceExhaustedError, UnavailableError)
 
 logger = logging.getLogger(__name__)
+FAILED_SIDE_KEY = "pdserve-failed-side"
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -47,6 +52,9 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
     if status is None:
         logger.exception("%s failed", method)
         status = grpc.StatusCode.INTERNAL, f"internal error: {exc!r}"
+    failed_side = getattr(exc, "failed_side", None)
+    if failed_side is not None:
+        context.set_trailing_metadata((*(context.trailing_metadata() or ()), (FAILED_SIDE_KEY, failed_side)))
     await context.abort(*status)
 
 

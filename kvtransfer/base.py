@@ -3,7 +3,8 @@
 `send` copies the prefill pool's blocks `block_ids` into the decode replica's reserved blocks
 `target.block_ids` (same count, same order) and returns only after the decode replica has
 acknowledged that the request's KV is complete. Before the first byte moves, the target's
-layout must equal the sender's (`LayoutMismatchError`); any other failure is a `TransferError`.
+layout must equal the sender's (`LayoutMismatchError`); any other failure is a `TransferError`,
+a `PrefillKVError` where the sender's own KV is at fault.
 A sender that `streams_layers` also takes `layers_ready` (the layer numbers, in order, as the
 forward pass completes them) and starts sending before the last layer is computed.
 """
@@ -18,7 +19,7 @@ import torch
 from pdserve.engine.kv_cache import KVCacheMismatchError, KVCacheSpec
 from pdserve.kvtransfer.layout import KVLayout, check_layout
 from pdserve.kvtransfer.target import KVTarget
-from pdserve.protocol.errors import TransferError
+from pdserve.protocol.errors import PrefillKVError, TransferError
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +64,7 @@ def validate_send(
     try:
         KVCacheSpec.from_layout(local_layout).check(kv_cache)
     except KVCacheMismatchError as error:
-        raise TransferError(f"prefill side: {error}") from error
+        raise PrefillKVError(f"prefill side: {error}") from error
     num_local_blocks = kv_cache.shape[2]
     if any(not 0 <= block_id < num_local_blocks for block_id in block_ids):
-        raise TransferError(f"request {request_id}: prefill block ids outside [0, {num_local_blocks})")
+        raise PrefillKVError(f"request {request_id}: prefill block ids outside [0, {num_local_blocks})")

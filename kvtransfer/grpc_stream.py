@@ -41,7 +41,7 @@ from pdserve.kvtransfer.pool import KVPool
 from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient, Refusal
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.wire import layout_from_proto, layout_to_proto
-from pdserve.protocol.errors import TransferError
+from pdserve.protocol.errors import PrefillKVError
 from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class GrpcSender:
             while layer >= num_layers_ready:
                 announced = await anext(layers_ready)
                 if announced != num_layers_ready:
-                    raise TransferError(f"request {request_id}: layer {announced} announced before {num_layers_ready}")
+                    raise PrefillKVError(f"request {request_id}: layer {announced} announced before {num_layers_ready}")
                 num_layers_ready += 1
             header = kv_transfer_pb2.KVChunk(
                 request_id=request_id,

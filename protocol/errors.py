@@ -68,7 +68,19 @@ class LayoutMismatchError(PreconditionError, ValueError):
 
 
 class TransferError(UnavailableError, RuntimeError):
-    """A KV transfer did not complete: the decode side refused it, was unreachable or timed out."""
+    """A KV transfer did not complete: the decode side refused it, was unreachable or timed out.
+
+    `failed_side` names the replica at fault. The prefill replica reports it with the error
+    (cluster.grpc_errors), so that the gateway moves the request off that replica, not the other."""
+
+    failed_side = "decode"
+
+
+class PrefillKVError(TransferError):
+    """The prefill replica cannot send its own KV (its pool or its block ids are not what its
+    layout says), whichever decode replica it sends to."""
+
+    failed_side = "prefill"
 
 
 class WriteTokenError(PdserveError):

@@ -5,6 +5,9 @@ BackendError that carries it, so the gateway's edge reports what the replica sai
 session that breaks under its requests fails each of them with SessionBrokenError, and a
 request that gets no step for the token timeout fails with ReplicaStalledError: the two signals
 that say "the replica, not this request, went away" (both UNAVAILABLE, so the request migrates).
+A prefill replica whose KV push or copy failed on the decode side says so in its status
+(cluster.grpc_errors: `pdserve-failed-side`): that failure is a KVTransferError, which blames the
+decode replica, not the one that reported it.
 """
 from __future__ import annotations
 
@@ -38,6 +41,12 @@ class ReplicaStalledError(BackendError):
 
     def __init__(self, replica_id: str, message: str):
         super().__init__(grpc.StatusCode.UNAVAILABLE, message, replica_id)
+
+
+class KVTransferError(BackendError):
+    """The prefill replica `replica_id` could not hand the request's KV to its decode replica,
+    and says the decode side failed it (refused it, could not be reached, or its pool could
+    not be opened)."""
 
 
 def backend_error(replica_id: str, code: grpc.StatusCode | int, details: str) -> Exception:

@@ -94,10 +94,17 @@ class Dispatcher:
     async def turn(self, token_ids: list[int], excluded_replica_ids: set[str], arrival_s: float,
                    timeout_s: float) -> Placement:
         """The attempt's placement, once its turn comes (none of `excluded_replica_ids`). Raises
-        UnavailableError with no replica of a kind or no pair of matching KV layouts, BackendError
-        for a prompt no decode replica could ever hold, DEADLINE_EXCEEDED after `timeout_s`."""
-        decodes, prefills = await self._live_replicas(excluded_replica_ids)
-        ask = _Ask(token_ids, excluded_replica_ids, await self.affinity.cached_tokens(prefills + decodes, token_ids))
+        UnavailableError with no replica of a kind (naming the excluded ones, when they were all
+        there was) or no pair of matching KV layouts, BackendError for a prompt no decode replica
+        could ever hold, DEADLINE_EXCEEDED after `timeout_s`."""
+        eligible: list[ReplicaInfo] = []
+        for kind, replicas in zip(("decode", "prefill"), await self._live_replicas()):
+            left = [r for r in replicas if r.replica_id not in excluded_replica_ids]
+            if replicas and not left:
+                raise UnavailableError(f"no {kind} replica left for this request: it failed on "
+                                       f"{', '.join(sorted(r.replica_id for r in replicas))}")
+            eligible += left
+        ask = _Ask(token_ids, excluded_replica_ids, await self.affinity.cached_tokens(eligible, token_ids))
         waiter = self.line.join(len(token_ids), arrival_s)
         self._asks[waiter] = ask
         if self._task is None:
@@ -133,10 +140,10 @@ class Dispatcher:
         if self._task is not None:
             self._task.cancel()
 
-    async def _live_replicas(self, excluded_replica_ids: set[str]) -> tuple[list[ReplicaInfo], list[ReplicaInfo]]:
+    async def _live_replicas(self) -> tuple[list[ReplicaInfo], list[ReplicaInfo]]:
+        """(decodes, prefills)"""
         decodes, prefills = await asyncio.gather(self.replicas.list("decode"), self.replicas.list("prefill"))
-        return ([r for r in decodes if r.replica_id not in excluded_replica_ids],
-                [r for r in prefills if r.replica_id not in excluded_replica_ids])
+        return decodes, prefills
 
     async def _run(self) -> None:
         while True:
@@ -146,7 +153,7 @@ class Dispatcher:
             if not len(self.line):
                 continue
             try:
-                decodes, prefills = await self._live_replicas(set())
+                decodes, prefills = await self._live_replicas()
             except Exception as exc:  # Redis unreachable: the waiters wait, each up to its deadline
                 logger.warning("dispatcher cannot list replicas: %s", exc)
                 continue

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from pdserve.cluster.grpc_errors import FAILED_SIDE_KEY
 from pdserve.cluster.proto_convert import FINISH_REASON_NAMES, logprobs_from_proto, params_to_proto
-from pdserve.gateway.disaggregated.backend_errors import BackendError, backend_error
+from pdserve.gateway.disaggregated.backend_errors import BackendError, KVTransferError, backend_error
 from pdserve.gateway.disaggregated.completion_text import SampledToken
 from pdserve.gateway.disaggregated.decode_session import DecodeSession, DecodeStep
 from pdserve.protocol.sampling_params import SamplingParams
@@ -134,6 +135,8 @@ class PrefillRun:
         try:
             event = await self._call.read()
         except grpc.aio.AioRpcError as exc:
+            if dict(exc.trailing_metadata() or ()).get(FAILED_SIDE_KEY) == "decode":
+                raise KVTransferError(exc.code(), f"{self._replica_id}: {exc.details()}", self._replica_id) from exc
             raise _backend_error(self._replica_id, exc) from exc
         if event is grpc.aio.EOF or event.WhichOneof("event") != expected:
             raise BackendError(grpc.StatusCode.INTERNAL, f"prefill replica {self._replica_id}: expected {expected}",

@@ -17,11 +17,11 @@ first token comes in D's outputs like the rest. Either way the route's `ticket` 
 first token (or at the attempt's end), which tells the frontend what the prefill cost. The
 replica clients own the wire.
 
-When a replica goes away under the request (gateway.disaggregated.migration), steps 2-4 run again on the
-replicas left, with prompt + the tokens streamed so far: prefill computes their KV and samples
-the next token, decode carries on after it, and the client's stream goes on as if nothing
-happened. Each such attempt has its own request id on the replicas, so nothing left of an
-earlier one can touch it.
+When a replica fails the request (it went away, or as decode it failed the KV transfer:
+gateway.disaggregated.migration), steps 2-4 run again on the replicas left, with prompt + the
+tokens streamed so far: prefill computes their KV and samples the next token, decode carries on
+after it, and the client's stream goes on as if nothing happened. Each such attempt has its own
+request id on the replicas, so nothing left of an earlier one can touch it.
 
 Whatever way a request ends early (client gone, Abort, a stop string, a failure), the
 reservation and any running work are aborted on both replicas, so every KV block comes back.
@@ -45,7 +45,7 @@ import grpc
 from pdserve.cluster.redis_client import StateStoreUnavailableError
 from pdserve.gateway.disaggregated.backend_errors import BackendError
 from pdserve.gateway.disaggregated.completion_text import CompletionText, SampledToken
-from pdserve.gateway.disaggregated.migration import Migrations
+from pdserve.gateway.disaggregated.migration import Blame, Migrations, blame
 from pdserve.gateway.disaggregated.prefill_placement import PrefillTicket
 from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillClient
 from pdserve.gateway.disaggregated.request_store import RequestNotFoundError, RequestStore
@@ -148,14 +148,18 @@ class DisaggregatedRequest:
                         yield chunk
                 return
             except BackendError as exc:
-                failed_replica_id = self._migrations.failed_replica(exc)
-                if failed_replica_id is None or self.aborted:
+                route = self._route
+                decode_replica_id = route.decode.replica_id if route else None
+                prefill_replica_id = route.prefill.replica_id if route and route.prefill else None
+                blamed = blame(exc, decode_replica_id, prefill_replica_id)
+                if blamed is None or self.aborted:
                     raise
-                await self._migrate(exc, failed_replica_id)
+                await self._migrate(exc, blamed)
 
     async def _attempt(self) -> AsyncIterator[StreamChunk]:
         """Steps 2-4 from the tokens streamed so far (none on the first attempt) to the end."""
         request_id, prompt_ids, output_ids = self._replica_request_id, self.prompt_ids, list(self.text.token_ids)
+        self._route = None  # until this attempt's replicas are known
         route = self._route = await self._find_route(request_id, prompt_ids + output_ids,
                                                      self._migrations.excluded_replica_ids, self._started_s)
         try:
@@ -227,16 +231,14 @@ class DisaggregatedRequest:
             self._metrics.on_first_token(self._last_token_s - self._started_s)
         return chunk
 
-    async def _migrate(self, error: BackendError, failed_replica_id: str) -> None:
+    async def _migrate(self, error: BackendError, blamed: Blame) -> None:
         """Gives back what the failed attempt holds and readies the next, or raises past the limit."""
-        route = self._route
-        kind = "decode" if route is not None and failed_replica_id == route.decode.replica_id else "prefill"
-        await self._abort_on_replicas(gone_replica_id=failed_replica_id)
-        self._migrations.start(self.request_id, error, failed_replica_id)
-        self._metrics.on_migration(f"{kind}_unavailable")
+        await self._abort_on_replicas(gone_replica_id=blamed.replica_id if blamed.gone else None)
+        self._migrations.start(self.request_id, error, blamed)
+        self._metrics.on_migration(blamed.reason)
         self._replica_request_id = f"{self.request_id}#{self._migrations.num_done}"
-        logger.warning("request %s: %s replica %s went away (%s); migrating with %d tokens streamed (%d of %d)",
-                       self.request_id, kind, failed_replica_id, error, self.text.num_output_tokens,
+        logger.warning("request %s: %s on replica %s (%s); migrating with %d tokens streamed (%d of %d)",
+                       self.request_id, blamed.reason, blamed.replica_id, error, self.text.num_output_tokens,
                        self._migrations.num_done, self._migrations.limit)
 
     def _accept(self, token: SampledToken) -> StreamChunk:

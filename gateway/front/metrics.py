@@ -33,7 +33,7 @@ PREFIX = "pdserve:"
 FINISH_REASONS = ("stop", "length", "abort", "error")
 """Values `on_finish` accepts; "error" is a request that failed after it was admitted."""
 
-MIGRATION_REASONS = ("decode_unavailable", "prefill_unavailable")
+MIGRATION_REASONS = ("decode_unavailable", "prefill_unavailable", "kv_transfer_failed")
 
 LATENCY_BUCKETS_S = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -93,7 +93,8 @@ class GatewayMetrics:
         self._prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the engines' prefix caches.", engine_role)
         self._prefix_counts_seen: dict[tuple[str, str], tuple[int, int]] = {}  # replica -> (queries, hits)
         self._migrations = counter(
-            "request_migrations", "Times a request moved off a replica that went away, by the replica's kind.",
+            "request_migrations", "Times a request moved off a replica that failed it: one that went away, by its "
+            "kind, or a decode replica that failed its KV transfer.",
             model + ("reason",)
         )
         self._prefill_placements = counter(
@@ -207,7 +208,7 @@ class GatewayMetrics:
         self._preemptions.labels(self._model_name).inc(num_preemptions)
 
     def on_migration(self, reason: str) -> None:
-        """`reason`: one of MIGRATION_REASONS, the kind of replica the request left."""
+        """`reason`: one of MIGRATION_REASONS (gateway.disaggregated.migration.blame)."""
         if reason not in MIGRATION_REASONS:
             raise ValueError(f"migration reason {reason!r} is not one of {MIGRATION_REASONS}")
         self._migrations.labels(self._model_name, reason).inc()

@@ -10,7 +10,7 @@ import pytest
 
 from pdserve.cluster.redis_client import StateStoreUnavailableError
 from pdserve.protocol.sampling_params import SamplingParams
-from pdserve.gateway.disaggregated.backend_errors import BackendError
+from pdserve.gateway.disaggregated.backend_errors import BackendError, KVTransferError
 from pdserve.gateway.disaggregated.completion_text import CompletionText, SampledToken
 from pdserve.gateway.front.frontend_types import UnavailableError
 from pdserve.gateway.disaggregated.decode_session import DecodeStep
@@ -41,12 +41,15 @@ class FakeStore:
 
 
 class FakePrefill:
-    """Samples `first`; or fails with `error` before it (as a replica that dies does)."""
+    """Samples `first`; or fails with `error` before it (as a replica that dies does). Its first
+    `transfer_errors` fail their KV transfer, one each."""
 
-    def __init__(self, first: SampledToken | None, replica_id: str = "p0", error: Exception | None = None):
+    def __init__(self, first: SampledToken | None, replica_id: str = "p0", error: Exception | None = None,
+                 transfer_errors: list[Exception] | None = None):
         self.first = first
         self.replica_id = replica_id
         self.error = error
+        self.transfer_errors = list(transfer_errors or [])
         self.runs = []  # (request id, output ids) of each run
         self.aborted = False
 
@@ -60,6 +63,8 @@ class FakePrefill:
         return self.first
 
     async def transfer_done(self) -> KVTransferDone:
+        if self.transfer_errors:
+            raise self.transfer_errors.pop(0)
         return KVTransferDone("TRANSPORT_SHM", 1024, 0.01)
 
     def cancel(self) -> None:
@@ -107,7 +112,7 @@ def steps(*tokens: SampledToken) -> list[DecodeStep]:
     return [DecodeStep([t], num_preemptions=0) for t in tokens]
 
 
-def make_request(tokenizer, decode, prefill, store, migration_limit=3, **params) -> DisaggregatedRequest:
+def make_request(tokenizer, decode, prefill, store, migration_limit=3, metrics=None, **params) -> DisaggregatedRequest:
     """A request routed to `decode` and `prefill` (None: prefilled on decode), or, if they are
     lists, to the first of each that has not been excluded."""
     decodes, prefills = (r if isinstance(r, list) else [r] for r in (decode, prefill))
@@ -116,8 +121,9 @@ def make_request(tokenizer, decode, prefill, store, migration_limit=3, **params)
     async def route(request_id, token_ids, excluded_replica_ids, arrival_s):
         live_decodes = [d for d in decodes if d.replica_id not in excluded_replica_ids]
         live_prefills = [p for p in prefills if p is None or p.replica_id not in excluded_replica_ids]
-        if not live_decodes or not live_prefills:
-            raise UnavailableError("no live replica")
+        for kind, live in (("decode", live_decodes), ("prefill", live_prefills)):
+            if not live:
+                raise UnavailableError(f"no live {kind} replica")
         decode, prefill = live_decodes[0], live_prefills[0]
         where = Where.LOCAL if prefill is None else Where.REMOTE
         ticket = PrefillTicket(ledger, ledger.send(where, decode.replica_id, len(token_ids)), lambda: None)
@@ -127,7 +133,7 @@ def make_request(tokenizer, decode, prefill, store, migration_limit=3, **params)
     sampling = SamplingParams(**params)
     prompt_ids = tokenizer.encode("prompt", add_special_tokens=False)
     return DisaggregatedRequest("r1", prompt_ids, sampling, CompletionText(tokenizer, "r1", prompt_ids, sampling),
-                                route, store, GatewayMetrics("m"), Migrations(migration_limit))
+                                route, store, metrics or GatewayMetrics("m"), Migrations(migration_limit))
 
 
 async def collect(request: DisaggregatedRequest) -> list:
@@ -242,6 +248,32 @@ def test_a_prefill_replica_that_goes_away_is_retried_on_another_and_its_reservat
     assert live.runs == [("r1#1", [])]
 
 
+def test_a_kv_transfer_failed_by_the_decode_replica_moves_the_request_to_another_on_the_same_prefill(byte_tokenizer):
+    t = byte_tokenizer
+    refusing = FakeDecode([], replica_id="d0")
+    survivor = FakeDecode(steps(token(t, "b", "length")), replica_id="d1")
+    failed = KVTransferError(grpc.StatusCode.UNAVAILABLE, "p0: KV push of request r1 to d0 failed: NOT_FOUND", "p0")
+    prefill, store, metrics = FakePrefill(token(t, "a"), transfer_errors=[failed]), FakeStore(), GatewayMetrics("m")
+    request = make_request(t, [refusing, survivor], prefill, store, max_tokens=3, metrics=metrics)
+    chunks = asyncio.run(collect(request))
+    assert "".join(chunk.text for chunk in chunks) == "aab"  # the fake prefill samples "a" again
+    a = t.encode("a", add_special_tokens=False)[0]
+    assert prefill.runs == [("r1", []), ("r1#1", [a])]  # the same prefill replica, with another decode
+    assert refusing.aborted and not refusing.generated  # reachable: its reservation is given back
+    assert survivor.reserved == [("r1#1", request.prompt_ids + [a])]
+    assert 'reason="kv_transfer_failed"} 1.0' in metrics.render().decode()
+
+
+def test_a_kv_transfer_failed_by_the_only_decode_replica_never_reads_as_no_prefill_replica(byte_tokenizer):
+    t = byte_tokenizer
+    failed = KVTransferError(grpc.StatusCode.UNAVAILABLE, "p0: KV push of request r1 to d0 failed", "p0")
+    decode, prefill = FakeDecode([], replica_id="d0"), FakePrefill(token(t, "a"), transfer_errors=[failed] * 4)
+    with pytest.raises(UnavailableError) as failure:
+        asyncio.run(collect(make_request(t, decode, prefill, FakeStore())))
+    assert str(failure.value) == "no live decode replica"
+    assert len(prefill.runs) == 1 and decode.aborted
+
+
 def test_past_the_migration_limit_the_request_fails_unavailable(byte_tokenizer):
     t = byte_tokenizer
     decodes = [FakeDecode([], broken(f"d{i}"), replica_id=f"d{i}") for i in range(3)]
@@ -255,7 +287,7 @@ def test_past_the_migration_limit_the_request_fails_unavailable(byte_tokenizer):
 def test_with_no_replica_left_to_move_to_the_request_fails_unavailable(byte_tokenizer):
     t = byte_tokenizer
     decode, store = FakeDecode([], broken("d0")), FakeStore()
-    with pytest.raises(UnavailableError, match="no live replica"):
+    with pytest.raises(UnavailableError, match="no live decode replica"):
         asyncio.run(collect(make_request(t, decode, FakePrefill(token(t, "a")), store)))
     assert store.states[-1] is S.FAILED
 

@@ -115,3 +115,15 @@ def test_a_request_with_no_pair_of_matching_kv_layouts_fails_at_once():
             gateway.close()
         return time.monotonic() - started_s
     assert asyncio.run(main()) < WAIT_S / 2  # refused, not left to wait out its deadline
+
+
+def test_with_every_replica_of_a_kind_excluded_the_attempt_fails_naming_them():
+    async def main():
+        gateway = dispatcher(Registry(free_blocks=64))
+        try:
+            with pytest.raises(UnavailableError) as failure:
+                await asyncio.wait_for(gateway.turn(list(range(100)), {"d0"}, time.monotonic(), WAIT_S), WAIT_S)
+            return failure.value
+        finally:
+            gateway.close()
+    assert str(asyncio.run(main())) == "no decode replica left for this request: it failed on d0"
