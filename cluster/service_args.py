@@ -16,6 +16,7 @@ from pdserve.cluster.engine_watchdog import DEFAULT_STALL_S
 from pdserve.cluster.internal_auth import InternalAuth, new_caller_id, warn_if_open
 from pdserve.cluster.internal_tls import add_internal_tls_arguments, internal_tls_from
 from pdserve.cluster.keepalive import add_keepalive_arguments, keepalive_from
+from pdserve.cluster.waiting_bound import DEFAULT_MAX_WAITING_REQUESTS
 from pdserve.protocol.errors import InvalidConfigError
 
 SECRET_ENV = "PDSERVE_INTERNAL_SECRET"
@@ -34,6 +35,9 @@ def add_replica_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--engine-stall-s", type=float, default=DEFAULT_STALL_S,
                         help="a replica whose engine thread takes no step (and does not idle) for this long "
                              "leaves the registry, fails its requests over to other replicas and exits")
+    parser.add_argument("--max-waiting-requests", type=_at_least_one, default=DEFAULT_MAX_WAITING_REQUESTS,
+                        help="prompts waiting in the engine's queue; past it a prompt is refused with "
+                             f"RESOURCE_EXHAUSTED, which a client sees as HTTP 429 (default {DEFAULT_MAX_WAITING_REQUESTS})")
     add_internal_auth_arguments(parser)
     add_model_argument(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -116,3 +120,10 @@ def configure_logging(level: str, name: str) -> None:
     line's own set-up (pdserve.cli), which would otherwise keep --log-level from taking effect."""
     logging.basicConfig(level=level.upper(), format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
                         force=True)
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

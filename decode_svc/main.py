@@ -47,7 +47,8 @@ async def serve(args: argparse.Namespace) -> None:
             engine=dataclasses.replace(engine_config_from(args, detokenize=False), max_step_ms=args.max_step_ms),
             replica_id=replica_id, kv_endpoint=endpoint,
             reservation_timeout_s=args.reservation_timeout_s,
-            max_reserved_fraction_per_caller=args.max_reserved_fraction_per_caller), loop)
+            max_reserved_fraction_per_caller=args.max_reserved_fraction_per_caller,
+            max_waiting_requests=args.max_waiting_requests), loop)
 
     def add_servicers(replica: DecodeReplica, server) -> None:
         decode_pb2_grpc.add_DecodeServicer_to_server(DecodeService(replica), server)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from pdserve.cluster.waiting_bound import DEFAULT_MAX_WAITING_REQUESTS
 from pdserve.decode_svc.reservations import Reservation, ReservationTable
 from pdserve.decode_svc.session import DecodeSession, ReplicaStoppingError
 from pdserve.engine.async_engine import AsyncEngine
@@ -54,6 +55,7 @@ class DecodeReplicaConfig:
     reservation_timeout_s: float = 30.0
     # Of the pool, the share one caller may hold in reservations not yet joined.
     max_reserved_fraction_per_caller: float = 0.5
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS  # prompts it prefills itself, queued, not yet started
 
 
 class DecodeReplica:
@@ -144,7 +146,7 @@ class DecodeReplica:
     @contextlib.contextmanager
     def session(self) -> Iterator[DecodeSession]:
         """A gateway's session, open while the block runs; leaving it aborts what still runs."""
-        session = DecodeSession(self.engine, self.reservations)
+        session = DecodeSession(self.engine, self.reservations, self.config.max_waiting_requests)
         self._sessions.add(session)
         try:
             yield session

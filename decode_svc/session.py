@@ -6,7 +6,8 @@
 
 A generate command either joins a landed reservation (`generate`) or brings a prompt the replica
 prefills itself (`prefill_here`: no reservation; its prompt is computed in chunks between decode
-steps, and its first token comes in its outputs like the rest).
+steps, and its first token comes in its outputs like the rest). A prompt that finds the engine's
+waiting queue at its bound fails at once (cluster.waiting_bound: RESOURCE_EXHAUSTED).
 
 A request is a member of the session from its generate command until its last entry is read,
 an abort command, or the session's close; closing aborts every member, so their blocks come
@@ -17,11 +18,17 @@ before the next step.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from pdserve.cluster.waiting_bound import check_waiting_room
 from pdserve.decode_svc.reservations import ReservationError, ReservationTable
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.output_group import GroupEntry, OutputGroup, RequestFailure
 from pdserve.protocol.errors import PdserveError, UnavailableError
 from pdserve.protocol.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pdserve.engine.llm_engine import LLMEngine
 
 
 class SessionClosedError(PdserveError):
@@ -33,9 +40,10 @@ class ReplicaStoppingError(UnavailableError):
 
 
 class DecodeSession:
-    def __init__(self, engine: AsyncEngine, reservations: ReservationTable):
+    def __init__(self, engine: AsyncEngine, reservations: ReservationTable, max_waiting_requests: int):
         self._engine = engine
         self._reservations = reservations
+        self._max_waiting_requests = max_waiting_requests
         self._group = OutputGroup()
         self._request_ids: set[str] = set()
         self._closed = False
@@ -73,8 +81,12 @@ class DecodeSession:
         its first token is the one after them."""
         if self._closed:
             return
-        self._join(request_id, lambda engine: engine.add_request(
-            request_id, prompt_ids, params, seed=seed, output_token_ids=output_ids))
+
+        def add(engine: LLMEngine) -> None:
+            check_waiting_room(len(engine.scheduler.waiting), self._max_waiting_requests)
+            engine.add_request(request_id, prompt_ids, params, seed=seed, output_token_ids=output_ids)
+
+        self._join(request_id, add)
 
     def _join(self, request_id: str, add) -> None:
         self._request_ids.add(request_id)

@@ -30,7 +30,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     def build(replica_id: str, endpoint: str, auth: InternalAuth) -> PrefillReplica:
         return PrefillReplica(PrefillReplicaConfig(
-            engine=engine_config_from(args, detokenize=False), replica_id=replica_id, auth=auth), loop)
+            engine=engine_config_from(args, detokenize=False), replica_id=replica_id, auth=auth,
+            max_waiting_requests=args.max_waiting_requests), loop)
 
     def add_servicers(replica: PrefillReplica, server) -> None:
         prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillService(replica), server)

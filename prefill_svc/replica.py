@@ -2,7 +2,8 @@
 
 1. Queue: the prompt joins the engine's scheduler, which batches prompts under the token budget
    and splits long ones into chunks (the same policy as continuous batching; a request here
-   asks for one token, so it leaves right after its prompt).
+   asks for one token, so it leaves right after its prompt). A prompt that finds the queue at
+   its bound is refused at once (cluster.waiting_bound: RESOURCE_EXHAUSTED).
 2. First token: sampled with the request's seed at position len(prompt), exactly what an
    uninterrupted run would sample; the request's blocks stay held (`hold_kv`). A resumed
    request (migrated off a failed replica) brings its output so far: its KV is computed after
@@ -23,6 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.cluster.waiting_bound import DEFAULT_MAX_WAITING_REQUESTS, check_waiting_room
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import model_id
 from pdserve.engine.engine_config import EngineConfig
@@ -42,6 +44,7 @@ class PrefillReplicaConfig:
     replica_id: str
     prefill_timeout_s: float = 300.0  # queueing plus compute of one prompt
     auth: InternalAuth = InternalAuth.open()  # what its KV transfers present to decode replicas
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS  # prompts queued, not yet started
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ class PrefillReplica:
             feed = LayerFeed(self.kv_spec.num_layers, self.config.prefill_timeout_s)
             self._feeds[request_id] = (feed, target)
         def add(engine: LLMEngine) -> int:
+            check_waiting_room(len(engine.scheduler.waiting), self.config.max_waiting_requests)
             engine.add_request(request_id, prompt_ids, one_token, seed=seed, hold_kv=True, output_token_ids=output_ids)
             return num_tokens - engine.num_cached_tokens(request_id)
 

@@ -7,7 +7,9 @@ attempt. `route` waits for the attempt's turn (gateway.disaggregated.dispatcher:
 order, the replicas, remote or local prefill) and, for a remote prefill, reserves the decode
 blocks right before the prompt goes to prefill; a decode replica out of blocks (or past this
 gateway's cap) sends the attempt back to its place in the line until a request ends. So a burst
-queues in the gateway and is never refused for want of blocks: only admission's bound refuses (429).
+queues in the gateway and is never refused for want of blocks: only admission's bound refuses (429),
+and a replica whose waiting queue is at its bound (cluster.waiting_bound), which other gateways
+can fill.
 
 Invariant: a request is live here (found by `abort`, its Redis record's TTL renewed by
 `keep_records_alive`) from the moment it is prepared until its stream closes, so the record of
@@ -22,12 +24,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
-
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.redis_client import StateStoreUnavailableError
 from pdserve.cluster.registry import LiveReplicas
-from pdserve.gateway.disaggregated.backend_errors import BackendError
+from pdserve.gateway.disaggregated.backend_errors import ReplicaBusyError
 from pdserve.gateway.disaggregated.channels import ChannelPool
 from pdserve.gateway.disaggregated.completion_text import CompletionText
 from pdserve.gateway.disaggregated.dispatcher import DispatchConfig, Dispatcher
@@ -134,7 +134,7 @@ class DisaggregatedFrontend:
                 target = await decode.reserve(request_id, token_ids, placement.transport)
             except BaseException as exc:
                 placement.ticket.done(first_token=False)
-                if not (isinstance(exc, BackendError) and exc.grpc_code is grpc.StatusCode.RESOURCE_EXHAUSTED):
+                if not isinstance(exc, ReplicaBusyError):
                     raise
                 self.dispatcher.decode_full(decode.replica_id)
                 continue

@@ -23,22 +23,12 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from pdserve.protocol.errors import (InvalidConfigError, InvalidRequestError, ResourceExhaustedError,
-                                     UnavailableError)
+from pdserve.gateway.front.frontend_types import RETRY_AFTER_S, OverloadedError
+from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError, UnavailableError
 
 DEFAULT_MAX_PENDING_REQUESTS = 4096
-RETRY_AFTER_S = 1
-"""What a refused client is told to wait before retrying (whole seconds, as HTTP's header)."""
 
 FRONTS = ("grpc", "http")
-
-
-class OverloadedError(ResourceExhaustedError):
-    """The gateway holds as many requests as it may: retry after `retry_after_s`."""
-
-    def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class DrainingError(UnavailableError):

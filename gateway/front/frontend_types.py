@@ -1,6 +1,8 @@
 """The values that cross between the gateway's public fronts and its core (`gateway.front.frontend`):
 a front builds one `GenerateInput` per client request and shapes the `StreamChunk`s it gets back;
-`UnavailableError` tells it to answer "retry later".
+`UnavailableError` tells it to answer "retry later" (HTTP 503 / gRPC UNAVAILABLE), and
+`OverloadedError` "retry after this many seconds" (HTTP 429 with Retry-After / gRPC
+RESOURCE_EXHAUSTED with a `retry-after` trailer).
 """
 from dataclasses import dataclass
 
@@ -15,6 +17,19 @@ class UnavailableError(errors.UnavailableError):
     Fronts report it as HTTP 503 / gRPC UNAVAILABLE. More specific gateway errors (such as the
     router finding no replica) subclass it.
     """
+
+
+RETRY_AFTER_S = 1
+"""What a refused client is told to wait before retrying (whole seconds, as HTTP's header)."""
+
+
+class OverloadedError(errors.ResourceExhaustedError):
+    """The gateway, or the replica a request needs, holds as much as it may: retry after
+    `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,14 @@ UNAUTHENTICATED (grpc.health.v1 on the same server stays open, for probes). A re
 the caller that created it: Abort and GetRequest of a request that another caller owns are
 NOT_FOUND, word for word as for an id that never existed. Generate holds an admission slot
 until its stream ends; past the gateway's maximum it is RESOURCE_EXHAUSTED at once, with a
-`retry-after` trailer in seconds (gateway.front.admission).
+`retry-after` trailer in seconds (gateway.front.admission), as when a replica it needs is at its
+bound.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,10 +25,10 @@ from google.protobuf.message import DecodeError
 
 from pdserve.cluster.grpc_errors import grpc_errors
 from pdserve.cluster.proto_convert import FINISH_REASONS, logprobs_to_proto, params_from_proto
-from pdserve.gateway.front.admission import Admission, OverloadedError
+from pdserve.gateway.front.admission import Admission
 from pdserve.gateway.front.api_keys import ApiKeys
 from pdserve.gateway.front.frontend import Frontend
-from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk
+from pdserve.gateway.front.frontend_types import GenerateInput, OverloadedError, StreamChunk
 from pdserve.gateway.front.request_state import LOCAL_PREFILL, RequestNotFoundError, RequestRecord
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -78,7 +81,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         caller = self._caller(context)
         generate_input = dataclasses.replace(_generate_input(request), owner=caller)
-        with self._admitted(context):
+        with _retry_after_trailer(context), self.admission.admit(1, "grpc"):
             chunks = self.frontend.generate(generate_input)
             try:
                 async for chunk in chunks:
@@ -119,19 +122,22 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         """The caller's fingerprint; raises UnauthenticatedError without a configured key."""
         return self.api_keys.caller(dict(context.invocation_metadata() or ()).get("authorization"))
 
-    def _admitted(self, context):
-        try:
-            return self.admission.admit(1, "grpc")
-        except OverloadedError as exc:
-            context.set_trailing_metadata(((RETRY_AFTER_KEY, str(exc.retry_after_s)),))
-            raise
-
     async def _owned_record(self, request_id: str, caller: str) -> RequestRecord:
         """The request's record, if `caller` created it; any other caller learns nothing of it."""
         record = await self.records.get(request_id)
         if record is None or record.owner != caller:
             raise RequestNotFoundError(f"no request {request_id!r} (unknown or expired)")
         return record
+
+
+@contextlib.contextmanager
+def _retry_after_trailer(context) -> Iterator[None]:
+    """An OverloadedError leaves the block with a `retry-after` trailer (seconds)."""
+    try:
+        yield
+    except OverloadedError as exc:
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(exc.retry_after_s)),))
+        raise
 
 
 def _chunk_message(chunk: StreamChunk) -> gateway_pb2.GenerateChunk:

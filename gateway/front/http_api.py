@@ -16,9 +16,9 @@ creates. A generation holds one admission slot per choice until it ends (gateway
 Invariants:
 - every error is OpenAI's JSON error body: 400 for bad input (the field named), 401 for a
   missing or unknown API key, 404 for an unknown model or route, 429 (with Retry-After) when the
-  gateway holds its maximum of requests, 503 when the frontend is unavailable, 500 only for
-  bugs. Errors before the first token keep their status; once a stream has started they arrive
-  as an SSE error event.
+  gateway holds its maximum of requests or a replica the request needs is at its bound, 503 when
+  the frontend is unavailable, 500 only for bugs. Errors before the first token keep their
+  status; once a stream has started they arrive as an SSE error event.
 - a generation never outlives its client: the handler polls the connection while it waits, and
   when the client is gone it cancels the work, which closes the frontend's generator and so
   aborts the request. This holds whether or not the server runs with aiohttp's
@@ -36,11 +36,11 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 
 from aiohttp import web
 
-from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission, OverloadedError
+from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
 from pdserve.gateway.front.api_keys import ApiKeys, UnauthenticatedError
 from pdserve.gateway.front.fan_out import choice_inputs, merge
 from pdserve.gateway.front.frontend import Frontend
-from pdserve.gateway.front.frontend_types import StreamChunk
+from pdserve.gateway.front.frontend_types import OverloadedError, StreamChunk
 from pdserve.gateway.front.json_body import decode_json_body
 from pdserve.gateway.front.metrics import GatewayMetrics
 from pdserve.gateway.front.openai_protocol import (ApiError, ParsedRequest, parse_chat_request,
@@ -121,8 +121,7 @@ class _OpenAIApi:
             response = _error_response(ApiError(401, str(exc), code="invalid_api_key"))
             response.headers["WWW-Authenticate"] = "Bearer"
         except OverloadedError as exc:
-            response = _error_response(
-                ApiError(429, str(exc), code="rate_limit_exceeded", error_type="rate_limit_error"))
+            response = _error_response(_overloaded(exc))
             response.headers["Retry-After"] = str(exc.retry_after_s)
         except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
             response = _error_response(ApiError(exc.status, exc.text or exc.reason))
@@ -300,6 +299,8 @@ async def _stream(
             tail = [shaper.usage_event()] if include_usage else []
         except ApiError as exc:
             tail = [exc.body()]
+        except OverloadedError as exc:
+            tail = [_overloaded(exc).body()]
         except ClientGoneError:
             raise
         except Exception:
@@ -343,6 +344,10 @@ async def _send(write: Coroutine) -> None:
 
 def _sse(event: dict) -> bytes:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+def _overloaded(error: OverloadedError) -> ApiError:
+    return ApiError(429, str(error), code="rate_limit_exceeded", error_type="rate_limit_error")
 
 
 def _error_response(error: ApiError) -> web.Response:

@@ -4,9 +4,10 @@ in a thread with its own event loop, in front of a fake frontend whose token str
 The fake generates the words of VOCAB in order, one token each, honouring max_tokens,
 stop strings, include_stop_str_in_output, logprobs and seed (a choice's first token is shifted
 by its seed, so choices with different seeds differ). A few prompts change its behaviour:
-SLOW streams forever (until closed), UNAVAILABLE and INVALID fail before the first token,
-FAIL_MIDWAY fails after two tokens. It records every GenerateInput it received, and every
-generation that was closed before it finished (what the real frontend turns into an abort).
+SLOW streams forever (until closed), UNAVAILABLE, INVALID and BUSY (a replica at its bound) fail
+before the first token, FAIL_MIDWAY and BUSY_MIDWAY after two tokens. It records every
+GenerateInput it received, and every generation that was closed before it finished (what the
+real frontend turns into an abort). `grpc_gateway` serves the gRPC Gateway over the same fake.
 """
 import asyncio
 import json
@@ -16,16 +17,22 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+import grpc
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.protocol.outputs import TokenLogprobs
-from pdserve.gateway.front.frontend_types import GenerateInput, StreamChunk, UnavailableError
+from pdserve.gateway.front.frontend_types import GenerateInput, OverloadedError, StreamChunk, UnavailableError
+from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
+from pdserve.gateway.front.api_keys import ApiKeys
+from pdserve.gateway.front.grpc_service import GatewayService
 from pdserve.gateway.front.http_api import create_app
 from pdserve.gateway.front.metrics import GatewayMetrics
+from pdserve.v1 import gateway_pb2
 
 MODEL = "fake-model"
 MAX_MODEL_LEN = 4096
@@ -33,6 +40,9 @@ VOCAB = {100: " Hello", 101: ",", 102: " wörld", 103: "!"}  # token id -> text
 SAMPLED_LOGPROB = -0.25
 RUNNER_UP_LOGPROB = -2.0
 SLOW, UNAVAILABLE, INVALID, FAIL_MIDWAY = "slow", "unavailable", "invalid", "fail midway"
+BUSY, BUSY_MIDWAY = "busy", "busy midway"
+GENERATE = "/pdserve.v1.Gateway/Generate"
+BUSY_MESSAGE = "d0: the replica's waiting queue holds 1 requests, its maximum (--max-waiting-requests)"
 TOKEN_INTERVAL_S = 0.002
 SLOW_TOKEN_INTERVAL_S = 0.02
 
@@ -109,6 +119,8 @@ class FakeFrontend:
             raise UnavailableError("no live decode replica")
         if prompt == INVALID:
             raise InvalidRequestError("prompt is too long: 5000 tokens, max_model_len 4096")
+        if prompt == BUSY:
+            raise OverloadedError(BUSY_MESSAGE)
         params = request.params
         prompt_tokens = len(request.prompt_token_ids or request.messages or prompt.split())
         text, emitted = "", 0
@@ -120,6 +132,8 @@ class FakeFrontend:
                 await asyncio.sleep(SLOW_TOKEN_INTERVAL_S if prompt == SLOW else TOKEN_INTERVAL_S)
                 if prompt == FAIL_MIDWAY and position == 2:
                     raise UnavailableError("the decode replica went away")
+                if prompt == BUSY_MIDWAY and position == 2:
+                    raise OverloadedError(BUSY_MESSAGE)
                 token_id = fake_token_id(position + (params.seed or 0))
                 position += 1
                 text += VOCAB[token_id]
@@ -160,6 +174,7 @@ class HttpResult:
     status: int
     content_type: str
     text: str
+    headers: dict[str, str]
 
     def json(self):
         return json.loads(self.text)
@@ -182,10 +197,11 @@ class Server:
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
-                return HttpResult(response.status, response.headers["Content-Type"], response.read().decode())
+                return HttpResult(response.status, response.headers["Content-Type"], response.read().decode(),
+                                  dict(response.headers))
         except urllib.error.HTTPError as error:
             with error:
-                return HttpResult(error.code, error.headers["Content-Type"], error.read().decode())
+                return HttpResult(error.code, error.headers["Content-Type"], error.read().decode(), dict(error.headers))
 
 
 @pytest.fixture
@@ -235,3 +251,39 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
                                   special_tokens=["<eos>"], show_progress=False)
     tokenizer.train_from_iterator(["a"], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", clean_up_tokenization_spaces=False)
+
+
+class NoRecords:
+    async def get(self, request_id: str) -> None:
+        return None
+
+
+@pytest.fixture
+def grpc_gateway():
+    """The Gateway service on a loopback port, over the same fake frontend as the HTTP tests;
+    yields a callable that sends raw request bytes to Generate and returns the chunks, and the
+    frontend it drives."""
+    frontend = FakeFrontend()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()
+        GatewayService(frontend, NoRecords(), ApiKeys(()),
+                       Admission(DEFAULT_MAX_PENDING_REQUESTS, CollectorRegistry(), MODEL)).add_to_server(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, port
+
+    server, port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    generate = channel.unary_stream(GENERATE, response_deserializer=gateway_pb2.GenerateChunk.FromString)
+    try:
+        yield (lambda request_bytes: list(generate(request_bytes, timeout=10))), frontend
+    finally:
+        channel.close()
+        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()

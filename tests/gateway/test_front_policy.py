@@ -1,12 +1,13 @@
-"""The front's pure policy: which Authorization values name a caller, and how many requests the
-admission bound lets in at once."""
+"""The front's pure policy: which Authorization values name a caller, how many requests the
+admission bound lets in at once, and the configuration flags of the fronts."""
 import argparse
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
-from pdserve.gateway.front.admission import Admission, OverloadedError
+from pdserve.gateway.front.admission import Admission
+from pdserve.gateway.front.frontend_types import OverloadedError
 from pdserve.gateway.front.api_keys import ANONYMOUS, ApiKeys, UnauthenticatedError, api_keys_from
 from pdserve.gateway.front.front_config import add_front_arguments, front_config_from
 

@@ -7,23 +7,14 @@ Some values only one front can spell: JSON has no widths (seed 2**64, n 0), prot
 untyped fields (messages that are not a list) and no strings that are not UTF-8 (a lone
 surrogate is malformed bytes there). Such a row has None for the other front.
 """
-import asyncio
 import math
-import threading
 from dataclasses import dataclass
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
 
-from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS, Admission
-from pdserve.gateway.front.api_keys import ApiKeys
-from pdserve.gateway.front.grpc_service import GatewayService
 from pdserve.v1 import common_pb2, gateway_pb2
 
-from .conftest import MODEL, FakeFrontend
-
-GENERATE = "/pdserve.v1.Gateway/Generate"
 GOOD_COMPLETION = {"prompt": " Hello", "max_tokens": 2}
 GOOD_CHAT = {"messages": [{"role": "user", "content": " Hello"}], "max_tokens": 2}
 
@@ -134,42 +125,6 @@ def test_http_refuses_the_request_naming_the_field_then_serves_a_good_one(server
         assert row.param in error["message"]
     good = GOOD_CHAT if row.path.endswith("chat/completions") else GOOD_COMPLETION
     assert server.request("POST", row.path, json_body=good).status == 200
-
-
-class NoRecords:
-    async def get(self, request_id: str) -> None:
-        return None
-
-
-@pytest.fixture
-def grpc_gateway():
-    """The Gateway service on a loopback port, over the same fake frontend as the HTTP tests;
-    yields a callable that sends raw request bytes to Generate and returns the chunks, and the
-    frontend it drives."""
-    frontend = FakeFrontend()
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server()
-        GatewayService(frontend, NoRecords(), ApiKeys(()),
-                       Admission(DEFAULT_MAX_PENDING_REQUESTS, CollectorRegistry(), MODEL)).add_to_server(server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        return server, port
-
-    server, port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    generate = channel.unary_stream(GENERATE, response_deserializer=gateway_pb2.GenerateChunk.FromString)
-    try:
-        yield (lambda request_bytes: list(generate(request_bytes, timeout=10))), frontend
-    finally:
-        channel.close()
-        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
 
 
 @pytest.mark.parametrize("row", [row for row in ROWS if row.grpc is not None], ids=lambda row: row.kind)
