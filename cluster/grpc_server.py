@@ -18,24 +18,28 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
 logger = logging.getLogger(__name__)
-MAX_MESSAGE_BYTES = 256 * 2**20
+
+
+def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """The gRPC options of a server or channel that sends and takes messages of at most that size."""
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes)]
 
 
 class GrpcServer:
     def __init__(self, bind: str, service_names: Iterable[str], auth: InternalAuth | None = None,
-                 credentials: grpc.ServerCredentials | None = None):
+                 credentials: grpc.ServerCredentials | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES):
         """`auth`: callers must present the deployment secret, and connections run its keepalive
         and its mutual TLS (internal services). With `credentials` the port speaks TLS only (the
-        public front)."""
+        public front). A larger message is refused (RESOURCE_EXHAUSTED) before any servicer sees
+        it (protocol.message_limits)."""
         if credentials is None and auth is not None:
             credentials = auth.server_credentials()
         self.server = grpc.aio.server(interceptors=auth.server_interceptors() if auth else None, options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            *(auth.keepalive.server_options() if auth else ()),
-        ])
+            *message_size_options(max_message_bytes), *(auth.keepalive.server_options() if auth else ())])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = list(service_names)

@@ -1,9 +1,10 @@
 """TRANSPORT_GRPC, both ends: the prompt's KV streamed to the decode replica's `KVTransfer.Push`.
 
 Any host, any device. Prefill end (`GrpcSender`): the stream goes layer by layer; each `KVChunk`
-holds the K and V bytes of some of the request's blocks in one layer, at most `max_chunk_bytes`
-of them (a whole layer, for all but the longest prompts), and names the decode block ids it
-fills. The first chunk carries the layout, the final one `last=True`. A chunk is gathered and
+holds the K and V bytes of some of the request's blocks in one layer and names the decode block
+ids it fills, at most `max_chunk_bytes` of bytes and ids together (a whole layer, for all but the
+longest prompts), so that the whole message fits the receiver's limit
+(protocol.message_limits). The first chunk carries the layout, the final one `last=True`. A chunk is gathered and
 encoded on a worker thread, its blocks copied once, straight into the message bytes
 (kvtransfer/chunk_wire.py). With `layers_ready` (the layer numbers, in order, as the prefill
 forward pass completes them) the stream starts while later layers are still being computed: each
@@ -42,13 +43,17 @@ from pdserve.kvtransfer.rpc import ChannelFactory, KVTransferClient, Refusal
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.wire import layout_from_proto, layout_to_proto
 from pdserve.protocol.errors import PrefillKVError
+from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 logger = logging.getLogger(__name__)
 
-# Big enough for a whole layer of most prompts; the decode replica's server must accept messages
-# a little larger (the chunk's header), as pdserve's servers do (256 MiB, cluster/grpc_server.py).
-DEFAULT_MAX_CHUNK_BYTES = 64 * 2**20
+# A chunk's blocks (K, V and id of each) take at most max_chunk_bytes; the rest of its header
+# (request id, layout, write token, field tags) at most CHUNK_HEADER_ROOM_BYTES. By default the
+# two fill the message limit of pdserve's servers: a whole layer of most prompts.
+CHUNK_HEADER_ROOM_BYTES = 64 * 2**10
+DEFAULT_MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - CHUNK_HEADER_ROOM_BYTES
+_MAX_BLOCK_ID_BYTES = 5  # a uint32 varint
 
 
 def target_fields(pool: KVPool) -> dict[str, object]:
@@ -90,7 +95,7 @@ class GrpcSender:
         write_token: bytes, layers_ready: AsyncIterator[int] | None,
     ) -> AsyncIterator[bytes]:
         """The encoded `KVChunk`s of the request, each layer's as soon as it is ready."""
-        blocks_per_chunk = max(1, self._max_chunk_bytes // self._spec.bytes_per_layer_block)
+        blocks_per_chunk = max(1, self._max_chunk_bytes // (self._spec.bytes_per_layer_block + _MAX_BLOCK_ID_BYTES))
         num_layers = self._spec.num_layers
         # (layer, first position) of every chunk; an empty request still sends one final chunk.
         spans = [

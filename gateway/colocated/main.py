@@ -57,7 +57,7 @@ async def serve(args: argparse.Namespace) -> None:
     frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)
     async_engine.on_step = lambda engine: publish_load(metrics, engine.load())
     async_engine.start()
-    app = create_app(frontend, metrics, api_keys=front.api_keys,
+    app = create_app(frontend, metrics, max_body_bytes=front.max_request_bytes, api_keys=front.api_keys,
                      admission=Admission(front.max_pending_requests, metrics.registry, model_name))
     async with serving_http(app, args.host, args.port, front.tls.ssl_context() if front.tls else None):
         log_ready(engine_text, time.monotonic() - started_s, load,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from pdserve.cluster.grpc_server import MAX_MESSAGE_BYTES
+from pdserve.cluster.grpc_server import message_size_options
 from pdserve.cluster.internal_auth import InternalAuth
+from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
 
 class ChannelPool:
@@ -15,10 +16,7 @@ class ChannelPool:
 
     def get(self, endpoint: str) -> grpc.aio.Channel:
         if endpoint not in self._channels:
-            self._channels[endpoint] = self._auth.channel(endpoint, options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ])
+            self._channels[endpoint] = self._auth.channel(endpoint, options=message_size_options(MAX_MESSAGE_BYTES))
         return self._channels[endpoint]
 
     async def close(self) -> None:

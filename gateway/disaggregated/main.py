@@ -113,9 +113,11 @@ async def serve(args: argparse.Namespace) -> None:
 
     admission = Admission(front.max_pending_requests, metrics.registry, model_name)
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
-                        credentials=front.tls.grpc_credentials() if front.tls else None)
+                        credentials=front.tls.grpc_credentials() if front.tls else None,
+                        max_message_bytes=front.max_request_bytes)
     GatewayService(frontend, frontend.store, front.api_keys, admission).add_to_server(server.server)
-    app = create_app(frontend, metrics, api_keys=front.api_keys, admission=admission)
+    app = create_app(frontend, metrics, max_body_bytes=front.max_request_bytes, api_keys=front.api_keys,
+                     admission=admission)
     async with serving_http(app, args.host, args.http_port, front.tls.ssl_context() if front.tls else None):
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))

@@ -1,5 +1,6 @@
 """What a public front (`pdserve gateway`, `pdserve serve`) is configured with beyond its model:
-who may call it (API keys), whether it speaks TLS, and how many requests it holds at once.
+who may call it (API keys), whether it speaks TLS, how many requests it holds at once, and the
+largest request it takes (one limit for an HTTP body and a gRPC message).
 
 The flags are declared here once for both commands. A certificate and key are read when the
 front starts, so a bad path or a key that does not match its certificate stops the start with
@@ -19,6 +20,7 @@ import grpc
 from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS
 from pdserve.gateway.front.api_keys import ENV_VAR, ApiKeys, api_keys_from
 from pdserve.protocol.errors import InvalidConfigError
+from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,7 @@ class FrontConfig:
     api_keys: ApiKeys
     tls: TlsFiles | None  # None: plaintext
     max_pending_requests: int
+    max_request_bytes: int  # an HTTP body (413 past it) or a gRPC message (RESOURCE_EXHAUSTED)
 
 
 def add_front_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +61,9 @@ def add_front_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pending-requests", type=int, default=DEFAULT_MAX_PENDING_REQUESTS,
                         help="requests held at once; past it a request is refused with HTTP 429 / gRPC "
                              f"RESOURCE_EXHAUSTED (default {DEFAULT_MAX_PENDING_REQUESTS})")
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_MESSAGE_BYTES,
+                        help="largest request taken: an HTTP body (413 past it) or a gRPC message (RESOURCE_EXHAUSTED) "
+                             f"(default {MAX_MESSAGE_BYTES}, 64 MiB)")
 
 
 def front_config_from(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> FrontConfig:
@@ -66,4 +72,6 @@ def front_config_from(args: argparse.Namespace, environ: Mapping[str, str] = os.
     tls = TlsFiles(args.tls_cert, args.tls_key) if args.tls_cert is not None else None
     if tls is not None:
         tls.ssl_context()
-    return FrontConfig(api_keys_from(args.api_key, environ), tls, args.max_pending_requests)
+    if args.max_request_bytes < 1:
+        raise InvalidConfigError(f"--max-request-bytes must be at least 1, got {args.max_request_bytes}")
+    return FrontConfig(api_keys_from(args.api_key, environ), tls, args.max_pending_requests, args.max_request_bytes)

@@ -48,6 +48,7 @@ from pdserve.gateway.front.openai_protocol import (ApiError, ParsedRequest, pars
                                                    parse_tokenize_request)
 from pdserve.gateway.front.openai_shaping import Shaper, create_shaper
 from pdserve.protocol.errors import InvalidRequestError, PdserveError, UnavailableError
+from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,6 @@ DISCONNECT_POLL_S = 0.1
 
 CANCEL_DEADLINE_S = 5.0
 """How long a handler waits for the frontend to close a generation whose client left."""
-
-DEFAULT_MAX_BODY_BYTES = 64 * 2**20
-"""Request bodies carry whole prompts (possibly as token id lists): far above aiohttp's 1 MiB."""
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the answer"
 
@@ -83,11 +81,12 @@ class IncompleteStreamError(PdserveError):
 
 
 def create_app(
-    frontend: Frontend, metrics: GatewayMetrics, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    frontend: Frontend, metrics: GatewayMetrics, *, max_body_bytes: int = MAX_MESSAGE_BYTES,
     api_keys: ApiKeys = ApiKeys(()), admission: Admission | None = None,
 ) -> web.Application:
     """`admission`, when shared with another front, bounds both together; by default this app
-    has its own, of DEFAULT_MAX_PENDING_REQUESTS."""
+    has its own, of DEFAULT_MAX_PENDING_REQUESTS. Bodies carry whole prompts (possibly as token
+    id lists), so `max_body_bytes` is far above aiohttp's 1 MiB; a larger one is a 413."""
     admission = admission or Admission(DEFAULT_MAX_PENDING_REQUESTS, metrics.registry, frontend.model_name)
     api = _OpenAIApi(frontend, metrics, api_keys, admission)
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api.errors_and_metrics])

@@ -27,13 +27,13 @@ import grpc
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
-from pdserve.kvtransfer.grpc_stream import DEFAULT_MAX_CHUNK_BYTES
 from pdserve.kvtransfer.layout import make_layout
 from pdserve.kvtransfer.receiver import KVReceiver
 from pdserve.kvtransfer.target import KVTarget
 from pdserve.kvtransfer.transports import create_kv_pool, target_fields
 from pdserve.kvtransfer.write_fence import WriteFence
 from pdserve.protocol.errors import NotFoundError, TransportUnavailableError, WriteTokenError
+from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
 _CLONE_NEWNET = 0x40000000  # from <sched.h>
 
@@ -176,8 +176,8 @@ async def _serve_async(conn, config: LoopbackConfig) -> None:
     fence = WriteFence(config.num_blocks)
     layout = make_layout(config.model_name, config.spec)
     table = _ReservationTable()
-    # Room for the largest chunk a sender makes, and its header.
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 * DEFAULT_MAX_CHUNK_BYTES)])
+    # The limit of pdserve's own servers, which the largest chunk a sender makes fits.
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     KVReceiver(pool, layout, table).add_to_server(server)
     port = server.add_insecure_port(f"{config.host}:0")
     await server.start()

@@ -67,3 +67,12 @@ def test_tls_needs_both_files_and_refuses_ones_it_cannot_load(tmp_path):
         front_config_from(parser.parse_args(["--tls-cert", str(tmp_path / "cert.pem"),
                                              "--tls-key", str(tmp_path / "missing.pem")]), {})
     assert front_config_from(parser.parse_args([]), {}).tls is None
+
+
+def test_one_request_size_limit_for_both_fronts_64_mib_unless_given():
+    parser = argparse.ArgumentParser()
+    add_front_arguments(parser)
+    assert front_config_from(parser.parse_args([]), {}).max_request_bytes == 64 * 2**20
+    assert front_config_from(parser.parse_args(["--max-request-bytes", "4096"]), {}).max_request_bytes == 4096
+    with pytest.raises(InvalidConfigError, match="--max-request-bytes"):
+        front_config_from(parser.parse_args(["--max-request-bytes", "0"]), {})

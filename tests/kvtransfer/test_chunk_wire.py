@@ -1,11 +1,16 @@
 """`KVChunk` bytes are encoded and decoded around protobuf, payload copied once: they must be
-exactly what protobuf would have written, and decoding must read whatever protobuf writes."""
+exactly what protobuf would have written, and decoding must read whatever protobuf writes; a
+sender's chunk never outgrows the message limit of pdserve's servers."""
+import asyncio
+
 import pytest
 import torch
 
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.kvtransfer.chunk_wire import decode_chunk, field_prefix
-from pdserve.kvtransfer.grpc_stream import _encode_chunk
+from pdserve.kvtransfer.grpc_stream import CHUNK_HEADER_ROOM_BYTES, DEFAULT_MAX_CHUNK_BYTES, GrpcSender, _encode_chunk
+from pdserve.kvtransfer.layout import make_layout
+from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 from pdserve.v1 import common_pb2, kv_transfer_pb2
 
 SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.bfloat16)
@@ -44,3 +49,23 @@ def test_a_truncated_chunk_is_malformed():
     encoded = kv_transfer_pb2.KVChunk(request_id="r", key=b"k" * 200).SerializeToString()
     with pytest.raises(ValueError, match="truncated"):
         decode_chunk(encoded[:-1])
+
+
+def test_a_senders_chunk_fits_its_byte_budget_plus_the_header_room_with_the_largest_block_ids():
+    """The budget counts each block's id (a varint of up to 5 bytes) with its K and V, so a chunk
+    stays within max_chunk_bytes + CHUNK_HEADER_ROOM_BYTES: with the defaults, the message limit
+    of pdserve's servers."""
+    max_chunk_bytes = 10 * SPEC.bytes_per_layer_block
+    sender = GrpcSender(make_layout("m" * 200, SPEC), rpc_timeout_s=1.0, max_chunk_bytes=max_chunk_bytes)
+    kv_cache = torch.zeros(SPEC.shape(64), dtype=SPEC.dtype)
+    num_blocks = 40
+    decode_block_ids = [2**32 - 1 - i for i in range(num_blocks)]  # the longest varints
+
+    async def encoded() -> list[bytes]:
+        chunks = sender._chunks("r" * 1000, kv_cache, list(range(num_blocks)), decode_block_ids, b"t" * 16, None)
+        return [chunk async for chunk in chunks]
+
+    chunks = asyncio.run(encoded())
+    assert max(map(len, chunks)) <= max_chunk_bytes + CHUNK_HEADER_ROOM_BYTES
+    assert max(len(decode_chunk(chunk).header.block_ids) for chunk in chunks) == 9  # 10 would not fit with ids
+    assert DEFAULT_MAX_CHUNK_BYTES + CHUNK_HEADER_ROOM_BYTES == MAX_MESSAGE_BYTES
