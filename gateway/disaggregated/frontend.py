@@ -12,8 +12,10 @@ and a replica whose waiting queue is at its bound (cluster.waiting_bound), which
 can fill.
 
 Invariant: a request is live here (found by `abort`, its Redis record's TTL renewed by
-`keep_records_alive`) from the moment it is prepared until its stream closes, so the record of
-a request no gateway drives any more expires.
+`keep_records_alive`, its replicas kept open by `refresh_replicas`) from the moment it is
+prepared until its stream closes, so the record of a request no gateway drives any more
+expires, and what the gateway holds for a replica that left the registry
+(gateway.disaggregated.replica_links) is closed once no live request uses it.
 """
 from __future__ import annotations
 
@@ -28,13 +30,13 @@ from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.redis_client import StateStoreUnavailableError
 from pdserve.cluster.registry import LiveReplicas
 from pdserve.gateway.disaggregated.backend_errors import ReplicaBusyError
-from pdserve.gateway.disaggregated.channels import ChannelPool
 from pdserve.gateway.disaggregated.completion_text import CompletionText
 from pdserve.gateway.disaggregated.dispatcher import DispatchConfig, Dispatcher
 from pdserve.gateway.disaggregated.migration import Migrations
 from pdserve.gateway.disaggregated.outliers import Outliers
 from pdserve.gateway.disaggregated.prefix_affinity import PrefixAffinity
-from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillClient, Timeouts
+from pdserve.gateway.disaggregated.replica_clients import Timeouts
+from pdserve.gateway.disaggregated.replica_links import ReplicaLinks
 from pdserve.gateway.disaggregated.request import DisaggregatedRequest, Route
 from pdserve.gateway.disaggregated.request_store import RequestStore
 from pdserve.gateway.disaggregated.router import Router
@@ -67,10 +69,9 @@ class DisaggregatedFrontend:
         self.metrics = metrics
         self.router = Router()
         self.outliers = Outliers()
-        self.channels = ChannelPool(config.internal_auth)
+        self.links = ReplicaLinks(config.internal_auth, config.timeouts)
         self.dispatcher = Dispatcher(config.dispatch, replicas, affinity or PrefixAffinity(None), self.router,
                                      metrics, self.outliers)  # PrefixAffinity(None): load-only routing
-        self._decode_clients: dict[tuple[str, str], DecodeClient] = {}  # (replica id, endpoint): its session
         self._live: dict[str, DisaggregatedRequest] = {}
         self._has_replicas = False
 
@@ -78,7 +79,8 @@ class DisaggregatedFrontend:
         return self._has_replicas
 
     async def refresh_replicas(self) -> None:
-        """Re-reads the registry: health, and the per-replica load gauges."""
+        """Re-reads the registry: health, the per-replica load gauges, and the channels and
+        sessions of replicas that left it, closed once no request uses them."""
         try:
             prefills, decodes = await self.replicas.list("prefill"), await self.replicas.list("decode")
         except Exception:
@@ -86,6 +88,8 @@ class DisaggregatedFrontend:
             raise
         self._has_replicas = bool(prefills) and bool(decodes)
         self.metrics.on_replica_loads(prefills + decodes)
+        in_use = {key for request in self._live.values() for key in request.replicas_in_use}
+        await self.links.forget_gone({(r.replica_id, r.endpoint) for r in prefills + decodes}, in_use)
 
     async def abort(self, request_id: str) -> bool:
         request = self._live.get(request_id)
@@ -127,31 +131,22 @@ class DisaggregatedFrontend:
         while True:
             placement = await self.dispatcher.turn(token_ids, excluded_replica_ids, arrival_s,
                                                    deadline_s - time.monotonic())
-            decode = self._decode_client(placement.decode.replica_id, placement.decode.endpoint)
+            decode = self.links.decode(placement.decode.replica_id, placement.decode.endpoint)
             if placement.prefill is None:
                 return Route(decode, None, placement.transport, None, placement.ticket)
             try:
-                target = await decode.reserve(request_id, token_ids, placement.transport)
+                with self.links.held(decode.replica_id, decode.endpoint):
+                    target = await decode.reserve(request_id, token_ids, placement.transport)
             except BaseException as exc:
                 placement.ticket.done(first_token=False)
                 if not isinstance(exc, ReplicaBusyError):
                     raise
                 self.dispatcher.decode_full(decode.replica_id)
                 continue
-            prefill = PrefillClient(placement.prefill.replica_id, self.channels.get(placement.prefill.endpoint),
-                                    self.config.timeouts)
+            prefill = self.links.prefill(placement.prefill.replica_id, placement.prefill.endpoint)
             return Route(decode, prefill, placement.transport, target, placement.ticket)
-
-    def _decode_client(self, replica_id: str, endpoint: str) -> DecodeClient:
-        key = replica_id, endpoint
-        if key not in self._decode_clients:
-            self._decode_clients[key] = DecodeClient(replica_id, self.channels.get(endpoint), self.config.timeouts)
-        return self._decode_clients[key]
 
     async def close(self) -> None:
         self.dispatcher.close()
-        for client in self._decode_clients.values():
-            client.close()
-        self._decode_clients.clear()
-        await self.channels.close()
+        await self.links.close()
 

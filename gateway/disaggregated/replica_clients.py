@@ -3,8 +3,9 @@
 Each client owns its stub, builds its request messages and turns the replica's errors into
 domain errors (gateway.disaggregated.backend_errors). The code that drives a request never sees a protobuf
 message, except the `KVTarget` that it hands unopened from `DecodeClient.reserve` to
-`PrefillClient.run`. A `DecodeClient` lives as long as the gateway knows its replica: all its
-requests share one `DecodeSession`, opened on first use and reopened after it broke.
+`PrefillClient.run`. A `DecodeClient` lives as long as the gateway holds its replica
+(gateway.disaggregated.replica_links): all its requests share one `DecodeSession`, opened on
+first use and reopened after it broke.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ class KVTransferDone:
 
 
 class DecodeClient:
-    def __init__(self, replica_id: str, channel: grpc.aio.Channel, timeouts: Timeouts):
+    def __init__(self, replica_id: str, endpoint: str, channel: grpc.aio.Channel, timeouts: Timeouts):
         self.replica_id = replica_id
+        self.endpoint = endpoint
         self._stub = decode_pb2_grpc.DecodeStub(channel)
         self._timeouts = timeouts
         self._session: DecodeSession | None = None
@@ -86,8 +88,9 @@ class DecodeClient:
 
 
 class PrefillClient:
-    def __init__(self, replica_id: str, channel: grpc.aio.Channel, timeouts: Timeouts):
+    def __init__(self, replica_id: str, endpoint: str, channel: grpc.aio.Channel, timeouts: Timeouts):
         self.replica_id = replica_id
+        self.endpoint = endpoint
         self._stub = prefill_pb2_grpc.PrefillStub(channel)
         self._timeouts = timeouts
 

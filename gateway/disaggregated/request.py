@@ -111,6 +111,15 @@ class DisaggregatedRequest:
         self._last_itl_s = 0.0
         self._timeline = RequestTimeline(arrival_s=self._started_s)
 
+    @property
+    def replicas_in_use(self) -> set[tuple[str, str]]:
+        """(replica id, endpoint) of each replica its current attempt uses; none while it waits
+        for its route."""
+        if self._route is None:
+            return set()
+        return {(client.replica_id, client.endpoint) for client in (self._route.decode, self._route.prefill)
+                if client is not None}
+
     async def abort(self) -> None:
         """Aborts the request on its replicas; the stream then ends with an "abort" chunk."""
         self.aborted = True

@@ -71,7 +71,7 @@ def with_client(test, timeouts: Timeouts = Timeouts()):
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        client = DecodeClient("d0", channel, timeouts)
+        client = DecodeClient("d0", "d0:1", channel, timeouts)
         try:
             return await asyncio.wait_for(test(servicer, client), DEADLINE_S * 2)
         finally:

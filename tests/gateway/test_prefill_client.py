@@ -37,7 +37,7 @@ def first_token_then_transfer(error: Exception):
         await server.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                run = PrefillClient("p0", channel, Timeouts()).run(
+                run = PrefillClient("p0", "p0:1", channel, Timeouts()).run(
                     "r1", [1, 2, 3], [], SamplingParams(max_tokens=4), 0, kv_transfer_pb2.KVTarget())
                 first = await run.first_token()
                 try:
