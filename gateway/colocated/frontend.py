@@ -27,13 +27,13 @@ class ColocatedFrontend:
         self.tokenizer = prompts.tokenizer
         self.max_model_len = prompts.max_model_len
         self.token_timeout_s = token_timeout_s
-        self._live: set[str] = set()
+        self._live: dict[str, str] = {}  # request id -> its owner
 
     def health(self) -> bool:
         return True
 
-    async def abort(self, request_id: str) -> bool:
-        return request_id in self._live and await self.engine.abort(request_id)
+    async def abort(self, request_id: str, owner: str) -> bool:
+        return self._live.get(request_id) == owner and await self.engine.abort(request_id)
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[StreamChunk]:
         request_id, prompt_ids, params = await self.prompts.prepare(request, self._live)
@@ -41,7 +41,7 @@ class ColocatedFrontend:
         timeline = RequestTimeline(arrival_s=started_s)
         self.metrics.on_request_start()
         stream = self.engine.open_stream(request_id)
-        self._live.add(request_id)
+        self._live[request_id] = request.owner
         finished, reason, num_output = False, "abort", 0
         try:
             await self.engine.call(lambda engine: engine.add_request(request_id, prompt_ids, params))
@@ -61,7 +61,7 @@ class ColocatedFrontend:
                 num_output, reason = chunk.completion_tokens, chunk.finish_reason or reason
                 yield chunk
         finally:
-            self._live.discard(request_id)
+            self._live.pop(request_id, None)
             self.engine.close_stream(request_id)
             if not finished:
                 self.engine.submit(lambda engine: engine.abort_request(request_id))

@@ -91,9 +91,9 @@ class DisaggregatedFrontend:
         in_use = {key for request in self._live.values() for key in request.replicas_in_use}
         await self.links.forget_gone({(r.replica_id, r.endpoint) for r in prefills + decodes}, in_use)
 
-    async def abort(self, request_id: str) -> bool:
+    async def abort(self, request_id: str, owner: str) -> bool:
         request = self._live.get(request_id)
-        if request is None:
+        if request is None or request.owner != owner:
             return False
         await request.abort()
         return True

@@ -21,7 +21,8 @@ When a replica fails the request (it went away, or as decode it failed the KV tr
 gateway.disaggregated.migration), steps 2-4 run again on the replicas left, with prompt + the
 tokens streamed so far: prefill computes their KV and samples the next token, decode carries on
 after it, and the client's stream goes on as if nothing happened. Each such attempt has its own
-request id on the replicas, so nothing left of an earlier one can touch it.
+request id on the replicas (gateway.front.request_ids), so nothing left of an earlier one can
+touch it, and no client's request id can be one.
 
 Whatever way a request ends early (client gone, Abort, a stop string, a failure), the
 reservation and any running work are aborted on both replicas, so every KV block comes back.
@@ -51,6 +52,7 @@ from pdserve.gateway.disaggregated.replica_clients import DecodeClient, PrefillC
 from pdserve.gateway.disaggregated.request_store import RequestNotFoundError, RequestStore
 from pdserve.gateway.front.frontend_types import StreamChunk
 from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
+from pdserve.gateway.front.request_ids import attempt_request_id
 from pdserve.gateway.front.request_state import LOCAL_PREFILL, RequestState
 from pdserve.gateway.front.run_to_end import run_to_end
 from pdserve.protocol.errors import AbortedError, IllegalTransitionError
@@ -245,7 +247,7 @@ class DisaggregatedRequest:
         await self._abort_on_replicas(gone_replica_id=blamed.replica_id if blamed.gone else None)
         self._migrations.start(self.request_id, error, blamed)
         self._metrics.on_migration(blamed.reason)
-        self._replica_request_id = f"{self.request_id}#{self._migrations.num_done}"
+        self._replica_request_id = attempt_request_id(self.request_id, self._migrations.num_done)
         logger.warning("request %s: %s on replica %s (%s); migrating with %d tokens streamed (%d of %d)",
                        self.request_id, blamed.reason, blamed.replica_id, error, self.text.num_output_tokens,
                        self._migrations.num_done, self._migrations.limit)

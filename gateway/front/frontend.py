@@ -33,8 +33,10 @@ class Frontend(Protocol):
         """
         ...
 
-    async def abort(self, request_id: str) -> bool:
-        """Aborts a running request; False if it is unknown or already finished."""
+    async def abort(self, request_id: str, owner: str) -> bool:
+        """Aborts a running request that `owner` created (GenerateInput.owner); False if it is
+        unknown here, already finished, or another caller's. Answers from this process's own
+        requests, whatever the request store holds."""
         ...
 
     def health(self) -> bool:

@@ -2,12 +2,14 @@
 
 Every bad request is INVALID_ARGUMENT with a message naming the field, as on the HTTP front
 (the same `SamplingParams` and `GenerateInput` checks give the verdict), bytes that do not
-decode as the method's request message included.
+decode as the method's request message included, and a request id no client may give
+(gateway.front.request_ids).
 
 With API keys configured, every method needs metadata `authorization: Bearer KEY`, else
 UNAUTHENTICATED (grpc.health.v1 on the same server stays open, for probes). A request belongs to
 the caller that created it: Abort and GetRequest of a request that another caller owns are
-NOT_FOUND, word for word as for an id that never existed. Generate holds an admission slot
+NOT_FOUND, word for word as for an id that never existed. Abort finds a request this gateway
+runs in its own memory first, so its owner can abort it even when its record is gone from Redis. Generate holds an admission slot
 until its stream ends; past the gateway's maximum it is RESOURCE_EXHAUSTED at once, with a
 `retry-after` trailer in seconds (gateway.front.admission), as when a replica it needs is at its
 bound.
@@ -29,6 +31,7 @@ from pdserve.gateway.front.admission import Admission
 from pdserve.gateway.front.api_keys import ApiKeys
 from pdserve.gateway.front.frontend import Frontend
 from pdserve.gateway.front.frontend_types import GenerateInput, OverloadedError, StreamChunk
+from pdserve.gateway.front.request_ids import check_client_request_id
 from pdserve.gateway.front.request_state import LOCAL_PREFILL, RequestNotFoundError, RequestRecord
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -93,14 +96,17 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def Abort(self, request: gateway_pb2.AbortRequest, context) -> gateway_pb2.AbortResponse:
         caller = self._caller(context)
         _require_decoded(request)
-        await self._owned_record(request.request_id, caller)
-        return gateway_pb2.AbortResponse(aborted=await self.frontend.abort(request.request_id))
+        request_id = check_client_request_id(request.request_id, "request_id")
+        if await self.frontend.abort(request_id, caller):
+            return gateway_pb2.AbortResponse(aborted=True)
+        await self._owned_record(request_id, caller)  # not running here: NOT_FOUND unless the caller's
+        return gateway_pb2.AbortResponse(aborted=False)
 
     @grpc_errors
     async def GetRequest(self, request: gateway_pb2.GetRequestRequest, context) -> gateway_pb2.RequestInfo:
         caller = self._caller(context)
         _require_decoded(request)
-        record = await self._owned_record(request.request_id, caller)
+        record = await self._owned_record(check_client_request_id(request.request_id, "request_id"), caller)
         return gateway_pb2.RequestInfo(
             request_id=record.request_id, state=record.state.value,
             history=[gateway_pb2.StateChange(state=state.value, time_unix_s=unix_s) for state, unix_s in record.history],
@@ -180,9 +186,10 @@ def _generate_input(request: gateway_pb2.GenerateRequest) -> GenerateInput:
     source = request.WhichOneof("input")
     if source is None:
         raise InvalidRequestError("give one of prompt, prompt_token_ids or chat")
+    request_id = check_client_request_id(request.request_id, "request_id") if request.request_id else None
     try:
         return GenerateInput(
-            request_id=request.request_id or None,
+            request_id=request_id,
             prompt=request.prompt if source == "prompt" else None,
             prompt_token_ids=list(request.prompt_token_ids.ids) if source == "prompt_token_ids" else None,
             messages=[{"role": m.role, "content": m.content} for m in request.chat.messages] if source == "chat" else None,

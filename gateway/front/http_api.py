@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import string
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -47,6 +46,7 @@ from pdserve.gateway.front.openai_protocol import (ApiError, ParsedRequest, pars
                                                    parse_completion_request, parse_detokenize_request,
                                                    parse_tokenize_request)
 from pdserve.gateway.front.openai_shaping import Shaper, create_shaper
+from pdserve.gateway.front.request_ids import check_client_request_id
 from pdserve.protocol.errors import InvalidRequestError, PdserveError, UnavailableError
 from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
@@ -61,8 +61,6 @@ CANCEL_DEADLINE_S = 5.0
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the answer"
 
 REQUEST_ID_HEADER = "X-Request-Id"
-MAX_REQUEST_ID_CHARS = 128
-_REQUEST_ID_CHARS = frozenset(string.ascii_letters + string.digits + "-_.:")
 _REQUEST_ID = web.RequestKey("request_id", str)
 _CALLER = web.RequestKey("caller", str)  # the API key's fingerprint (gateway.front.api_keys)
 
@@ -202,16 +200,14 @@ class _OpenAIApi:
 
 
 def _request_id(request: web.Request) -> str:
-    """The client's X-Request-Id when it sent one (it becomes engine and Redis keys, so it is
-    kept to a safe alphabet), else a fresh one."""
+    """The client's X-Request-Id when it sent one (gateway.front.request_ids), else a fresh one."""
     given = request.headers.get(REQUEST_ID_HEADER)
     if given is None:
         return uuid.uuid4().hex
-    if not 0 < len(given) <= MAX_REQUEST_ID_CHARS or not set(given) <= _REQUEST_ID_CHARS:
-        raise ApiError(
-            400, f"{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID_CHARS} characters of [A-Za-z0-9-_.:]",
-            param=REQUEST_ID_HEADER)
-    return given
+    try:
+        return check_client_request_id(given, REQUEST_ID_HEADER)
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param=REQUEST_ID_HEADER) from exc
 
 
 async def _read_json(request: web.Request) -> object:

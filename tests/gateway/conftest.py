@@ -107,7 +107,7 @@ class FakeFrontend:
     def health(self) -> bool:
         return self.healthy
 
-    async def abort(self, request_id: str) -> bool:
+    async def abort(self, request_id: str, owner: str) -> bool:
         return False
 
     async def generate(self, request: GenerateInput):

@@ -107,6 +107,11 @@ ROWS = [
     Row("no prompt at all", {"max_tokens": 2}, "prompt",
         gateway_pb2.GenerateRequest().SerializeToString(), "prompt is required", "give one of prompt"),
     Row("malformed protobuf bytes", None, None, b"\xff\xff\xff\xff", "", MALFORMED),
+    # On HTTP the id is a header (X-Request-Id), refused the same way (test_openai_choices.py).
+    Row("request_id of a migrated attempt's form", None, None, generate_bytes(request_id="r1#1"), "",
+        "request_id must be 1 to 128 characters of [A-Za-z0-9-_.:]"),
+    Row("request_id of 129 characters", None, None, generate_bytes(request_id="r" * 129), "",
+        "request_id must be 1 to 128 characters"),
 ]
 
 

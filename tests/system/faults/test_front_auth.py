@@ -2,8 +2,9 @@
 UNAUTHENTICATED, HTTP 401 with OpenAI's JSON error body) before it does any work, a call with a
 configured key gets the greedy output of the offline engine, /health and /metrics stay open,
 and a request belongs to the caller that created it: another caller's Abort and GetRequest are
-NOT_FOUND, word for word as for an id that never existed. `pdserve up --api-key` hands its key to
-the gateway."""
+NOT_FOUND, word for word as for an id that never existed, even after Redis lost the records, when
+the owner still aborts its running request. `pdserve up --api-key` hands its key to the
+gateway."""
 import asyncio
 import json
 
@@ -137,6 +138,43 @@ def test_another_callers_abort_and_lookup_are_not_found_while_the_owners_work(cl
     assert rest[-1].finish_reason == common_pb2.FINISH_REASON_ABORT  # B's abort did not end it; A's did
     assert 1 + sum(len(chunk.token_ids) for chunk in rest) < 1500
     cluster.assert_all_kv_free()
+
+
+def test_after_redis_lost_its_data_the_owner_still_aborts_its_running_request_and_no_one_else_can(cluster):
+    endpoint = cluster.gateway.endpoint
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            stream = stub.Generate(greedy_request("kept-by-a", PROMPTS[0], 1500), timeout=120, metadata=bearer(KEY_A))
+            await stream.read()  # running now, with its record in Redis
+            client = redis.Redis.from_url(cluster.redis_url, socket_timeout=5)
+            try:
+                client.flushdb()  # as a Redis restarted empty: every record gone
+            finally:
+                client.close()
+
+            def abort(request_id, key):
+                return stub.Abort(gateway_pb2.AbortRequest(request_id=request_id), timeout=10, metadata=bearer(key))
+
+            refusals = []
+            for request_id in ("kept-by-a", "kept-by-a-not"):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await abort(request_id, KEY_B)
+                refusals.append((refused.value.code(), refused.value.details()))
+            own_abort = await abort("kept-by-a", KEY_A)
+            rest = []
+            while (chunk := await stream.read()) != grpc.aio.EOF:
+                rest.append(chunk)
+            return refusals, own_abort, rest
+
+    (others, unknown), own_abort, rest = asyncio.run(scenario())
+    assert others[0] == unknown[0] == grpc.StatusCode.NOT_FOUND
+    assert others[1] == unknown[1].replace("kept-by-a-not", "kept-by-a")
+    assert own_abort.aborted
+    assert rest[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert 1 + sum(len(chunk.token_ids) for chunk in rest) < 1500
+    cluster.assert_all_kv_free()  # once the replicas' heartbeats have listed them again
 
 
 @pytest.mark.timeout(420)
