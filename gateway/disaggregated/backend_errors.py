@@ -22,12 +22,14 @@ _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 class BackendError(UnavailableError):
     """A replica refused or failed a call; `grpc_code` is the status the client should see and
-    `replica_id` the replica that said so (None when the gateway itself decided)."""
+    `replica_id` the replica that said so (None when the gateway itself decided), at `endpoint`
+    ("" where not known)."""
 
-    def __init__(self, grpc_code: grpc.StatusCode, message: str, replica_id: str | None = None):
+    def __init__(self, grpc_code: grpc.StatusCode, message: str, replica_id: str | None = None, endpoint: str = ""):
         super().__init__(message)
         self.grpc_code = grpc_code
         self.replica_id = replica_id
+        self.endpoint = endpoint
 
 
 class SessionBrokenError(BackendError):
@@ -58,11 +60,11 @@ class ReplicaBusyError(OverloadedError):
         self.replica_id = replica_id
 
 
-def backend_error(replica_id: str, code: grpc.StatusCode | int, details: str) -> Exception:
+def backend_error(replica_id: str, code: grpc.StatusCode | int, details: str, endpoint: str = "") -> Exception:
     """The domain error for a replica's status; `code` as grpc names it or as its number."""
     code = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN) if isinstance(code, int) else code
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequestError(details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return ReplicaBusyError(f"{replica_id}: {details}", replica_id)
-    return BackendError(code, f"{replica_id}: {details}", replica_id)
+    return BackendError(code, f"{replica_id}: {details}", replica_id, endpoint)

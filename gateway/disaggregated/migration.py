@@ -62,11 +62,11 @@ class Migrations:
     num_done: int = 0
     excluded_replica_ids: set[str] = field(default_factory=set)
 
-    def start(self, request_id: str, error: BackendError, blamed: Blame) -> None:
-        """Counts one migration away from the blamed replica, which is ejected from the gateway's
-        routing; raises MigrationLimitError past the limit."""
+    def start(self, request_id: str, error: BackendError, blamed: Blame, endpoint: str) -> None:
+        """Counts one migration away from the blamed replica (at `endpoint`), which is ejected from
+        the gateway's routing; raises MigrationLimitError past the limit."""
         self.excluded_replica_ids.add(blamed.replica_id)
-        self.outliers.failed(blamed.replica_id)
+        self.outliers.failed((blamed.replica_id, endpoint))
         if self.num_done >= self.limit:
             raise MigrationLimitError(
                 grpc.StatusCode.UNAVAILABLE,

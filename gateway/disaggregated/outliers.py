@@ -10,6 +10,9 @@ nothing. Once the back-off ends, the next request routed to it is the probe: if
 it fails, the replica is ejected again for twice as long; a replica back in routing for `max_s`
 without failing starts again from `base_s`, as Envoy's outlier detection does.
 
+A replica is known by its id and endpoint: one restarted under the same id (`pdserve up`'s
+supervisor does that) on a fresh port is a new process, and starts with a clean slate.
+
 Ejection narrows the choice, it never empties it: where every live replica of a kind is ejected,
 routing uses them all (`usable`), since a request can only be served by some replica.
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BASE_S = 5.0
 DEFAULT_MAX_S = 20.0
+ReplicaKey = tuple[str, str]  # (replica id, endpoint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,29 +45,28 @@ class Outliers:
         self._base_s = base_s
         self._max_s = max_s
         self._clock = clock
-        self._ejections: dict[str, _Ejection] = {}
+        self._ejections: dict[ReplicaKey, _Ejection] = {}
 
-    def failed(self, replica_id: str) -> float:
+    def failed(self, replica: ReplicaKey) -> float:
         """Ejects the replica after a failure; returns for how many more seconds it is out."""
         now_s = self._clock()
-        previous = self._ejections.get(replica_id)
+        previous = self._ejections.get(replica)
         if previous is not None and now_s < previous.until_s:
             return previous.until_s - now_s
         backoff_s = self._base_s
         if previous is not None and now_s - previous.until_s < self._max_s:
             backoff_s = min(self._max_s, 2 * previous.backoff_s)
-        self._ejections[replica_id] = _Ejection(now_s + backoff_s, backoff_s)
+        self._ejections[replica] = _Ejection(now_s + backoff_s, backoff_s)
         return backoff_s
 
-    def ejected(self) -> set[str]:
-        """The replica ids out of routing now; forgets those back in routing for max_s."""
+    def ejected(self) -> set[ReplicaKey]:
+        """The replicas out of routing now; forgets those back in routing for max_s."""
         now_s = self._clock()
-        self._ejections = {replica_id: e for replica_id, e in self._ejections.items()
-                           if now_s - e.until_s < self._max_s}
-        return {replica_id for replica_id, e in self._ejections.items() if now_s < e.until_s}
+        self._ejections = {replica: e for replica, e in self._ejections.items() if now_s - e.until_s < self._max_s}
+        return {replica for replica, e in self._ejections.items() if now_s < e.until_s}
 
     def usable(self, replicas: Sequence[ReplicaInfo]) -> list[ReplicaInfo]:
         """`replicas` less the ejected ones, or all of them where that would leave none."""
         ejected = self.ejected()
-        kept = [r for r in replicas if r.replica_id not in ejected]
+        kept = [r for r in replicas if (r.replica_id, r.endpoint) not in ejected]
         return kept or list(replicas)

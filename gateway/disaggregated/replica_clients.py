@@ -57,7 +57,7 @@ class DecodeClient:
         try:
             return await self._stub.Reserve(request, timeout=self._timeouts.rpc_s)
         except grpc.aio.AioRpcError as exc:
-            raise _backend_error(self.replica_id, exc) from exc
+            raise _backend_error(self.replica_id, self.endpoint, exc) from exc
 
     def generate(self, request_id: str, prompt_ids: list[int], output_ids: list[int], params: SamplingParams,
                  seed: int, first_token_id: int | None) -> AsyncIterator[DecodeStep]:
@@ -79,7 +79,7 @@ class DecodeClient:
             await self._stub.Abort(decode_pb2.DecodeAbortRequest(request_id=request_id),
                                    timeout=self._timeouts.rpc_s)
         except grpc.aio.AioRpcError as exc:
-            raise _backend_error(self.replica_id, exc) from exc
+            raise _backend_error(self.replica_id, self.endpoint, exc) from exc
 
     def close(self) -> None:
         """Ends the session; the replica aborts the requests still on it."""
@@ -101,7 +101,7 @@ class PrefillClient:
         call = self._stub.Run(prefill_pb2.PrefillRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params_to_proto(params), seed=seed,
             target=target, output_token_ids=output_ids), timeout=self._timeouts.request_s)
-        return PrefillRun(self.replica_id, call)
+        return PrefillRun(self.replica_id, self.endpoint, call)
 
     async def abort(self, request_id: str) -> None:
         """Drops the request from the replica; unknown ids are not an error."""
@@ -109,14 +109,15 @@ class PrefillClient:
             await self._stub.Abort(prefill_pb2.PrefillAbortRequest(request_id=request_id),
                                    timeout=self._timeouts.rpc_s)
         except grpc.aio.AioRpcError as exc:
-            raise _backend_error(self.replica_id, exc) from exc
+            raise _backend_error(self.replica_id, self.endpoint, exc) from exc
 
 
 class PrefillRun:
     """One Prefill.Run call: read `first_token()`, then `transfer_done()`; `cancel()` at the end."""
 
-    def __init__(self, replica_id: str, call):
+    def __init__(self, replica_id: str, endpoint: str, call):
         self._replica_id = replica_id
+        self._endpoint = endpoint
         self._call = call
 
     async def first_token(self) -> SampledToken:
@@ -140,12 +141,12 @@ class PrefillRun:
         except grpc.aio.AioRpcError as exc:
             if dict(exc.trailing_metadata() or ()).get(FAILED_SIDE_KEY) == "decode":
                 raise KVTransferError(exc.code(), f"{self._replica_id}: {exc.details()}", self._replica_id) from exc
-            raise _backend_error(self._replica_id, exc) from exc
+            raise _backend_error(self._replica_id, self._endpoint, exc) from exc
         if event is grpc.aio.EOF or event.WhichOneof("event") != expected:
             raise BackendError(grpc.StatusCode.INTERNAL, f"prefill replica {self._replica_id}: expected {expected}",
                                self._replica_id)
         return getattr(event, expected)
 
 
-def _backend_error(replica_id: str, exc: grpc.aio.AioRpcError) -> Exception:
-    return backend_error(replica_id, exc.code(), exc.details())
+def _backend_error(replica_id: str, endpoint: str, exc: grpc.aio.AioRpcError) -> Exception:
+    return backend_error(replica_id, exc.code(), exc.details(), endpoint)

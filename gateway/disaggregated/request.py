@@ -165,7 +165,7 @@ class DisaggregatedRequest:
                 blamed = blame(exc, decode_replica_id, prefill_replica_id)
                 if blamed is None or self.aborted:
                     raise
-                await self._migrate(exc, blamed)
+                await self._migrate(exc, blamed, self._endpoint_of(blamed.replica_id, exc))
 
     async def _attempt(self) -> AsyncIterator[StreamChunk]:
         """Steps 2-4 from the tokens streamed so far (none on the first attempt) to the end."""
@@ -242,15 +242,22 @@ class DisaggregatedRequest:
             self._metrics.on_first_token(self._last_token_s - self._started_s)
         return chunk
 
-    async def _migrate(self, error: BackendError, blamed: Blame) -> None:
+    async def _migrate(self, error: BackendError, blamed: Blame, endpoint: str) -> None:
         """Gives back what the failed attempt holds and readies the next, or raises past the limit."""
         await self._abort_on_replicas(gone_replica_id=blamed.replica_id if blamed.gone else None)
-        self._migrations.start(self.request_id, error, blamed)
+        self._migrations.start(self.request_id, error, blamed, endpoint)
         self._metrics.on_migration(blamed.reason)
         self._replica_request_id = attempt_request_id(self.request_id, self._migrations.num_done)
         logger.warning("request %s: %s on replica %s (%s); migrating with %d tokens streamed (%d of %d)",
                        self.request_id, blamed.reason, blamed.replica_id, error, self.text.num_output_tokens,
                        self._migrations.num_done, self._migrations.limit)
+
+    def _endpoint_of(self, replica_id: str, error: BackendError) -> str:
+        """Where the blamed replica runs: its client's endpoint in the attempt's route, else the
+        one its error names (a reservation that failed before the route was made)."""
+        route = self._route
+        clients = (route.decode, route.prefill) if route is not None else ()
+        return next((c.endpoint for c in clients if c is not None and c.replica_id == replica_id), error.endpoint)
 
     def _accept(self, token: SampledToken) -> StreamChunk:
         now_s = time.monotonic()

@@ -48,6 +48,7 @@ class FakePrefill:
                  transfer_errors: list[Exception] | None = None):
         self.first = first
         self.replica_id = replica_id
+        self.endpoint = f"{replica_id}:1"
         self.error = error
         self.transfer_errors = list(transfer_errors or [])
         self.runs = []  # (request id, output ids) of each run
@@ -81,6 +82,7 @@ class FakeDecode:
         self.steps = steps
         self.error_at_end = error_at_end
         self.replica_id = replica_id
+        self.endpoint = f"{replica_id}:1"
         self.generated = self.stream_closed = self.aborted = False
         self.reserved = []  # (request id, token ids) of each reservation
         self.first_token_ids = []  # of each generate: None when it prefills the prompt itself

@@ -87,7 +87,7 @@ def test_an_ejected_decode_replica_gets_no_turn_while_another_can_take_it():
         other = dataclasses.replace(registry.decode, replica_id="d1", free_blocks=32)  # fewer free: picked second
         registry.list = lambda kind: _listed([registry.decode, other] if kind == "decode" else [registry.prefill])
         outliers = Outliers()
-        outliers.failed("d0")
+        outliers.failed(("d0", registry.decode.endpoint))
         gateway = Dispatcher(DispatchConfig(prefill_placement="remote"), registry, PrefixAffinity(None), Router(),
                              GatewayMetrics("m"), outliers)
         try:

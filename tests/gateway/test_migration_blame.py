@@ -49,8 +49,8 @@ def test_every_reason_blamed_is_a_migration_metric_label():
 def test_each_blamed_replica_is_excluded_and_the_limit_counts_migrations():
     migrations = Migrations(limit=1)
     error = KVTransferError(Code.UNAVAILABLE, "p0: push failed", "p0")
-    migrations.start("r1", error, blame(error, "d0", "p0"))
+    migrations.start("r1", error, blame(error, "d0", "p0"), "127.0.0.1:1")
     assert migrations.excluded_replica_ids == {"d0"} and migrations.num_done == 1
     with pytest.raises(MigrationLimitError, match="migration limit 1"):
-        migrations.start("r1", error, blame(error, "d1", "p0"))
+        migrations.start("r1", error, blame(error, "d1", "p0"), "127.0.0.1:2")
     assert migrations.excluded_replica_ids == {"d0", "d1"}

@@ -1,9 +1,10 @@
-"""Partitions between hosts (tests/system/faults/netns.py: each process on a host of its own, the
-switch dropping every packet between two of them) while the decode replica cut off still reaches
-Redis, so the registry goes on listing it. Keepalive finds the cut, the streams on it move to the
-other decode replica with the tokens of an unharmed run, new requests keep off it (outlier
-ejection), and once the link heals it serves again. Skipped where this machine will not make
-namespaces."""
+"""Partitions between hosts (tests/system/faults/netns.py: each process on a host of its own, two
+of them cut apart) while the decode replica cut off still reaches Redis, so the registry goes on
+listing it: from the gateway (keepalive finds the cut and the streams on it move to the other
+decode replica), or from the prefill replica (the KV pushes to it fail and are blamed on it).
+Either way no request fails, the tokens are those of an unharmed run, new requests keep off the
+cut replica (outlier ejection), and once the link heals it serves again. Skipped where this
+machine will not make namespaces."""
 import asyncio
 import secrets
 import time
@@ -117,4 +118,47 @@ def test_a_decode_replica_cut_off_from_the_gateway_loses_no_stream_and_serves_ag
     back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S)
     print(f"\ngateway-decode cut: {NUM_STREAMS} streams moved off {run.victim} with no error; "
           f"{len(newcomers)} new requests meanwhile, none failed; it served again {back_s:.1f}s after healing")
+    cluster.assert_all_kv_free(timeout_s=30.0)
+
+
+@pytest.mark.timeout(420)
+def test_a_decode_replica_cut_off_from_the_prefill_replica_loses_no_request_and_serves_again_once_healed(
+        cluster, hosts, e2e_model):
+    """The KV pushes to the cut replica fail: they are blamed on it, not on the prefill replica (the
+    only one), so the requests move to the other decode replica and none reads "no live prefill
+    replica"; the streams already decoding on it, which need no push, go on there."""
+    cases = prompts(e2e_model, NUM_STREAMS, seed=33)
+    reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
+        greedy_request(f"pref-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
+    assert all(outcome.error is None for outcome in reference)
+    new_prompt = prompts(e2e_model, 1, seed=34)[0]
+    newcomers: list = []
+
+    async def cut_mid_stream(run: StreamRun):
+        await run.wait_for(lambda outcomes: len(outcomes[0].token_ids) >= 10 and all(o.token_ids for o in outcomes),
+                           "p-0 to reach 10 tokens and every stream to start")
+        run.victim = (await asyncio.to_thread(request_info, cluster, "p-0")).decode_replica
+        hosts.cut("p0", run.victim)
+        run.killed_s = time.monotonic()
+        newcomers.extend(await new_requests(cluster, "pnew", new_prompt, round(AVOID_WITHIN_S / NEW_EVERY_S) + 5))
+
+    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"p-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
+    try:
+        outcomes = asyncio.run(run.run(cut_mid_stream))
+    finally:
+        if run.victim is not None:
+            hosts.heal("p0", run.victim)
+    healed_s = time.monotonic()
+
+    errors = [(i, o.error.code(), o.error.details()) for i, o in enumerate(outcomes) if o.error is not None]
+    assert errors == []
+    assert [o.token_ids for o in outcomes] == [want.token_ids for want in reference]
+    new_errors = [str(error) for _, _, error in newcomers if error is not None]
+    assert new_errors == []
+    late = [request_id for request_id, sent_s, _ in newcomers if sent_s - run.killed_s >= AVOID_WITHIN_S]
+    assert late and all(request_info(cluster, request_id).decode_replica != run.victim for request_id in late)
+
+    back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S)
+    print(f"\nprefill-decode cut: {NUM_STREAMS} streams, none failed; {len(newcomers)} new requests meanwhile, "
+          f"none failed; {run.victim} served again {back_s:.1f}s after healing")
     cluster.assert_all_kv_free(timeout_s=30.0)
