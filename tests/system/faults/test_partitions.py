@@ -64,12 +64,12 @@ async def new_requests(cluster: Cluster, prefix: str, prompt: list[int], num: in
     return await asyncio.gather(*(one(i) for i in range(num)))
 
 
-def serves_again(cluster: Cluster, replica: str, prompt: list[int], deadline_s: float) -> float:
+def serves_again(cluster: Cluster, replica: str, prompt: list[int], deadline_s: float, prefix: str) -> float:
     """Seconds until a request lands on `replica` again: rounds of four at once, so the router
     spreads them over both decode replicas; fails past `deadline_s`."""
     started_s = time.monotonic()
     for round_index in range(100):
-        requests = [greedy_request(f"heal-{round_index}-{i}", prompt, NEW_TOKENS) for i in range(4)]
+        requests = [greedy_request(f"{prefix}-{round_index}-{i}", prompt, NEW_TOKENS) for i in range(4)]
         outcomes = asyncio.run(StreamRun(cluster.gateway.endpoint, requests).run())
         assert all(outcome.error is None for outcome in outcomes), [o.error for o in outcomes]
         if any(request_info(cluster, r.request_id).decode_replica == replica for r in requests):
@@ -115,7 +115,7 @@ def test_a_decode_replica_cut_off_from_the_gateway_loses_no_stream_and_serves_ag
     assert late and all(request_info(cluster, request_id).decode_replica != run.victim for request_id in late)
     assert new_errors == []
 
-    back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S)
+    back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S, "heal")
     print(f"\ngateway-decode cut: {NUM_STREAMS} streams moved off {run.victim} with no error; "
           f"{len(newcomers)} new requests meanwhile, none failed; it served again {back_s:.1f}s after healing")
     cluster.assert_all_kv_free(timeout_s=30.0)
@@ -158,7 +158,7 @@ def test_a_decode_replica_cut_off_from_the_prefill_replica_loses_no_request_and_
     late = [request_id for request_id, sent_s, _ in newcomers if sent_s - run.killed_s >= AVOID_WITHIN_S]
     assert late and all(request_info(cluster, request_id).decode_replica != run.victim for request_id in late)
 
-    back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S)
+    back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S, "pheal")
     print(f"\nprefill-decode cut: {NUM_STREAMS} streams, none failed; {len(newcomers)} new requests meanwhile, "
           f"none failed; {run.victim} served again {back_s:.1f}s after healing")
     cluster.assert_all_kv_free(timeout_s=30.0)
