@@ -33,6 +33,7 @@ from pdserve.redis_process import start_redis
 from tests.helpers import ENGINE_DTYPE, KV_CACHE_MEMORY_BYTES, free_port, wait_until
 
 START_TIMEOUT_S = 180.0
+TEST_MODEL_ENV = "PDSERVE_TEST_MODEL"
 
 
 @dataclass
@@ -186,7 +187,9 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def e2e_model(tiny_model) -> str:
-    return tiny_model()  # the default shape `pdserve up` serves
+    """The tiny random model of the default shape `pdserve up` serves, or the model folder named by
+    $PDSERVE_TEST_MODEL (to run a system or fault test on a real checkpoint)."""
+    return os.environ.get(TEST_MODEL_ENV) or tiny_model()
 
 
 @pytest.fixture(scope="module")

@@ -132,8 +132,8 @@ def stop_up(up: Up) -> None:
 
 
 @pytest.fixture(scope="package")
-def fault_model(tiny_model) -> str:
-    return tiny_model()
+def fault_model(e2e_model) -> str:
+    return e2e_model
 
 
 @pytest.fixture(scope="package")
