@@ -6,15 +6,20 @@ and then judge what every client saw."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import secrets
 import time
 import urllib.request
 from dataclasses import dataclass, field
 
 import grpc
+import pytest
 
+from pdserve.redis_process import start_redis
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.system.conftest import Cluster
+from tests.system.faults.netns import NetnsUnavailableError, create_hosts
 from tests.system.faults.up_deployment import deployment, fault_model, workload  # noqa: F401  (fixtures)
 
 STREAM_TIMEOUT_S = 180.0
@@ -117,3 +122,33 @@ def assert_prefill_kv_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
         prefills = cluster.replicas("prefill")
         return prefills and all(p["free_blocks"] == p["total_blocks"] > 0 for p in prefills.values())
     cluster.wait_until(all_free, "every prefill replica's KV blocks to be free", timeout_s)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Hosts of their own (tests/system/faults/netns.py) for Redis, a gateway, a prefill and two
+    decode replicas; skips the test where this machine will not make them."""
+    try:
+        made = create_hosts(["redis", "gw", "p0", "d0", "d1"])
+    except NetnsUnavailableError as error:
+        pytest.skip(f"needs network namespaces: {error}")
+    yield made
+    made.close()
+
+
+@contextlib.contextmanager
+def cluster_on_hosts(hosts, model_dir: str, tmp_path_factory, layout):
+    """A cluster with Redis on host "redis" and each (kind, name, host, flags) of `layout` on its
+    host, stopped on leaving."""
+    # Off loopback, Redis serves only clients that authenticate (or none, in its protected mode).
+    redis_server = start_redis(data_dir=tmp_path_factory.mktemp("redis"), password=secrets.token_hex(16),
+                               host=hosts.address("redis"), launcher=hosts.launcher("redis"))
+    started = Cluster(model_dir, tmp_path_factory.mktemp("cluster"), redis_server.url, secrets.token_hex(32))
+    try:
+        for kind, name, host, flags in layout:
+            started.start(kind, name, *flags, host=hosts.address(host), launcher=hosts.launcher(host))
+        started.wait_ready()
+        yield started
+    finally:
+        started.stop()
+        redis_server.stop()

@@ -9,7 +9,6 @@ between two namespaces next to loopback grpc in the same run (BENCHMARKS.md). Sk
 reason, where this machine will not make namespaces (not root, say)."""
 import asyncio
 import json
-import secrets
 import subprocess
 import sys
 import time
@@ -21,12 +20,10 @@ import redis
 from pdserve.bench.kv_transfer import NETNS_GRPC_PATH
 from pdserve.cluster.registry import default_host_id
 from pdserve.protocol.transport_choice import transport_name
-from pdserve.redis_process import start_redis
 from pdserve.v1 import common_pb2, gateway_pb2_grpc
 from tests.system.conftest import Cluster
 from tests.system.faults.conftest import (
-    StreamRun, assert_prefill_kv_free, greedy_request, migrations, request_info, wait_until_gone)
-from tests.system.faults.netns import NetnsUnavailableError, create_hosts
+    StreamRun, assert_prefill_kv_free, cluster_on_hosts, greedy_request, migrations, request_info, wait_until_gone)
 from tests.system.faults.stream_clients import grpc_stream, request_records
 from tests.system.faults.test_decode_migration import kill_mid_stream, prompts
 
@@ -42,29 +39,9 @@ GRPC = transport_name(common_pb2.TRANSPORT_GRPC)  # as request records name it
 
 
 @pytest.fixture(scope="module")
-def hosts():
-    try:
-        made = create_hosts(["redis", "gw", "p0", "d0", "d1"])
-    except NetnsUnavailableError as error:
-        pytest.skip(f"needs network namespaces: {error}")
-    yield made
-    made.close()
-
-
-@pytest.fixture(scope="module")
 def cluster(hosts, e2e_model, tmp_path_factory):
-    # Off loopback, Redis serves only clients that authenticate (or none, in its protected mode).
-    redis_server = start_redis(data_dir=tmp_path_factory.mktemp("redis"), password=secrets.token_hex(16),
-                               host=hosts.address("redis"), launcher=hosts.launcher("redis"))
-    started = Cluster(e2e_model, tmp_path_factory.mktemp("cluster"), redis_server.url, secrets.token_hex(32))
-    try:
-        for kind, name, host, flags in LAYOUT:
-            started.start(kind, name, *flags, host=hosts.address(host), launcher=hosts.launcher(host))
-        started.wait_ready()
+    with cluster_on_hosts(hosts, e2e_model, tmp_path_factory, LAYOUT) as started:
         yield started
-    finally:
-        started.stop()
-        redis_server.stop()
 
 
 def stored_transports(cluster: Cluster, request_ids: list[str]) -> set[str]:

@@ -31,19 +31,22 @@ def prompts(e2e_model: str, num_prompts: int, seed: int = 11) -> list[list[int]]
             for n in torch.randint(8, 120, (num_prompts,), generator=generator)]
 
 
-def kill_mid_stream(cluster, victim_of: str, min_tokens: int):
-    """A `during` that kills the decode replica serving request `victim_of` once that request has
-    `min_tokens` and every other stream has its first token; it records the kill's time and the
-    victim's name on the run. Waiting on the victim's own stream, not on the slowest of all, keeps
-    the kill mid-stream however unevenly a loaded machine runs the replicas."""
+def kill_mid_stream(cluster, victim_of: str, min_tokens: int, strike=None, after=None):
+    """A `during` that kills (or `strike`s: a function of the service) the decode replica serving
+    request `victim_of` once that request has `min_tokens` and every other stream has its first
+    token; it records the kill's time and the victim's name on the run, then awaits `after(run)`
+    if given. Waiting on the victim's own stream, not on the slowest of all, keeps the kill
+    mid-stream however unevenly a loaded machine runs the replicas."""
     async def during(run: StreamRun):
         victim = next(i for i, request in enumerate(run.requests) if request.request_id == victim_of)
         await run.wait_for(lambda outcomes: len(outcomes[victim].token_ids) >= min_tokens
                            and all(outcome.token_ids for outcome in outcomes),
                            f"{victim_of} to reach {min_tokens} tokens and every stream to start")
         run.victim = (await asyncio.to_thread(request_info, cluster, victim_of)).decode_replica
-        cluster.kill(next(s for s in cluster.services if s.name == run.victim))
+        (strike or cluster.kill)(next(s for s in cluster.services if s.name == run.victim))
         run.killed_s = time.monotonic()
+        if after is not None:
+            await after(run)
     return during
 
 

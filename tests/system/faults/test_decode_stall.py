@@ -11,7 +11,7 @@ import pytest
 
 from pdserve.v1 import gateway_pb2
 from tests.system.faults.conftest import StreamRun, greedy_request, migrations, request_info
-from tests.system.faults.test_decode_migration import prompts
+from tests.system.faults.test_decode_migration import kill_mid_stream, prompts
 
 pytestmark = pytest.mark.faults
 
@@ -25,26 +25,21 @@ NEW_REQUEST_BOUND_S = 15.0
 TERMINAL = {gateway_pb2.REQUEST_STATE_FINISHED, gateway_pb2.REQUEST_STATE_FAILED, gateway_pb2.REQUEST_STATE_ABORTED}
 
 
-def stop_mid_stream(cluster, victim_of: str, min_tokens: int, new_prompts: list[list[int]], new_latencies_s: list):
-    """A `during` that stops (SIGSTOP) the decode replica serving `victim_of` once it has
-    `min_tokens`, then sends `new_prompts` one every NEW_EVERY_S and records how long each took
-    (or its error)."""
-    async def during(run: StreamRun):
-        victim = next(i for i, request in enumerate(run.requests) if request.request_id == victim_of)
-        await run.wait_for(lambda outcomes: len(outcomes[victim].token_ids) >= min_tokens
-                           and all(outcome.token_ids for outcome in outcomes),
-                           f"{victim_of} to reach {min_tokens} tokens and every stream to start")
-        run.victim = (await asyncio.to_thread(request_info, cluster, victim_of)).decode_replica
-        os.kill(next(s for s in cluster.services if s.name == run.victim).process.pid, signal.SIGSTOP)
-        run.killed_s = time.monotonic()
-
+def new_requests_meanwhile(new_prompts: list[list[int]], latencies_s: list):
+    """An `after` for kill_mid_stream: sends `new_prompts` one every NEW_EVERY_S and records how
+    long each took (or its error)."""
+    async def after(run: StreamRun):
         async def one(i: int, prompt: list[int]) -> None:
             await asyncio.sleep(i * NEW_EVERY_S)
             started_s = time.monotonic()
             [outcome] = await StreamRun(run.endpoint, [greedy_request(f"new-{i}", prompt, NEW_TOKENS)]).run()
-            new_latencies_s.append(outcome.error or time.monotonic() - started_s)
+            latencies_s.append(outcome.error or time.monotonic() - started_s)
         await asyncio.gather(*(one(i, prompt) for i, prompt in enumerate(new_prompts)))
-    return during
+    return after
+
+
+def sigstop(service) -> None:
+    os.kill(service.process.pid, signal.SIGSTOP)
 
 
 @pytest.mark.timeout(420)
@@ -62,8 +57,9 @@ def test_a_stopped_decode_replica_loses_no_request_and_its_blocks_come_back_afte
     run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"r-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
     started_s = time.monotonic()
     try:
-        outcomes = asyncio.run(run.run(stop_mid_stream(cluster, "r-0", 20, prompts(e2e_model, NUM_NEW, seed=22),
-                                                       new_latencies_s)))
+        during = kill_mid_stream(cluster, "r-0", 20, strike=sigstop,
+                                 after=new_requests_meanwhile(prompts(e2e_model, NUM_NEW, seed=22), new_latencies_s))
+        outcomes = asyncio.run(run.run(during))
         harmed_s = time.monotonic() - started_s
         moved = migrations(cluster).get("decode_unavailable", 0)
     finally:

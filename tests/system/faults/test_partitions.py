@@ -6,21 +6,20 @@ Either way no request fails, the tokens are those of an unharmed run, new reques
 cut replica (outlier ejection), and once the link heals it serves again. Skipped where this
 machine will not make namespaces."""
 import asyncio
-import secrets
 import time
+from dataclasses import dataclass
 
 import pytest
 
-from pdserve.redis_process import start_redis
 from tests.system.conftest import Cluster
-from tests.system.faults.conftest import StreamRun, greedy_request, request_info
-from tests.system.faults.netns import NetnsUnavailableError, create_hosts
+from tests.system.faults.conftest import StreamRun, cluster_on_hosts, greedy_request, request_info
 from tests.system.faults.test_decode_migration import prompts
 
 pytestmark = pytest.mark.faults
 
 REMOTE = ("--prefill-placement", "remote")  # every prompt through the prefill replica: both links in use
-LAYOUT = [("prefill", "p0", ()), ("decode", "d0", ()), ("decode", "d1", ()), ("gateway", "gw", REMOTE)]
+LAYOUT = [("prefill", "p0", "p0", ()), ("decode", "d0", "d0", ()), ("decode", "d1", "d1", ()),
+          ("gateway", "gw", "gw", REMOTE)]
 NUM_STREAMS = 8
 NUM_TOKENS = 150
 AVOID_WITHIN_S = 15.0  # new requests keep off the cut replica from this long after the cut
@@ -30,28 +29,9 @@ NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def hosts():
-    try:
-        made = create_hosts(["redis", "gw", "p0", "d0", "d1"])
-    except NetnsUnavailableError as error:
-        pytest.skip(f"needs network namespaces: {error}")
-    yield made
-    made.close()
-
-
-@pytest.fixture(scope="module")
 def cluster(hosts, e2e_model, tmp_path_factory):
-    redis_server = start_redis(data_dir=tmp_path_factory.mktemp("redis"), password=secrets.token_hex(16),
-                               host=hosts.address("redis"), launcher=hosts.launcher("redis"))
-    started = Cluster(e2e_model, tmp_path_factory.mktemp("cluster"), redis_server.url, secrets.token_hex(32))
-    try:
-        for kind, name, flags in LAYOUT:
-            started.start(kind, name, *flags, host=hosts.address(name), launcher=hosts.launcher(name))
-        started.wait_ready()
+    with cluster_on_hosts(hosts, e2e_model, tmp_path_factory, LAYOUT) as started:
         yield started
-    finally:
-        started.stop()
-        redis_server.stop()
 
 
 async def new_requests(cluster: Cluster, prefix: str, prompt: list[int], num: int) -> list[tuple[str, float, object]]:
@@ -79,46 +59,67 @@ def serves_again(cluster: Cluster, replica: str, prompt: list[int], deadline_s: 
     raise AssertionError("too many rounds")
 
 
+@dataclass
+class CutRun:
+    victim: str  # the decode replica cut off
+    errors: list  # (stream, status, details) of the streams that failed
+    changed: list[int]  # streams whose tokens differ from the unharmed run's
+    new_errors: list[str]  # of the requests sent after the cut
+    late_on_victim: list[str]  # requests sent AVOID_WITHIN_S after the cut that it served
+    num_new: int
+    back_s: float  # from healing until it served a request again
+
+
+def cut_mid_stream(cluster: Cluster, hosts, e2e_model: str, other_end: str, prefix: str, seed: int) -> CutRun:
+    """Streams NUM_STREAMS greedy requests; once the first has 10 tokens, cuts its decode replica
+    off from host `other_end`, sends new requests one a second for AVOID_WITHIN_S + 5 s, heals,
+    and waits for the replica to serve again; every block is free at the end."""
+    cases = prompts(e2e_model, NUM_STREAMS, seed=seed)
+    reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
+        greedy_request(f"{prefix}ref-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
+    assert all(outcome.error is None for outcome in reference)
+    new_prompt = prompts(e2e_model, 1, seed=seed + 1)[0]
+    newcomers: list = []
+
+    async def cut(run: StreamRun):
+        await run.wait_for(lambda outcomes: len(outcomes[0].token_ids) >= 10 and all(o.token_ids for o in outcomes),
+                           "the first stream to reach 10 tokens and every stream to start")
+        run.victim = (await asyncio.to_thread(request_info, cluster, f"{prefix}-0")).decode_replica
+        hosts.cut(other_end, run.victim)
+        run.killed_s = time.monotonic()
+        newcomers.extend(await new_requests(cluster, f"{prefix}new", new_prompt,
+                                            round(AVOID_WITHIN_S / NEW_EVERY_S) + 5))
+
+    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"{prefix}-{i}", p, NUM_TOKENS)
+                                               for i, p in enumerate(cases)])
+    try:
+        outcomes = asyncio.run(run.run(cut))
+    finally:
+        if run.victim is not None:
+            hosts.heal(other_end, run.victim)
+    healed_s = time.monotonic()
+    late = [request_id for request_id, sent_s, _ in newcomers if sent_s - run.killed_s >= AVOID_WITHIN_S]
+    assert late
+    result = CutRun(
+        victim=run.victim,
+        errors=[(i, o.error.code(), o.error.details()) for i, o in enumerate(outcomes) if o.error is not None],
+        changed=[i for i, (o, want) in enumerate(zip(outcomes, reference)) if o.token_ids != want.token_ids],
+        new_errors=[str(error) for _, _, error in newcomers if error is not None],
+        late_on_victim=[r for r in late if request_info(cluster, r).decode_replica == run.victim],
+        num_new=len(newcomers),
+        back_s=serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S, f"{prefix}heal"))
+    cluster.assert_all_kv_free(timeout_s=30.0)
+    print(f"\n{other_end}-{run.victim} cut: {NUM_STREAMS} streams, {len(result.errors)} failed; {result.num_new} "
+          f"new requests meanwhile, {len(result.new_errors)} failed; it served again {result.back_s:.1f}s after healing")
+    return result
+
+
 @pytest.mark.timeout(420)
 def test_a_decode_replica_cut_off_from_the_gateway_loses_no_stream_and_serves_again_once_healed(
         cluster, hosts, e2e_model):
-    cases = prompts(e2e_model, NUM_STREAMS, seed=31)
-    reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
-        greedy_request(f"ref-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
-    assert all(outcome.error is None for outcome in reference)
-    new_prompt = prompts(e2e_model, 1, seed=32)[0]
-    newcomers: list = []
-
-    async def cut_mid_stream(run: StreamRun):
-        await run.wait_for(lambda outcomes: len(outcomes[0].token_ids) >= 10 and all(o.token_ids for o in outcomes),
-                           "r-0 to reach 10 tokens and every stream to start")
-        run.victim = (await asyncio.to_thread(request_info, cluster, "r-0")).decode_replica
-        hosts.cut("gw", run.victim)
-        run.killed_s = time.monotonic()
-        newcomers.extend(await new_requests(cluster, "new", new_prompt, round(AVOID_WITHIN_S / NEW_EVERY_S) + 5))
-
-    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"r-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
-    try:
-        outcomes = asyncio.run(run.run(cut_mid_stream))
-    finally:
-        if run.victim is not None:
-            hosts.heal("gw", run.victim)
-    healed_s = time.monotonic()
-
-    errors = [(i, o.error.code(), o.error.details()) for i, o in enumerate(outcomes) if o.error is not None]
-    assert errors == []
-    assert [o.token_ids for o in outcomes] == [want.token_ids for want in reference]
-    assert request_info(cluster, "r-0").decode_replica != run.victim
-    new_errors = [str(error) for _, _, error in newcomers if error is not None]
-    assert not any("no live prefill replica" in error for error in new_errors)
-    late = [request_id for request_id, sent_s, _ in newcomers if sent_s - run.killed_s >= AVOID_WITHIN_S]
-    assert late and all(request_info(cluster, request_id).decode_replica != run.victim for request_id in late)
-    assert new_errors == []
-
-    back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S, "heal")
-    print(f"\ngateway-decode cut: {NUM_STREAMS} streams moved off {run.victim} with no error; "
-          f"{len(newcomers)} new requests meanwhile, none failed; it served again {back_s:.1f}s after healing")
-    cluster.assert_all_kv_free(timeout_s=30.0)
+    cut = cut_mid_stream(cluster, hosts, e2e_model, "gw", "g", seed=31)
+    assert (cut.errors, cut.changed, cut.new_errors, cut.late_on_victim) == ([], [], [], [])
+    assert request_info(cluster, "g-0").decode_replica != cut.victim  # moved off it
 
 
 @pytest.mark.timeout(420)
@@ -127,38 +128,5 @@ def test_a_decode_replica_cut_off_from_the_prefill_replica_loses_no_request_and_
     """The KV pushes to the cut replica fail: they are blamed on it, not on the prefill replica (the
     only one), so the requests move to the other decode replica and none reads "no live prefill
     replica"; the streams already decoding on it, which need no push, go on there."""
-    cases = prompts(e2e_model, NUM_STREAMS, seed=33)
-    reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
-        greedy_request(f"pref-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
-    assert all(outcome.error is None for outcome in reference)
-    new_prompt = prompts(e2e_model, 1, seed=34)[0]
-    newcomers: list = []
-
-    async def cut_mid_stream(run: StreamRun):
-        await run.wait_for(lambda outcomes: len(outcomes[0].token_ids) >= 10 and all(o.token_ids for o in outcomes),
-                           "p-0 to reach 10 tokens and every stream to start")
-        run.victim = (await asyncio.to_thread(request_info, cluster, "p-0")).decode_replica
-        hosts.cut("p0", run.victim)
-        run.killed_s = time.monotonic()
-        newcomers.extend(await new_requests(cluster, "pnew", new_prompt, round(AVOID_WITHIN_S / NEW_EVERY_S) + 5))
-
-    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"p-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
-    try:
-        outcomes = asyncio.run(run.run(cut_mid_stream))
-    finally:
-        if run.victim is not None:
-            hosts.heal("p0", run.victim)
-    healed_s = time.monotonic()
-
-    errors = [(i, o.error.code(), o.error.details()) for i, o in enumerate(outcomes) if o.error is not None]
-    assert errors == []
-    assert [o.token_ids for o in outcomes] == [want.token_ids for want in reference]
-    new_errors = [str(error) for _, _, error in newcomers if error is not None]
-    assert new_errors == []
-    late = [request_id for request_id, sent_s, _ in newcomers if sent_s - run.killed_s >= AVOID_WITHIN_S]
-    assert late and all(request_info(cluster, request_id).decode_replica != run.victim for request_id in late)
-
-    back_s = serves_again(cluster, run.victim, new_prompt, healed_s + SERVE_AGAIN_WITHIN_S, "pheal")
-    print(f"\nprefill-decode cut: {NUM_STREAMS} streams, none failed; {len(newcomers)} new requests meanwhile, "
-          f"none failed; {run.victim} served again {back_s:.1f}s after healing")
-    cluster.assert_all_kv_free(timeout_s=30.0)
+    cut = cut_mid_stream(cluster, hosts, e2e_model, "p0", "p", seed=33)
+    assert (cut.errors, cut.changed, cut.new_errors, cut.late_on_victim) == ([], [], [], [])
