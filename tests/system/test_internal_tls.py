@@ -18,7 +18,8 @@ from pdserve.cluster.certificates import CertificateAuthority
 from pdserve.cluster.health_probe import probe
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.internal_tls import InternalTls
-from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from tests.system.test_disaggregated import stream_all
 
 pytestmark = pytest.mark.e2e
 
@@ -40,29 +41,11 @@ def service(cluster, name):
     return next(s for s in cluster.services if s.name == name)
 
 
-async def generate_all(endpoint: str) -> list[tuple[list[int], gateway_pb2.RequestInfo]]:
-    async with grpc.aio.insecure_channel(endpoint) as channel:  # the public front: plaintext here
-        stub = gateway_pb2_grpc.GatewayStub(channel)
-
-        async def one(prompt, max_tokens):
-            request = gateway_pb2.GenerateRequest(
-                prompt_token_ids=gateway_pb2.TokenIds(ids=prompt),
-                params=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-            token_ids, last = [], None
-            async for chunk in stub.Generate(request, timeout=120):
-                token_ids += chunk.token_ids
-                last = chunk
-            return token_ids, await stub.GetRequest(gateway_pb2.GetRequestRequest(request_id=last.request_id),
-                                                    timeout=10)
-
-        return await asyncio.gather(*(one(prompt, max_tokens) for prompt, max_tokens in CASES))
-
-
 @pytest.mark.parametrize("gateway", sorted(TRANSPORTS))
 def test_greedy_output_over_mutual_tls_is_transformers(cluster, gateway, e2e_model, hf_greedy):
-    results = asyncio.run(generate_all(service(cluster, gateway).endpoint))
-    assert [token_ids for token_ids, _ in results] == hf_greedy(e2e_model, CASES)
-    assert {info.transport for _, info in results} == {TRANSPORTS[gateway]}
+    results = asyncio.run(stream_all(service(cluster, gateway).endpoint, CASES))  # the public front: plaintext
+    assert [token_ids for token_ids, _, _ in results] == hf_greedy(e2e_model, CASES)
+    assert {info.transport for _, _, info in results} == {TRANSPORTS[gateway]}
     cluster.assert_all_kv_free()
 
 
