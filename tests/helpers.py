@@ -57,6 +57,15 @@ def _children_by_parent() -> dict[int, list[int]]:
     return children
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment pid started with, read from /proc; empty once it has exited."""
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return {}
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
+
+
 def children_of(parent_pid: int) -> list[int]:
     """The processes whose parent is parent_pid, read from /proc."""
     return _children_by_parent().get(parent_pid, [])

@@ -25,7 +25,8 @@ import redis
 from pdserve.cluster.health_probe import probe
 from pdserve.cluster.internal_tls import CA_ENV, CERT_ENV, KEY_ENV, InternalTlsFiles
 from pdserve.cluster.service_args import SECRET_ENV
-from tests.helpers import ENGINE_DTYPE, ENGINE_FLAGS, descendant_pids, free_port, is_alive, up_redis_url, wait_for_endpoints
+from tests.helpers import (ENGINE_DTYPE, ENGINE_FLAGS, descendant_pids, environ_of, free_port, is_alive,
+                           up_redis_url, wait_for_endpoints)
 
 STARTUP_DEADLINE_S = 300.0  # includes writing the tiny model once and loading it twice
 GENERATE_TIMEOUT_S = 120.0
@@ -133,14 +134,6 @@ def test_up_logs_one_line_per_replica_and_stage_no_probe_and_no_secret(start_up)
     assert secret not in console and redis_password not in console
     assert "no internal secret" not in console and "no internal TLS" not in console
     assert "redis://:***@127.0.0.1:" in endpoints
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    try:
-        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # exited meanwhile
-        return {}
-    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
 
 
 def run_up(*flags: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -24,7 +24,8 @@ from pdserve.cluster.health_probe import probe_grpc
 from pdserve.cluster.internal_tls import CA_ENV, CERT_ENV, KEY_ENV, InternalTls, InternalTlsFiles
 from pdserve.engine.config import ModelConfig
 from pdserve.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.helpers import ENGINE_FLAGS, children_of, free_port, is_alive, up_redis_url, wait_for_endpoints
+from tests.helpers import (ENGINE_FLAGS, children_of, environ_of, free_port, is_alive, up_redis_url,
+                           wait_for_endpoints)
 
 STARTUP_DEADLINE_S = 300.0
 STOP_DEADLINE_S = 60.0
@@ -36,14 +37,6 @@ def cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    try:
-        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # exited meanwhile
-        return {}
-    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
 
 
 @dataclass
