@@ -7,8 +7,10 @@ attend with `scaled_dot_product_attention`, returning the input dtype:
   call reads at most about `1 / MIN_GROUP_LENGTH_RATIO` times the keys it needs, and a call's
   copy of K stays small enough (`MAX_GROUP_KEY_BYTES`) to be still in cache when it is read;
 - prefill: sequence by sequence, so memory follows each sequence's own chunk and context rather
-  than the batch's longest chunk times its longest context; in the pool's dtype, with torch's
-  fused CPU kernel accumulating in fp32 (as Hugging Face's `sdpa` attention does).
+  than the batch's longest chunk times its longest context, and within a sequence `QUERY_CHUNK`
+  query rows at a time over the keys they can see (a causal prefill scores about half of the
+  query-key pairs, not all); in the pool's dtype, with torch's fused CPU kernel accumulating in
+  fp32 (as Hugging Face's `sdpa` attention does).
 Masking, in both: a query at position i sees key position j iff j <= i and, with a
 `sliding_window` w, i - j < w. Scores are s = scale * q.k; with a `logit_softcap` c they are
 c * tanh(s / c) before the softmax, which `scaled_dot_product_attention` cannot do, so softcapped
@@ -19,6 +21,10 @@ that window (even -1): none of them reaches the output.
 """
 import torch
 import torch.nn.functional as F
+
+# Query rows of one prefill call: on one core of an AMD EPYC, a 330-token SmolLM2 layer (9 heads,
+# 3 KV heads, 64 dims) attends in 2.6 ms at 32-64 rows a call against 3.7 ms in one causal call.
+QUERY_CHUNK = 64
 
 
 def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -95,26 +101,27 @@ def prefill_attention_reference(
         key_start = 0 if sliding_window is None else max(0, prefix_len - sliding_window + 1)
         key = _gather_context(k_cache, block_tables[seq], key_start, context_len)  # [num_keys, kv_heads, dim]
         value = _gather_context(v_cache, block_tables[seq], key_start, context_len)
-        # Without a cached prefix, a window or a softcap, torch's own causal attention does that.
-        is_causal = prefix_len == 0 and sliding_window is None and logit_softcap is None
-        visible = None if is_causal else torch.ones(
-            query_len, context_len - key_start, dtype=torch.bool, device=query.device
-        ).tril(prefix_len - key_start)  # [query_len, num_keys]
+        visible = torch.ones(query_len, context_len - key_start, dtype=torch.bool, device=query.device
+                             ).tril(prefix_len - key_start)  # [query_len, num_keys]
         if sliding_window is not None:
             visible = visible.triu(prefix_len - key_start - sliding_window + 1)
-        # 4-D inputs take torch's fused CPU attention; 3-D ones the unfused math path (~5x slower).
-        args = (
-            query[None, start:end].transpose(1, 2),  # [1, num_heads, query_len, head_dim]
-            key[None].transpose(1, 2),  # [1, num_kv_heads, num_keys, head_dim]
-            value[None].transpose(1, 2),
-        )
-        if logit_softcap is None:
-            attended = F.scaled_dot_product_attention(
-                *args, attn_mask=visible, is_causal=is_causal, scale=scale, enable_gqa=True
+        # Queries go QUERY_CHUNK rows at a time, each over the keys up to its last row: torch's
+        # causal attention would score every query against every key, twice the work.
+        for first in range(0, query_len, QUERY_CHUNK):
+            last = min(query_len, first + QUERY_CHUNK)
+            num_keys = prefix_len + last - key_start
+            # 4-D inputs take torch's fused CPU attention; 3-D ones the unfused math path (~5x slower).
+            args = (
+                query[None, start + first:start + last].transpose(1, 2),  # [1, num_heads, rows, head_dim]
+                key[None, :num_keys].transpose(1, 2),  # [1, num_kv_heads, num_keys, head_dim]
+                value[None, :num_keys].transpose(1, 2),
             )
-        else:
-            attended = _softcapped_attention(*args, visible, scale, logit_softcap)
-        out[start:end] = attended[0].transpose(0, 1)  # attended [1, num_heads, query_len, head_dim]
+            chunk_visible = visible[first:last, :num_keys]
+            if logit_softcap is None:
+                attended = F.scaled_dot_product_attention(*args, attn_mask=chunk_visible, scale=scale, enable_gqa=True)
+            else:
+                attended = _softcapped_attention(*args, chunk_visible, scale, logit_softcap)
+            out[start + first:start + last] = attended[0].transpose(0, 1)  # attended [1, num_heads, rows, head_dim]
     return out
 
 
