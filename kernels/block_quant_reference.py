@@ -13,10 +13,10 @@ A weight [out_features N, in_features K] is stored as uint8 [N, (K / 32) * block
 
 Invariant: `dequantize_reference` equals `gguf.quants.dequantize` bit for bit (float32: d and m
 widened exactly; d * q is exact, an 11-bit significand times at most 8 bits, so only q4_1's + m
-rounds, and a fused multiply-add would give the same),
-and `quantize_reference` equals `gguf.quants.quantize`, itself ggml's round-to-nearest reference
-quantizers (Q8_0 rounds half away from zero; Q4_0 scales by the signed value of largest magnitude
-over -8; Q4_1 spans the block's min to max in 15 steps).
+rounds, and a fused multiply-add would give the same), and `quantize_reference` equals
+`gguf.quants.quantize`, itself ggml's round-to-nearest reference quantizers (Q8_0 rounds half
+away from zero; Q4_0 scales by the signed value of largest magnitude over -8; Q4_1 spans the
+block's min to max in 15 steps).
 """
 from __future__ import annotations
 

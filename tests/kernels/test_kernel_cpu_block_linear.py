@@ -132,6 +132,9 @@ def test_dequantize_equals_the_reference_bit_for_bit(compiled, weights, threads,
         assert torch.equal(bits(cpu_block_linear.dequantize(blocks, block_type, torch.float32)), bits(expected))
         assert torch.equal(bits(cpu_block_linear.dequantize(blocks, block_type, torch.bfloat16)),
                            bits(expected.to(torch.bfloat16)))
+    out = torch.full(expected.shape, float("nan"))
+    assert cpu_block_linear.dequantize(blocks, block_type, torch.float32, out=out) is out
+    assert torch.equal(bits(out), bits(expected))
 
 
 @pytest.mark.parametrize("block_type", TYPES)
@@ -201,6 +204,8 @@ def test_what_the_kernel_cannot_serve_gives_none(compiled, weights):
     assert cpu_block_linear.block_linear(torch.randn(x.shape[1], 2).T, blocks, "q4_1") is None  # not contiguous
     assert cpu_block_linear.dequantize(blocks, "q4_1", torch.float16) is None
     assert cpu_block_linear.dequantize(blocks[:, :40].T.contiguous().T, "q4_1", torch.float32) is None
+    out = torch.empty(KERNEL_SHAPES[0][1], KERNEL_SHAPES[0][0]).T  # the right shape, not contiguous
+    assert cpu_block_linear.dequantize(blocks, "q4_1", torch.float32, out=out) is None
 
 
 def test_disabled_it_serves_nothing(compiled, weights, monkeypatch):
@@ -229,6 +234,8 @@ def test_arguments_the_reference_rejects_raise_value_error(compiled, weights):
             function(torch.randn(2, in_features), blocks[:, :-1].contiguous(), "q4_0")
     with pytest.raises(ValueError):
         cpu_block_linear.dequantize(blocks, "q2_k", torch.float32)
+    with pytest.raises(ValueError):
+        cpu_block_linear.dequantize(blocks, "q4_0", torch.float32, out=torch.empty(blocks.shape[0], in_features + 32))
     with pytest.raises(ValueError):
         quantize_reference(torch.randn(3, 40), "q8_0")
     library = cpu_block_linear.load()
