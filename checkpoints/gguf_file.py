@@ -26,6 +26,8 @@ SUPPORTED_TYPES = frozenset({
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
     GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
 })
+BLOCK_TYPES = {GGMLQuantizationType.Q8_0: "q8_0", GGMLQuantizationType.Q4_0: "q4_0",
+               GGMLQuantizationType.Q4_1: "q4_1"}
 _MISSING = object()
 
 
@@ -68,6 +70,17 @@ class GGUFFile:
         tensor = self._tensor(name)
         values = dequantize(tensor.data, tensor.tensor_type)
         return np.ascontiguousarray(values.reshape(self.tensor_shape(name)), dtype=np.float32)
+
+    def block_type(self, name: str) -> str | None:
+        """The block format `name` is stored in, when pdserve can serve it as stored ("q8_0",
+        "q4_0", "q4_1", a matrix of rows of 32-weight blocks); None for any other type."""
+        tensor = self._tensor(name)
+        return BLOCK_TYPES.get(tensor.tensor_type) if len(tensor.shape) == 2 else None
+
+    def read_blocks(self, name: str) -> np.ndarray:
+        """The raw blocks of a matrix `block_type` names: uint8 [out_features, row bytes], each row
+        its blocks back to back, as stored."""
+        return np.ascontiguousarray(self._tensor(name).data, dtype=np.uint8)
 
     def _tensor(self, name: str) -> ReaderTensor:
         if name not in self._tensors:

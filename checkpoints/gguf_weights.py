@@ -1,5 +1,5 @@
 """A llama or qwen2 GGUF's tensors under their Hugging Face names, in float32, as transformers
-loads them.
+loads them, and its Q8_0/Q4_0/Q4_1 matrices again as stored (their blocks).
 
     token_embd.weight             -> model.embed_tokens.weight
     output_norm.weight            -> model.norm.weight
@@ -70,15 +70,35 @@ def hf_weights(gguf: GGUFFile, config: dict) -> Iterator[tuple[str, np.ndarray]]
     checks that the file holds exactly the tensors of the model `config` describes."""
     names = {gguf_name: hf_name(gguf_name) for gguf_name in gguf.tensor_names}
     _check_names(names, config, str(gguf.path))
-    heads_of = {}
-    if ARCHITECTURES[config["model_type"]].permuted_qk:
-        heads_of = {".attn_q.": config["num_attention_heads"], ".attn_k.": config["num_key_value_heads"]}
+    heads_of = _permuted_heads(config)
     for gguf_name, name in names.items():
         values = gguf.read_tensor(gguf_name)
         for marker, num_heads in heads_of.items():
             if marker in gguf_name:
                 values = unpermute_rows(values, num_heads)
         yield name, values
+
+
+def hf_blocks(gguf: GGUFFile, config: dict) -> Iterator[tuple[str, tuple[str, np.ndarray]]]:
+    """(transformers name, (block type, uint8 blocks [out_features, row bytes])) for every matrix
+    stored in a block format pdserve serves as stored (GGUFFile.block_type), rows in the order
+    `hf_weights` gives them."""
+    heads_of = _permuted_heads(config)
+    for gguf_name in gguf.tensor_names:
+        block_type = gguf.block_type(gguf_name)
+        if block_type is None:
+            continue
+        blocks = gguf.read_blocks(gguf_name)
+        for marker, num_heads in heads_of.items():
+            if marker in gguf_name:
+                blocks = unpermute_rows(blocks, num_heads)
+        yield hf_name(gguf_name), (block_type, blocks)
+
+
+def _permuted_heads(config: dict) -> dict[str, int]:
+    if not ARCHITECTURES[config["model_type"]].permuted_qk:
+        return {}
+    return {".attn_q.": config["num_attention_heads"], ".attn_k.": config["num_key_value_heads"]}
 
 
 def expected_names(config: dict) -> set[str]:

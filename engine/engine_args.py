@@ -11,7 +11,7 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_features import cpu_has_hardware_bf16
-from pdserve.engine.engine_config import DTYPES, EngineConfig, memory_size_arg, resolve_dtype
+from pdserve.engine.engine_config import DTYPES, QUANTIZED_WEIGHTS, EngineConfig, memory_size_arg, resolve_dtype
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +21,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: on a CPU, bfloat16 where it has AVX512-BF16 or AMX, else float32; on a GPU, "
                              "the checkpoint's dtype (bfloat16 for a float32 checkpoint). Prefill and decode "
                              "replicas must agree: give it on hosts whose CPUs differ")
+    parser.add_argument("--quantized-weights", default="as-stored", choices=QUANTIZED_WEIGHTS,
+                        help="as-stored: on a CPU, the matrices a .gguf holds in Q8_0, Q4_0 or Q4_1 blocks are "
+                             "multiplied as stored (a quarter of bfloat16's bytes for Q4_1); dequantized: every "
+                             "weight is widened to --dtype at load")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -62,7 +66,8 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
         num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory_bytes=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching)
+        detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching,
+        quantized_weights=args.quantized_weights)
 
 
 def model_text(args: argparse.Namespace, served_name: str) -> str:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
     import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZED_WEIGHTS = ("as-stored", "dequantized")
 MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _MEMORY_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
 
@@ -34,10 +35,16 @@ class EngineConfig:
     detokenize: bool = True  # False: emit token ids only; stop strings are the caller's job
     enable_prefix_caching: bool = True  # reuse the KV of full blocks of a prefix seen before
     max_step_ms: float | None = None  # prompt chunks sized so a step lasts this long (engine.step_budget)
+    # "as-stored": on CPU, a GGUF's Q8_0/Q4_0/Q4_1 matrices are multiplied as stored (engine/weights.py);
+    # "dequantized": every weight is widened to the dtype at load.
+    quantized_weights: str = "as-stored"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.quantized_weights not in QUANTIZED_WEIGHTS:
+            raise InvalidConfigError(f"quantized_weights {self.quantized_weights!r} is not one of "
+                                     f"{', '.join(QUANTIZED_WEIGHTS)}")
         if self.num_gpu_blocks is not None and self.kv_cache_memory_bytes is not None:
             raise InvalidConfigError("give num_gpu_blocks or kv_cache_memory_bytes, not both")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

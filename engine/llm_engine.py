@@ -43,7 +43,7 @@ from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.scheduler import Scheduler, SchedulerOutput
 from pdserve.engine.step_budget import StepBudget
 from pdserve.engine.warm_up import warm_up
-from pdserve.engine.weights import load_model
+from pdserve.engine.weights import load_model, weights_bytes
 from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
 from pdserve.protocol.kv_blocks import block_hashes, num_blocks_for
 from pdserve.protocol.outputs import RequestOutput
@@ -67,8 +67,10 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.tokenizer = load_tokenizer(config.model)
         self.dtype = config.torch_dtype(self.model_config.torch_dtype)
-        model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len)
+        model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len,
+                           config.quantized_weights)
 
+        self.weights_bytes = weights_bytes(model)
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
         num_blocks = self._num_kv_blocks(model, kv_pool_in_shared_memory)
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -191,6 +193,7 @@ class LLMEngine:
             "prefix_cache_queries": self.scheduler.num_prefix_queried_tokens,
             "prefix_cache_hits": self.scheduler.num_prefix_hit_tokens,
             "kv_pool_bytes": self.allocator.num_blocks * self.kv_spec.bytes_per_block,
+            "weights_bytes": self.weights_bytes,
         }
 
     def cached_prefix_hashes(self, limit: int) -> list[bytes]:

@@ -38,7 +38,10 @@ GATED_ACTIVATIONS = {"silu": kernels.silu_and_mul, "gelu_tanh": kernels.gelu_tan
 
 def fuse_on_load(module: nn.Module, fused: str, parts: tuple[str, ...]) -> None:
     """The checkpoint's `parts` (weights [rows_i, in], biases [rows_i]) load as `fused`, their rows
-    stacked in that order: the order in which `module`'s forward splits the fused output."""
+    stacked in that order: the order in which `module`'s forward splits the fused output. The
+    parts are kept in `module.checkpoint_parts`, for readers of the checkpoint's other files."""
+    module.checkpoint_parts = {**getattr(module, "checkpoint_parts", {}), fused: parts}
+
     def hook(module, state_dict, prefix, *args) -> None:
         for suffix in ("weight", "bias"):
             names = [f"{prefix}{part}.{suffix}" for part in parts]
@@ -177,6 +180,7 @@ class CausalLM(nn.Module):
         self.model = DecoderModel(config, max_model_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
+            self.checkpoint_parts = {"lm_head": ("model.embed_tokens",)}
             self._tie_head()
             self.register_load_state_dict_pre_hook(self._head_from_embeddings)
             self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module._tie_head())

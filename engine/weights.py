@@ -6,6 +6,11 @@ checkpoint keeps apart (q/k/v, gate/up, a layer's experts: engine/model.py, engi
 tie the head to the embeddings. What is then left over or missing is refused: a checkpoint of
 another family, not one to guess at.
 
+A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1 matrices as stored, in a
+safetensors file of format "gguf-blocks" (each tensor's block type in the metadata under its
+name). On CPU, unless `quantized_weights` is "dequantized", the Linear layers whose checkpoint
+weights are all there multiply those blocks (engine/block_linear.py) and drop their float copy.
+
 The model is built on the meta device and its parameters are the checkpoint's tensors, each
 read, cast to the target dtype and moved to the target device one at a time: no parameter is
 ever materialised in the default dtype. On CPU the Linear layers then trade their weights for
@@ -19,15 +24,20 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
+from pdserve.engine.block_linear import serve_blocks_as_stored
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
 from pdserve.engine.model import CausalLM
 from pdserve.protocol.errors import InvalidModelError
 
 
+BLOCKS_FORMAT = "gguf-blocks"
+
+
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_model_len: int | None = None) -> CausalLM:
+               max_model_len: int | None = None, quantized_weights: str = "as-stored") -> CausalLM:
     renames = tuple((re.compile(pattern), replacement) for pattern, replacement in config.checkpoint.renames)
     checkpoint = _read_safetensors(Path(model_dir), renames, dtype, device)
     with torch.device("meta"):
@@ -38,9 +48,24 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
         raise InvalidModelError(f"{model_dir}: checkpoint does not match {config.architecture}: "
                                 f"{textwrap.shorten(str(error), 600)}") from None
     model.eval().requires_grad_(False)
+    if quantized_weights == "as-stored" and device.type == "cpu":
+        serve_blocks_as_stored(model, _read_blocks(Path(model_dir), renames))
     if packs(dtype, device):
         pack_linear_layers(model)
     return model
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """The bytes `model`'s weights take: parameters, buffers and oneDNN's packed copies (opaque
+    tensors, counted by their shape), each tensor once."""
+    tensors = {}
+    for module in model.modules():
+        for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False),
+                       getattr(module, "packed_weight", None)):
+            if tensor is not None:
+                key = id(tensor) if tensor.is_mkldnn else tensor.data_ptr()
+                tensors[key] = tensor.numel() * tensor.element_size()
+    return sum(tensors.values())
 
 
 def _read_safetensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...], dtype: torch.dtype,
@@ -51,9 +76,22 @@ def _read_safetensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ..
     tensors = {}
     for path in files:
         with safe_open(path, framework="pt") as f:
+            if (f.metadata() or {}).get("format") == BLOCKS_FORMAT:
+                continue
             for name in f.keys():
                 tensors[_renamed(name, renames)] = f.get_tensor(name).to(device=device, dtype=dtype)
     return tensors
+
+
+def _read_blocks(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...]) -> dict[str, tuple[str, torch.Tensor]]:
+    """name -> (block type, uint8 blocks) of the folder's files of format BLOCKS_FORMAT."""
+    blocks = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            metadata = f.metadata() or {}
+            if metadata.get("format") == BLOCKS_FORMAT:
+                blocks |= {_renamed(name, renames): (metadata[name], f.get_tensor(name)) for name in f.keys()}
+    return blocks
 
 
 def _renamed(name: str, renames: tuple[tuple[re.Pattern, str], ...]) -> str:

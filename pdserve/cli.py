@@ -122,7 +122,8 @@ def run_up(args: argparse.Namespace) -> int:
 
     config = UpConfig(
         model=args.model, num_prefill=args.prefill, num_decode=args.decode,
-        redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype, host=args.host,
+        redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype,
+        quantized_weights=args.quantized_weights, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
@@ -161,6 +162,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
                              "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
+    parser.add_argument("--quantized-weights", choices=("as-stored", "dequantized"), default="as-stored",
+                        help="the replicas': on a CPU, multiply the matrices a .gguf holds in Q8_0, Q4_0 or Q4_1 "
+                             "blocks as stored, or widen every weight to --dtype at load (default as-stored)")
     parser.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
                         help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default on a "
                              "CPU: half of the memory available, split evenly between the replicas and held to "

@@ -92,6 +92,7 @@ class UpConfig:
     shutdown_timeout_s: float
     api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
     enable_prefix_caching: bool = True
+    quantized_weights: str = "as-stored"  # the replicas' (engine.weights)
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
     prefill_placement: str = "auto"  # the gateway's (gateway.disaggregated.prefill_placement)
@@ -241,7 +242,7 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
+                "--quantized-weights", config.quantized_weights, "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls)))
     gateway = ChildSpec(
         name="gateway",

@@ -147,6 +147,8 @@ class GatewayMetrics:
                 ("waiting_seqs", "replica_num_requests_waiting", "Requests waiting in a replica's queue."),
                 ("queued_tokens", "replica_queued_prompt_tokens", "Prompt tokens queued at a prefill replica."),
                 ("num_preemptions", "replica_num_preemptions", "Preemptions since the replica started."),
+                ("weights_bytes", "replica_weights_bytes", "Memory a replica's weights take, in bytes."),
+                ("kv_pool_bytes", "replica_kv_pool_bytes", "Memory a replica's KV pool takes, in bytes."),
             )
         }
         self._http_responses = Counter(
@@ -234,6 +236,7 @@ class GatewayMetrics:
                 "kv_waste": 1 - replica.used_slots / allocated_slots if allocated_slots else 0.0,
                 "running_seqs": replica.running_seqs, "waiting_seqs": replica.waiting_seqs,
                 "queued_tokens": replica.queued_tokens, "num_preemptions": replica.num_preemptions,
+                "weights_bytes": replica.weights_bytes, "kv_pool_bytes": replica.kv_pool_bytes,
             }
             for field, value in values.items():
                 self._replica_gauges[field].labels(replica.kind, replica.replica_id).set(value)

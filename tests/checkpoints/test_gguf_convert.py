@@ -6,10 +6,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.numpy import load_file
 from transformers import PreTrainedTokenizerFast
 
-from pdserve.checkpoints.gguf_convert import ensure_converted
+from pdserve.checkpoints.gguf_convert import BLOCKS_FILE_NAME, ensure_converted, file_sha256, folder_name
+from pdserve.checkpoints.gguf_file import GGUFFile
+from pdserve.checkpoints.gguf_weights import hf_name
+from pdserve.engine.block_linear import BlockLinear
+from pdserve.kernels.block_quant_reference import dequantize_reference
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
 from pdserve.protocol.sampling_params import SamplingParams
@@ -64,6 +69,46 @@ def test_tokenizer_and_chat_template_equal_transformers(variant, gguf_file, conv
         assert getattr(mine, name) == getattr(theirs, name), name
 
 
+@pytest.mark.parametrize("variant", ["mixed", "tied-q8_0", "qwen2", "f16"])
+def test_the_block_matrices_are_kept_as_stored_and_widen_to_the_float_weights(variant, gguf_file, converted):
+    gguf = GGUFFile(gguf_file(variant))
+    stored = {hf_name(name): gguf.block_type(name) for name in gguf.tensor_names if gguf.block_type(name)}
+    weights = load_file(converted(variant) / "model.safetensors")
+    with safe_open(converted(variant) / BLOCKS_FILE_NAME, framework="pt") as blocks:
+        metadata = blocks.metadata()
+        assert metadata.pop("format") == "gguf-blocks"
+        assert metadata == stored and sorted(blocks.keys()) == sorted(stored)
+        for name in blocks.keys():  # rows in HF's order, as the float weights: q/k unpermuted too
+            widened = dequantize_reference(blocks.get_tensor(name), metadata[name]).numpy()
+            assert np.array_equal(widened, weights[name]), name
+    assert variant != "mixed" or {"q8_0", "q4_0", "q4_1"} <= set(stored.values())
+
+
+def test_the_engine_multiplies_the_matrices_of_one_block_type_as_stored(converted):
+    stored, dequantized = (LLM(str(converted("tied-q8_0")), quantized_weights=mode, **ENGINE_OPTIONS).engine
+                           for mode in ("as-stored", "dequantized"))
+    model = stored.runner.model
+    served = {name: module for name, module in model.named_modules() if isinstance(module, BlockLinear)}
+    layers = {f"model.layers.{i}.{part}" for i in range(model.config.num_layers)
+              for part in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    assert set(served) == layers | {"lm_head"}  # the tied head multiplies the embeddings' Q8_0 blocks
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # looked up, not multiplied
+    assert not any(isinstance(module, BlockLinear) for module in dequantized.runner.model.modules())
+    # Each served layer holds its blocks in place of its float32 weight, and nothing else changes.
+    saved = sum(layer.out_features * layer.in_features * 4 - layer.blocks.numel() for layer in served.values())
+    assert dequantized.weights_bytes - stored.weights_bytes == saved > 0
+    assert stored.load()["weights_bytes"] == stored.weights_bytes
+
+
+def test_layers_whose_parts_differ_in_block_type_keep_float_weights(converted):
+    model = LLM(str(converted("mixed")), **ENGINE_OPTIONS).engine.runner.model
+    layers = dict(model.named_modules())
+    assert not isinstance(layers["model.layers.0.self_attn.qkv_proj"], BlockLinear)  # q4_0, q4_1, q8_0
+    assert not isinstance(layers["model.layers.0.mlp.gate_up_proj"], BlockLinear)  # q4_k, q5_k
+    assert isinstance(layers["model.layers.1.mlp.gate_up_proj"], BlockLinear)  # q4_1 both
+    assert not isinstance(layers["lm_head"], BlockLinear)  # q6_k
+
+
 def test_generation_config_ends_at_the_end_of_text_and_the_chat_turns_end(converted):
     generation = json.loads((converted("mixed") / "generation_config.json").read_text())
     tokenizer = PreTrainedTokenizerFast.from_pretrained(converted("mixed"))
@@ -93,7 +138,7 @@ def test_a_file_is_converted_once_into_a_folder_named_by_its_content(gguf_file, 
     path = gguf_file("mixed")
     model_dir = ensure_converted(path, tmp_path)
     assert model_dir.parent == tmp_path / "checkpoints"
-    assert model_dir.name.startswith("tiny-mixed-") and len(model_dir.name) == len("tiny-mixed-") + 12
+    assert model_dir.name == folder_name("tiny-mixed", file_sha256(path))
     assert [entry.name for entry in model_dir.parent.iterdir()] == [model_dir.name]  # no staging folder left
 
     def no_second_conversion(*args):

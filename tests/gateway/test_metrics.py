@@ -82,13 +82,18 @@ def test_phases_a_request_never_reached_are_not_observed():
 def test_requests_waiting_are_those_in_the_live_replicas_queues():
     metrics = GatewayMetrics("m")
     replica = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0,
-                   queued_tokens=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0)
+                   queued_tokens=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0,
+                   weights_bytes=96 << 20, kv_pool_bytes=1 << 30)
     metrics.on_replica_loads([
         SimpleNamespace(kind="prefill", replica_id="p0", waiting_seqs=3, **replica),
         SimpleNamespace(kind="decode", replica_id="d0", waiting_seqs=2, **replica),
     ])
     waiting = ("pdserve:num_requests_waiting", (("model_name", "m"),))
-    assert samples(metrics.render().decode())[waiting] == 5
+    figures = samples(metrics.render().decode())
+    assert figures[waiting] == 5
+    decode = (("kind", "decode"), ("replica", "d0"))
+    assert figures[("pdserve:replica_weights_bytes", decode)] == 96 << 20
+    assert figures[("pdserve:replica_kv_pool_bytes", decode)] == 1 << 30
 
     metrics.on_replica_loads([])
     assert samples(metrics.render().decode())[waiting] == 0
@@ -99,7 +104,7 @@ def test_requests_waiting_are_those_in_the_live_replicas_queues():
 def test_prefix_cache_counters_add_what_each_replica_counted_since_its_last_report():
     metrics = GatewayMetrics("m")
     load = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0, waiting_seqs=0,
-                queued_tokens=0, num_preemptions=0)
+                queued_tokens=0, num_preemptions=0, weights_bytes=0, kv_pool_bytes=0)
 
     def report(**counts):  # replica id -> (queried tokens, hit tokens) since it started
         metrics.on_replica_loads([SimpleNamespace(kind="prefill", replica_id=name, prefix_cache_queries=queries,

@@ -125,7 +125,7 @@ def test_up_logs_one_line_per_replica_and_stage_no_probe_and_no_secret(start_up)
         lines = [line.split("| ", 1)[1] for line in console.splitlines() if line.startswith(f"{replica:<10}| ")]
         assert len([line for line in lines if line.endswith(f" loading tiny-llama-v2 ({ENGINE_DTYPE} on cpu)")]) == 1, lines
         (ready,) = [match for line in lines if (match := re.search(
-            rf" ready in [\d.]+ s: tiny-llama-v2 \({ENGINE_DTYPE} on cpu\), "
+            rf" ready in [\d.]+ s: tiny-llama-v2 \({ENGINE_DTYPE} on cpu\), weights 0\.\d\d GiB, "
             r"KV pool (\d+) blocks x 16 = (\d+) tokens \(0\.50 GiB\); "
             rf"{replica.split('-')[0]} replica {replica} serving on 127\.0\.0\.1:\d+$", line))]
         assert int(ready.group(2)) == int(ready.group(1)) * 16 > 0

@@ -1,0 +1,91 @@
+"""On CPU, Linear layers whose weights stay in a GGUF block format (Q8_0, Q4_0, Q4_1), as stored.
+
+A decode step reads every weight once, so its floor is the weights' bytes: SmolLM2-135M's Q4_1
+matrices are 0.625 bytes a weight (20-byte blocks of 32) against 2 in bfloat16 and 4 in float32.
+A few rows (a decode step) multiply the blocks directly, each block unpacked in registers
+(kernels/cpu_block_linear.py); more rows (a prefill chunk) dequantize the weight to the
+activations' dtype and run the GEMM, where the product outweighs the unpacking.
+
+Invariant: a `BlockLinear` computes what `nn.Linear` computes with the dequantized weight (gguf's
+float32 dequantization, bit for bit) and the same bias, up to summation order; with bfloat16
+activations the GEMM path multiplies by the weight rounded to bfloat16, as a bfloat16 model does.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdserve.kernels import block_quant_reference, cpu_block_linear
+
+# Up to this many rows the blocks are multiplied as stored; beyond it, dequantized for the GEMM.
+# Measured on a decode step of SmolLM2-135M (Q4_1, a Q8_0 head) on an AMD EPYC (Zen 4), 2 threads:
+# at 8 rows the kernel takes 16.8 ms in bfloat16, at 16 rows 30 ms against about 24 ms dequantized
+# (bfloat16 pairs multiply at twice float32's rate); in float32 the two meet at about 32 rows.
+MAX_BLOCK_KERNEL_ROWS = {torch.bfloat16: 12, torch.float32: 32}
+
+
+class BlockLinear(nn.Module):
+    def __init__(self, blocks: torch.Tensor, block_type: str, in_features: int, bias: torch.Tensor | None):
+        """blocks: uint8 [out_features, row bytes], each row its blocks back to back."""
+        super().__init__()
+        if block_quant_reference.in_features_of(blocks, block_type) != in_features:
+            raise ValueError(f"{block_type} blocks {list(blocks.shape)} do not hold {in_features} in-features")
+        self.in_features, self.out_features = in_features, blocks.shape[0]
+        self.block_type = block_type
+        self.register_buffer("blocks", blocks)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_rows, in_features]
+        if x.shape[0] <= MAX_BLOCK_KERNEL_ROWS.get(x.dtype, 0):
+            out = cpu_block_linear.block_linear(x, self.blocks, self.block_type)
+            if out is not None:
+                return out if self.bias is None else out + self.bias
+        return F.linear(x, self.dequantized(x.dtype), self.bias)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [out_features, in_features] in `dtype`, valid until the next call on this
+        thread: it is written into one buffer that every layer shares (a fresh tensor a call costs
+        more in page faults than the dequantizing)."""
+        weight = _scratch(self.out_features * self.in_features, dtype).view(self.out_features, self.in_features)
+        if cpu_block_linear.dequantize(self.blocks, self.block_type, dtype, out=weight) is None:
+            weight.copy_(block_quant_reference.dequantize_reference(self.blocks, self.block_type))
+        return weight
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, block_type={self.block_type}"
+
+
+_buffers = threading.local()
+
+
+def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's buffer of `dtype`, grown to hold `numel` elements: [numel]."""
+    buffers = vars(_buffers)
+    buffer = buffers.get(dtype)
+    if buffer is None or buffer.numel() < numel:
+        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
+    return buffer[:numel]
+
+
+def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]]) -> int:
+    """Replaces, in place, each `nn.Linear` of `model` whose checkpoint weights are all in
+    `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them,
+    their rows stacked in the order the layer's parent loads them (`checkpoint_parts`). Returns
+    how many layers were replaced."""
+    replaced = 0
+    for path, module in list(model.named_modules()):
+        prefix = f"{path}." if path else ""
+        parts_of = getattr(module, "checkpoint_parts", {})
+        for name, child in list(module.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            sources = [blocks.get(f"{prefix}{part}.weight") for part in parts_of.get(name, (name,))]
+            if None in sources or len({block_type for block_type, _ in sources}) != 1:
+                continue
+            stacked = torch.cat([values for _, values in sources])
+            setattr(module, name, BlockLinear(stacked, sources[0][0], child.in_features, child.bias))
+            replaced += 1
+    return replaced

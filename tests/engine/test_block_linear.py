@@ -1,0 +1,67 @@
+"""A BlockLinear computes what nn.Linear computes with the dequantized weight, whether its rows go
+through the block kernel (a few) or the dequantized GEMM (many), with and without a bias; and
+serve_blocks_as_stored replaces exactly the layers whose checkpoint parts are all blocks of one type."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdserve.engine.block_linear import MAX_BLOCK_KERNEL_ROWS, BlockLinear, serve_blocks_as_stored
+from pdserve.engine.model import fuse_on_load
+from pdserve.kernels.block_quant_reference import dequantize_reference, quantize_reference
+
+
+def quantized(out_features: int, in_features: int, block_type: str, seed: int = 0) -> torch.Tensor:
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
+    return quantize_reference(weight, block_type)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_type", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_either_path_equals_linear_with_the_dequantized_weight(dtype, block_type, with_bias):
+    blocks = quantized(40, 96, block_type)
+    bias = torch.randn(40, dtype=dtype) if with_bias else None
+    layer = BlockLinear(blocks, block_type, 96, bias)
+    weight = dequantize_reference(blocks, block_type)
+    for num_rows in (1, MAX_BLOCK_KERNEL_ROWS[dtype], MAX_BLOCK_KERNEL_ROWS[dtype] + 1, 70):
+        x = torch.randn(num_rows, 96).to(dtype)
+        expected = F.linear(x.float(), weight, None if bias is None else bias.float())
+        out = layer(x)
+        assert out.dtype == dtype and out.shape == (num_rows, 40)
+        tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_blocks_that_do_not_hold_the_in_features_are_refused():
+    with pytest.raises(ValueError, match="do not hold 64 in-features"):
+        BlockLinear(quantized(8, 96, "q4_1"), "q4_1", 64, None)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv_proj = nn.Linear(64, 96, bias=False)
+        self.o_proj = nn.Linear(32, 64, bias=False)
+        self.extra = nn.Linear(64, 64, bias=False)
+        fuse_on_load(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
+
+
+def test_fused_layers_take_their_parts_blocks_stacked_and_the_rest_stay_float():
+    model = nn.Module()
+    model.attn = Attention()
+    parts = {name: quantized(32, 64, "q4_1", seed) for seed, name in enumerate(("q_proj", "k_proj", "v_proj"))}
+    blocks = {f"attn.{name}.weight": ("q4_1", values) for name, values in parts.items()}
+    blocks["attn.o_proj.weight"] = ("q8_0", quantized(64, 32, "q8_0"))
+    blocks["attn.extra.weight"] = ("q4_0", quantized(64, 64, "q4_0"))
+
+    assert serve_blocks_as_stored(model, blocks) == 3
+    assert torch.equal(model.attn.qkv_proj.blocks, torch.cat(list(parts.values())))
+    assert model.attn.o_proj.block_type == "q8_0" and model.attn.extra.block_type == "q4_0"
+
+    mixed = nn.Module()
+    mixed.attn = Attention()
+    blocks["attn.v_proj.weight"] = ("q8_0", quantized(32, 64, "q8_0"))  # one part of another type
+    del blocks["attn.extra.weight"]  # no blocks at all
+    assert serve_blocks_as_stored(mixed, blocks) == 1
+    assert isinstance(mixed.attn.qkv_proj, nn.Linear) and isinstance(mixed.attn.extra, nn.Linear)
