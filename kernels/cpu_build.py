@@ -2,10 +2,10 @@
 
 The compiler is `$CC`, else `cc`. The library is cached under `$XDG_CACHE_HOME/pdserve/kernels`
 (`~/.cache/pdserve/kernels` when XDG_CACHE_HOME is unset, beside the demo model), named by a hash
-of the source, the flags and the CPU model, so an edit or another machine never reuses a stale
-build; concurrent first builds race harmlessly (each writes a temporary file, then renames it in
-place). `PDSERVE_CPU_KERNELS=0` turns every compiled CPU kernel off: callers keep their torch
-code, the compiled kernels being an optimisation, never a requirement.
+of the source, the headers of csrc/, the flags and the CPU model, so an edit or another machine
+never reuses a stale build; concurrent first builds race harmlessly (each writes a temporary
+file, then renames it in place). `PDSERVE_CPU_KERNELS=0` turns every compiled CPU kernel off:
+callers keep their torch code, the compiled kernels being an optimisation, never a requirement.
 """
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ def load_library(source_name: str, flags: tuple[str, ...]) -> ctypes.CDLL | None
 
 
 def _build(compiler: str, source_path: Path, flags: tuple[str, ...]) -> Path:
-    source = source_path.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), _cpu_model().encode()])).hexdigest()[:16]
+    headers = [path.read_bytes() for path in sorted(CSRC.glob("*.h"))]  # what a source may include
+    key = hashlib.sha256(b"\0".join([source_path.read_bytes(), *headers, " ".join(flags).encode(),
+                                      _cpu_model().encode()])).hexdigest()[:16]
     cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdserve" / "kernels"
     library_path = cache_dir / f"{source_path.stem}-{key}.so"
     if library_path.exists():

@@ -53,6 +53,7 @@
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
+#include "avx512_lanes.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
 #define WEIGHTS_PER_BLOCK 32
@@ -205,21 +206,6 @@ static inline __attribute__((always_inline)) void unpack_for_product(const int32
     const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
     *lo = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi64(first), shifts), table);
     *hi = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi64(second), shifts), table);
-}
-
-/* Lane i of the result is the sum of v[i]'s 16 lanes: 16 horizontal sums in one transposing tree. */
-static inline __m512 sum_lanes16(const __m512 v[16]) {
-    __m512 pairs[8], quads[4];
-    for (int k = 0; k < 8; k++)  /* per 128-bit lane: v[2k] and v[2k+1], halved */
-        pairs[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-    for (int k = 0; k < 4; k++)  /* per 128-bit lane: the 4 sums of v[4k..4k+3] over that lane */
-        quads[k] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * k], pairs[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_ps(pairs[2 * k], pairs[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44),
-                                     _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
-    const __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44),
-                                      _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
 /* acc[r] += block . x[r] for r < rows, the block unpacked once; block then steps to the next
