@@ -53,7 +53,16 @@ def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     library.block_linear.argtypes = [_POINTER] * 3 + [_INT32] + [_INT64] * 3 + [_INT32] * 2
     library.block_dequantize.argtypes = [_POINTER] * 2 + [_INT32] + [_INT64] * 2 + [_INT32] * 2
     library.block_linear.restype = library.block_dequantize.restype = _INT64
+    library.block_linear_rounds_bfloat16_weights.argtypes = []
+    library.block_linear_rounds_bfloat16_weights.restype = _INT32
     return library
+
+
+def rounds_bfloat16_weights(library: ctypes.CDLL | None = None) -> bool:
+    """Whether `block_linear` (or `library`'s) multiplies bfloat16 x by the weight rounded to
+    bfloat16 (built with AVX512-BF16), not the exact float32 weight; False when there is no library."""
+    library = library or load()
+    return library is not None and bool(library.block_linear_rounds_bfloat16_weights())
 
 
 def _check(status: int, what: str) -> None:

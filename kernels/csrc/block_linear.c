@@ -12,7 +12,8 @@
  *                                                              w[i + 16] = d * ((qs[i] >> 4) - 8)
  *             Q4_1 (3)  20 bytes: fp16 d, fp16 m, uint8 qs[16] w[i] = d * (qs[i] & 15) + m,
  *                                                              w[i + 16] = d * (qs[i] >> 4) + m
- *   x       [num_rows, in_features] float32, or bfloat16 (x_is_bfloat16, widened to float32)
+ *   x       [num_rows, in_features] float32, or bfloat16 (x_is_bfloat16: multiplied in bfloat16
+ *           pairs with AVX512-BF16, else widened to float32)
  *   out     block_linear: [num_rows, out_features] float32, out = x . W^T;
  *           block_dequantize: [out_features, in_features] float32, or bfloat16 (out_is_bfloat16)
  *           rounded to nearest even as torch rounds
@@ -20,7 +21,17 @@
  * Invariant: every weight is dequantized to the float32 that gguf's numpy code gives, bit for bit:
  * d and m widened exactly; d * q is exact in float32 (11 significant bits times at most 8), so only
  * + m rounds, fused into a multiply-add or not. block_linear then differs from
- * x.float() @ dequantized.T by summation order only.
+ * x.float() @ dequantized.T by summation order only, except for bfloat16 x with AVX512-BF16 (below).
+ *
+ * Numerics with bfloat16 x and AVX512-BF16 (block_linear_rounds_bfloat16_weights() returns 1): the
+ * weight is rounded to bfloat16, to nearest even, exactly as block_dequantize's bfloat16 output
+ * (the float32 weight above, rounded), and multiplied with x in bfloat16 pairs whose products are
+ * exact in float32 and summed in float32 (vdpbf16ps: round to nearest even, no float32 subnormals).
+ * The product then equals x.float() @ dequantize(blocks, bfloat16).float().T up to summation order:
+ * what a bfloat16 model computes, and what the dequantize-then-GEMM path computes for more rows.
+ * (Scaling a block's dot product of exact integer levels by d after it would be more accurate but
+ * takes a float32 multiply-add per block, row and feature besides the pair product: as slow as
+ * float32.) Without AVX512-BF16 bfloat16 x is widened and multiplied as float32 x is.
  *
  * Invariant: out[r] depends on x[r] and the weight alone, bit for bit: not on num_rows, on where
  * a row falls among them, or on num_threads (every output is summed in one order, whatever tile
@@ -42,6 +53,16 @@
  * ports are half its multiply-add ports), each further row of a tile about 2 more (two 16-lane
  * multiply-adds): from a few rows on, float32 multiply-adds bound the product.
  *
+ * With bfloat16 x and AVX512-BF16 a block unpacks into one vector of 32 bfloat16 weights, and each
+ * (feature, row) takes one vdpbf16ps a block (32 multiply-adds into 16 float32 lanes, twice the
+ * float32 rate): Q8_0's bytes as above, rounded by vcvtne2ps2bf16; Q4's 16 bytes of nibbles
+ * broadcast to the four 128-bit lanes and shifted per lane (vpsrlvw), their low 4 bits indexing the
+ * block's 16 weights rounded to bfloat16 (vpermw), in bh_q4_order. x is copied into a scratch
+ * buffer [block][row][32] (64-byte aligned, each block of Q4 permuted to match), so a tile's rows
+ * are one register's displacements apart; from 8 rows a tile is 2 features by 8 rows (remainders
+ * in tiles of 4, 2 and 1), unpacking each block once for 8 rows. Measured hot in L2, a further row
+ * costs about 2 cycles a block and feature (half the vdpbf16ps peak; float32 x: about 3).
+ *
  * Returns 0, or 1 for arguments it does not take (an unknown block type, in_features not a
  * multiple of 32, a negative size), or 2 when the scratch copy of x could not be allocated;
  * nothing is written then.
@@ -59,6 +80,7 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
 #define WEIGHTS_PER_BLOCK 32
 #define MAX_ACCUMULATORS 16  /* (feature, row) pairs of a tile, one 16-lane accumulator each */
 #define MAX_ROWS_PER_TILE 4  /* rows sharing each unpacked block */
+#define MAX_BH_ROWS_PER_TILE 8 /* the same with bfloat16 x */
 #define CHUNK_BLOCKS 64      /* blocks of a weight row whose scales are widened at a time */
 #define PREFETCH_FEATURES 64 /* a tile requests the rows of the features this far past its first */
 
@@ -221,33 +243,95 @@ static inline __attribute__((always_inline)) void multiply_block(const int32_t b
     for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(hi, x_hi[r], _mm512_fmadd_ps(lo, x_lo[r], acc[r]));
 }
 
+#ifdef __AVX512BF16__
+/* The weight of word p (0..31) of a Q4 block as multiply_block_bh orders it: nibble p / 8 of the
+ * bytes 2 (p % 8) and 2 (p % 8) + 1, low then high. */
+static inline int64_t bh_q4_order(int64_t p) {
+    const int64_t nibble = p / 8;
+    return 2 * (p % 8) + nibble / 2 + 16 * (nibble % 2);
+}
+
+/* multiply_block for bfloat16 x: the block's weights rounded to bfloat16 (as block_dequantize
+ * rounds them) in one vector, word i the weight of lane i % 16 of unpack_for_product's lo (i < 16)
+ * or hi, so each pair of words is a pair of x's in the same (permuted) order; acc[r] += block . x[r]
+ * in 16 pair sums. */
+static inline __attribute__((always_inline)) void multiply_block_bh(const int32_t block_type, const int rows,
+                                                                    __m512 *acc, const uint8_t **block,
+                                                                    int64_t row_bytes, const Scales *scales,
+                                                                    const __m512bh *x_bh) {
+    __m512bh w;
+    if (block_type == Q8_0) {
+        __m512 lo, hi;
+        unpack_block(block_type, *block, scales, &lo, &hi);
+        w = _mm512_cvtne2ps_pbh(hi, lo);
+    } else {
+        /* the 16 bytes of nibbles in each 128-bit lane, lane L's words shifted right 4L bits: word j
+         * of lane L then holds nibble L of qs[2j..2j+1] in its low 4 bits (bh_q4_order), which
+         * index the block's 16 weights, rounded and repeated in both halves (an index's bit 4 is
+         * another nibble's) */
+        const __m512 table = q4_table(block_type, scales);
+        const __m512i table16 = (__m512i)_mm512_cvtne2ps_pbh(table, table);
+        const __m512i shifts = _mm512_setr_epi32(0, 0, 0, 0, 0x40004, 0x40004, 0x40004, 0x40004, 0x80008, 0x80008,
+                                                 0x80008, 0x80008, 0xc000c, 0xc000c, 0xc000c, 0xc000c);
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)q4_nibbles(block_type, *block));
+        const __m512i nibbles = _mm512_broadcast_i32x4(bytes);
+        w = (__m512bh)_mm512_permutexvar_epi16(_mm512_srlv_epi16(nibbles, shifts), table16);
+    }
+    *block += row_bytes;
+    __asm__("" : "+r"(*block));
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_dpbf16_ps(acc[r], w, x_bh[r]);
+}
+#endif
+
 /* out[r * out_stride + u] (+)= x[r] . w[u] over num_blocks blocks, for u < features and r < rows
- * (both constants once inlined, features * rows <= MAX_ACCUMULATORS): x rows in_features apart,
- * weight rows row_bytes apart, block b's scales at scales[b * features + u]. Meanwhile the
- * ahead_lines cache lines from ahead are requested, a share with each block. */
+ * (both constants once inlined, features * rows <= MAX_ACCUMULATORS): float32 x's rows x_stride
+ * floats apart, bfloat16 x's (bh) blocks x_stride rows of 32 apart ([block][row][32]); weight rows
+ * row_bytes apart, block b's scales at scales[b * features + u]. Meanwhile the ahead_lines cache
+ * lines from ahead are requested, a share with each block. */
 static inline __attribute__((always_inline)) void product_tile(
-    const int32_t block_type, const int features, const int rows, float *restrict out, int64_t out_stride,
-    const float *restrict x, int64_t in_features, const uint8_t *restrict w, int64_t row_bytes, int64_t num_blocks,
-    const Scales *scales, int accumulate, const uint8_t *ahead, int64_t ahead_lines) {
+    const int32_t block_type, const int bh, const int features, const int rows, float *restrict out,
+    int64_t out_stride, const void *restrict x, int64_t x_stride, const uint8_t *restrict w, int64_t row_bytes,
+    int64_t num_blocks, const Scales *scales, int accumulate, const uint8_t *ahead, int64_t ahead_lines) {
     const int64_t bytes = block_bytes(block_type);
     const int64_t lines_per_block = (ahead_lines + num_blocks - 1) / num_blocks;
+    (void)bh;  /* (read only with AVX512-BF16) */
     __m512 acc[MAX_ACCUMULATORS];  /* acc[u * rows + r] */
 #pragma GCC unroll 16
     for (int k = 0; k < MAX_ACCUMULATORS; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; b++) {
         for (int64_t line = b * lines_per_block; line < (b + 1) * lines_per_block && line < ahead_lines; line++)
             prefetch_line(ahead + 64 * line);
+        const uint8_t *block = w + b * bytes;
+        const Scales *block_scales = scales + b * features;
+#ifdef __AVX512BF16__
+        if (bh) {
+            __m512bh x_bh[MAX_BH_ROWS_PER_TILE];
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++) {
+                x_bh[r] = (__m512bh)_mm512_load_si512((const uint16_t *)x + (r + b * x_stride) * WEIGHTS_PER_BLOCK);
+                __asm__("" : "+v"(x_bh[r]));  /* in registers, shared by the features */
+            }
+            if (features == 16) {
+#pragma GCC unroll 16
+                for (int u = 0; u < features; u++)
+                    multiply_block_bh(block_type, rows, acc + u * rows, &block, row_bytes, block_scales + u, x_bh);
+            } else {
+                for (int u = 0; u < features; u++)
+                    multiply_block_bh(block_type, rows, acc + u * rows, &block, row_bytes, block_scales + u, x_bh);
+            }
+            continue;
+        }
+#endif
+        const float *x32 = x;
         __m512 x_lo[MAX_ROWS_PER_TILE], x_hi[MAX_ROWS_PER_TILE];
 #pragma GCC unroll 4
         for (int r = 0; r < rows; r++) {
-            x_lo[r] = _mm512_loadu_ps(x + r * in_features + b * WEIGHTS_PER_BLOCK);
-            x_hi[r] = _mm512_loadu_ps(x + r * in_features + b * WEIGHTS_PER_BLOCK + 16);
+            x_lo[r] = _mm512_loadu_ps(x32 + r * x_stride + b * WEIGHTS_PER_BLOCK);
+            x_hi[r] = _mm512_loadu_ps(x32 + r * x_stride + b * WEIGHTS_PER_BLOCK + 16);
             /* in registers, shared by the features: else GCC reloads them into each multiply */
             __asm__("" : "+v"(x_lo[r]), "+v"(x_hi[r]));
         }
         /* 16 features unroll only when told; 8 do better left to GCC (which unrolls 4 itself) */
-        const uint8_t *block = w + b * bytes;
-        const Scales *block_scales = scales + b * features;
         if (features == 16) {
 #pragma GCC unroll 16
             for (int u = 0; u < features; u++)
@@ -269,10 +353,16 @@ static inline __attribute__((always_inline)) void product_tile(
  * as the accumulators allow (at most MAX_ROWS_PER_TILE); the first row tile requests the ahead
  * lines, a share with each chunk. */
 static inline __attribute__((always_inline)) void product_features(
-    const int32_t block_type, const int features, float *out, const float *x, const uint8_t *w, int64_t num_rows,
-    int64_t out_features, int64_t in_features, int64_t row_bytes, const uint8_t *ahead, int64_t ahead_lines) {
-    const int tile_rows = MAX_ACCUMULATORS / features < MAX_ROWS_PER_TILE ? MAX_ACCUMULATORS / features
-                                                                          : MAX_ROWS_PER_TILE;
+    const int32_t block_type, const int bh, const int features, float *out, const void *x, const uint8_t *w,
+    int64_t num_rows, int64_t out_features, int64_t in_features, int64_t row_bytes, const uint8_t *ahead,
+    int64_t ahead_lines) {
+    /* float32 x rows in_features apart; bfloat16 x in blocks, [block][row][32] (a tile's rows 64
+     * bytes apart, addressed by displacements, not one register each) */
+    const int64_t x_bytes = bh ? 2 : 4, x_stride = bh ? num_rows : in_features;
+    const int64_t x_row = (bh ? WEIGHTS_PER_BLOCK : in_features) * x_bytes;  /* bytes */
+    const int64_t x_block = (bh ? num_rows * WEIGHTS_PER_BLOCK : WEIGHTS_PER_BLOCK) * x_bytes;
+    const int max_rows = bh ? MAX_BH_ROWS_PER_TILE : MAX_ROWS_PER_TILE;
+    const int tile_rows = MAX_ACCUMULATORS / features < max_rows ? MAX_ACCUMULATORS / features : max_rows;
     const int64_t bytes = block_bytes(block_type), num_blocks = in_features / WEIGHTS_PER_BLOCK;
     Scales scales[CHUNK_BLOCKS * MAX_ACCUMULATORS];  /* [block][feature] */
     for (int64_t first = 0; first < num_blocks; first += CHUNK_BLOCKS) {
@@ -284,32 +374,45 @@ static inline __attribute__((always_inline)) void product_features(
         const int64_t first_line = first * ahead_lines / num_blocks;
         const uint8_t *chunk_ahead = ahead + 64 * first_line;
         int64_t chunk_lines = (first + count) * ahead_lines / num_blocks - first_line;
-        const float *chunk_x = x + first * WEIGHTS_PER_BLOCK;
+        const char *chunk_x = (const char *)x + first * x_block;
         const int accumulate = first > 0;
         int64_t r = 0;
         for (; r + tile_rows <= num_rows; r += tile_rows, chunk_lines = 0)
-            product_tile(block_type, features, tile_rows, out + r * out_features, out_features,
-                         chunk_x + r * in_features, in_features, chunk, row_bytes, count, scales, accumulate,
+            product_tile(block_type, bh, features, tile_rows, out + r * out_features, out_features,
+                         chunk_x + r * x_row, x_stride, chunk, row_bytes, count, scales, accumulate,
                          chunk_ahead, chunk_lines);
+        if (tile_rows > MAX_ROWS_PER_TILE) {  /* the rest in tiles of 4, 2 and 1 rows */
+#define TAIL_TILE(n)                                                                                                 \
+    if (tile_rows > (n) && num_rows - r >= (n)) {                                                                    \
+        product_tile(block_type, bh, features, (n), out + r * out_features, out_features,                            \
+                     chunk_x + r * x_row, x_stride, chunk, row_bytes, count, scales, accumulate,   \
+                     chunk_ahead, chunk_lines);                                                                      \
+        r += (n);                                                                                                    \
+        chunk_lines = 0;                                                                                             \
+    }
+            TAIL_TILE(4) TAIL_TILE(2) TAIL_TILE(1)
+#undef TAIL_TILE
+            continue;
+        }
         float *tail_out = out + r * out_features;
-        const float *tail_x = chunk_x + r * in_features;
+        const char *tail_x = chunk_x + r * x_row;
         const int64_t tail = num_rows - r;  /* < tile_rows */
         if (tile_rows > 1 && tail == 1)
-            product_tile(block_type, features, 1, tail_out, out_features, tail_x, in_features, chunk, row_bytes, count,
+            product_tile(block_type, bh, features, 1, tail_out, out_features, tail_x, x_stride, chunk, row_bytes, count,
                          scales, accumulate, chunk_ahead, chunk_lines);
         if (tile_rows > 2 && tail == 2)
-            product_tile(block_type, features, 2, tail_out, out_features, tail_x, in_features, chunk, row_bytes, count,
+            product_tile(block_type, bh, features, 2, tail_out, out_features, tail_x, x_stride, chunk, row_bytes, count,
                          scales, accumulate, chunk_ahead, chunk_lines);
         if (tile_rows > 3 && tail == 3)
-            product_tile(block_type, features, 3, tail_out, out_features, tail_x, in_features, chunk, row_bytes, count,
+            product_tile(block_type, bh, features, 3, tail_out, out_features, tail_x, x_stride, chunk, row_bytes, count,
                          scales, accumulate, chunk_ahead, chunk_lines);
     }
 }
 
 /* out columns [first, first + count) of the product, count <= features (a constant once inlined). */
 static inline __attribute__((always_inline)) void product_columns(
-    const int32_t block_type, const int features, float *out, const float *x, const uint8_t *blocks, int64_t num_rows,
-    int64_t out_features, int64_t in_features, int64_t first, int64_t count) {
+    const int32_t block_type, const int bh, const int features, float *out, const void *x, const uint8_t *blocks,
+    int64_t num_rows, int64_t out_features, int64_t in_features, int64_t first, int64_t count) {
     const int64_t row_bytes = in_features / WEIGHTS_PER_BLOCK * block_bytes(block_type);
     if (row_bytes == 0) {
         for (int64_t r = 0; r < num_rows; r++)
@@ -322,37 +425,47 @@ static inline __attribute__((always_inline)) void product_columns(
     const uint8_t *ahead = blocks + ahead_first * row_bytes;
     const int64_t ahead_lines = ahead_count > 0 ? (ahead_count * row_bytes + 63) / 64 : 0;
     if (count == features) {
-        product_features(block_type, features, out + first, x, blocks + first * row_bytes, num_rows, out_features,
+        product_features(block_type, bh, features, out + first, x, blocks + first * row_bytes, num_rows, out_features,
                          in_features, row_bytes, ahead, ahead_lines);
         return;
     }
     for (int64_t n = first; n < first + count; n++)
-        product_features(block_type, 1, out + n, x, blocks + n * row_bytes, num_rows, out_features, in_features,
+        product_features(block_type, bh, 1, out + n, x, blocks + n * row_bytes, num_rows, out_features, in_features,
                          row_bytes, ahead, 0);
 }
 
 /* Features per tile: one row's 16 accumulators for a single row (a decode step of one sequence),
- * else 8 features by 2 rows or 4 by up to 4. */
-static int features_per_tile(int64_t num_rows) { return num_rows == 1 ? 16 : num_rows == 2 ? 8 : 4; }
+ * else 8 features by 2 rows or 4 by up to 4; with bfloat16 x (bh) from 8 rows 2 features by 8. */
+static int features_per_tile(int64_t num_rows, int bh) {
+    if (bh && num_rows >= 8) return 2;
+    return num_rows == 1 ? 16 : num_rows == 2 ? 8 : 4;
+}
 
 static inline __attribute__((always_inline)) void product_columns_of(
-    const int32_t block_type, int features, float *out, const float *x, const uint8_t *blocks, int64_t num_rows,
-    int64_t out_features, int64_t in_features, int64_t first, int64_t count) {
+    const int32_t block_type, const int bh, int features, float *out, const void *x, const uint8_t *blocks,
+    int64_t num_rows, int64_t out_features, int64_t in_features, int64_t first, int64_t count) {
     if (features == 16)
-        product_columns(block_type, 16, out, x, blocks, num_rows, out_features, in_features, first, count);
+        product_columns(block_type, bh, 16, out, x, blocks, num_rows, out_features, in_features, first, count);
     else if (features == 8)
-        product_columns(block_type, 8, out, x, blocks, num_rows, out_features, in_features, first, count);
+        product_columns(block_type, bh, 8, out, x, blocks, num_rows, out_features, in_features, first, count);
+    else if (features == 4 || !bh)
+        product_columns(block_type, bh, 4, out, x, blocks, num_rows, out_features, in_features, first, count);
     else
-        product_columns(block_type, 4, out, x, blocks, num_rows, out_features, in_features, first, count);
+        product_columns(block_type, bh, 2, out, x, blocks, num_rows, out_features, in_features, first, count);
 }
 #else
-static int features_per_tile(int64_t num_rows) { (void)num_rows; return 4; }
+static int features_per_tile(int64_t num_rows, int bh) {
+    (void)num_rows, (void)bh;
+    return 4;
+}
 
 /* out columns [first, first + count): each block dequantized once, then dotted with every row. */
 static inline __attribute__((always_inline)) void product_columns_of(
-    const int32_t block_type, int features, float *out, const float *x, const uint8_t *blocks, int64_t num_rows,
-    int64_t out_features, int64_t in_features, int64_t first, int64_t count) {
+    const int32_t block_type, const int bh, int features, float *out, const void *x, const uint8_t *blocks,
+    int64_t num_rows, int64_t out_features, int64_t in_features, int64_t first, int64_t count) {
     (void)features;
+    (void)bh;  /* always 0: x comes widened */
+    const float *x32 = x;
     const int64_t bytes = block_bytes(block_type), num_blocks = in_features / WEIGHTS_PER_BLOCK;
     for (int64_t n = first; n < first + count; n++) {
         const uint8_t *row = blocks + n * num_blocks * bytes;
@@ -361,7 +474,7 @@ static inline __attribute__((always_inline)) void product_columns_of(
             float w[WEIGHTS_PER_BLOCK];
             dequantize_block(block_type, row + b * bytes, w);
             for (int64_t r = 0; r < num_rows; r++) {
-                const float *xb = x + r * in_features + b * WEIGHTS_PER_BLOCK;
+                const float *xb = x32 + r * in_features + b * WEIGHTS_PER_BLOCK;
                 float sum = 0.0f;
                 for (int i = 0; i < WEIGHTS_PER_BLOCK; i++) sum += xb[i] * w[i];
                 out[r * out_features + n] += sum;
@@ -371,21 +484,24 @@ static inline __attribute__((always_inline)) void product_columns_of(
 }
 #endif
 
-static void product(int32_t block_type, float *out, const float *x, const uint8_t *blocks, int64_t num_rows,
+static void product(int32_t block_type, int bh, float *out, const void *x, const uint8_t *blocks, int64_t num_rows,
                     int64_t out_features, int64_t in_features, int32_t num_threads) {
-    const int features = features_per_tile(num_rows);
+    const int features = features_per_tile(num_rows, bh);
     const int64_t num_tiles = (out_features + features - 1) / features;
     num_threads = num_threads > 1 ? num_threads : 1;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (int64_t t = 0; t < num_tiles; t++) {
         const int64_t first = t * features;
         const int64_t count = out_features - first < features ? out_features - first : features;
-        if (block_type == Q8_0)
-            product_columns_of(Q8_0, features, out, x, blocks, num_rows, out_features, in_features, first, count);
-        else if (block_type == Q4_0)
-            product_columns_of(Q4_0, features, out, x, blocks, num_rows, out_features, in_features, first, count);
-        else
-            product_columns_of(Q4_1, features, out, x, blocks, num_rows, out_features, in_features, first, count);
+#define PRODUCT_COLUMNS(type, bh) \
+    product_columns_of(type, bh, features, out, x, blocks, num_rows, out_features, in_features, first, count)
+        if (block_type == Q8_0 && bh) PRODUCT_COLUMNS(Q8_0, 1);
+        else if (block_type == Q8_0) PRODUCT_COLUMNS(Q8_0, 0);
+        else if (block_type == Q4_0 && bh) PRODUCT_COLUMNS(Q4_0, 1);
+        else if (block_type == Q4_0) PRODUCT_COLUMNS(Q4_0, 0);
+        else if (bh) PRODUCT_COLUMNS(Q4_1, 1);
+        else PRODUCT_COLUMNS(Q4_1, 0);
+#undef PRODUCT_COLUMNS
     }
 }
 
@@ -399,6 +515,16 @@ static inline float x_at(const void *x, int64_t i, int32_t x_is_bfloat16) {
     return x_is_bfloat16 ? bfloat16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
 
+/* 1 when block_linear multiplies bfloat16 x by the weight rounded to bfloat16 (AVX512-BF16), 0
+ * when by the exact float32 weight. */
+int32_t block_linear_rounds_bfloat16_weights(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int64_t block_linear(float *out, const void *x, const uint8_t *blocks, int32_t block_type, int64_t num_rows,
                      int64_t out_features, int64_t in_features, int32_t x_is_bfloat16, int32_t num_threads) {
     if (!valid(block_type, out_features, in_features) || num_rows < 0) return 1;
@@ -408,17 +534,34 @@ int64_t block_linear(float *out, const void *x, const uint8_t *blocks, int32_t b
     const int permuted = 0;
 #endif
     if (!x_is_bfloat16 && !permuted) {
-        product(block_type, out, (const float *)x, blocks, num_rows, out_features, in_features, num_threads);
+        product(block_type, 0, out, x, blocks, num_rows, out_features, in_features, num_threads);
         return 0;
     }
-    /* x widened to float32, each block's 32 values in the order its weights unpack */
     const int64_t size = num_rows * in_features;
+#ifdef __AVX512BF16__
+    if (x_is_bfloat16) {  /* multiplied in bfloat16 pairs: x blocked, each block permuted as its weights unpack */
+        const int64_t num_blocks = in_features / WEIGHTS_PER_BLOCK;
+        /* (64-byte aligned: a block of x a cache line) */
+        uint16_t *x16 = aligned_alloc(64, (size_t)(size > 0 ? size : 32) * sizeof(uint16_t));
+        if (x16 == NULL) return 2;
+        for (int64_t r = 0; r < num_rows; r++)
+            for (int64_t b = 0; b < num_blocks; b++)
+                for (int64_t i = 0; i < WEIGHTS_PER_BLOCK; i++) {
+                    const int64_t from = r * in_features + b * WEIGHTS_PER_BLOCK + (permuted ? bh_q4_order(i) : i);
+                    x16[(b * num_rows + r) * WEIGHTS_PER_BLOCK + i] = ((const uint16_t *)x)[from];
+                }
+        product(block_type, 1, out, x16, blocks, num_rows, out_features, in_features, num_threads);
+        free(x16);
+        return 0;
+    }
+#endif
+    /* x widened to float32, each block's 32 values in the order its weights unpack */
     float *x32 = malloc((size_t)(size > 0 ? size : 1) * sizeof(float));
     if (x32 == NULL) return 2;
     for (int64_t start = 0; start < size; start += WEIGHTS_PER_BLOCK)
         for (int64_t i = 0; i < WEIGHTS_PER_BLOCK; i++)
             x32[start + i] = x_at(x, start + (permuted ? q4_product_order(i) : i), x_is_bfloat16);
-    product(block_type, out, x32, blocks, num_rows, out_features, in_features, num_threads);
+    product(block_type, 0, out, x32, blocks, num_rows, out_features, in_features, num_threads);
     free(x32);
     return 0;
 }

@@ -2,8 +2,10 @@
 (kernels/block_quant_reference.py) quantizes and dequantizes as gguf's numpy code does, bit for bit,
 and the compiled CPU kernel (kernels/cpu_block_linear.py) equals the reference: its dequantized
 weights bit for bit (float32, and bfloat16 rounded as torch rounds), its products but for float32
-summation order, each row's product the same whatever rows and threads it is computed with. The
-portable C (AVX-512 and F16C off) is held to the same. What the kernel cannot serve gives None, the
+summation order, each row's product the same whatever rows and threads it is computed with. With
+AVX512-BF16, bfloat16 x multiplies the weight rounded to bfloat16 (the bfloat16 dequantization), so
+its reference is x.float() @ dequantize(blocks).bfloat16().float().T. The portable C (AVX-512 and
+F16C off) and the AVX-512 build without AVX512-BF16 are held to the same. What the kernel cannot serve gives None, the
 caller's cue to run the reference; what the reference rejects too raises ValueError.
 
 The kernel is built by the system C compiler into a cache directory private to this module.
@@ -93,6 +95,14 @@ def portable(compiled):
     return library
 
 
+@pytest.fixture(scope="module")
+def without_bf16(compiled):
+    """The library built with AVX-512 but not AVX512-BF16 (bfloat16 x widened to float32)."""
+    library = cpu_block_linear.build(("-mno-avx512bf16",))
+    assert library is not None and not cpu_block_linear.rounds_bfloat16_weights(library)
+    return library
+
+
 @pytest.fixture
 def threads():
     """Sets torch's thread count for the test (the kernels take it), restoring it after."""
@@ -122,6 +132,16 @@ def assert_close_to(out: torch.Tensor, expected: torch.Tensor):
     torch.testing.assert_close(out.float(), expected.float(), atol=1e-4 * scale, rtol=rtol)
 
 
+def expected_product(x: torch.Tensor, blocks: torch.Tensor, block_type: str, rounds_bfloat16_weights: bool):
+    """The reference of block_linear's product, in float32: with bfloat16 x and
+    rounds_bfloat16_weights, by the weight rounded to bfloat16; else by the exact float32 weight
+    (block_linear_reference's)."""
+    weight = dequantize_reference(blocks, block_type)
+    if x.dtype == torch.bfloat16 and rounds_bfloat16_weights:
+        weight = weight.to(torch.bfloat16).float()
+    return x.float() @ weight.T
+
+
 @pytest.mark.parametrize("block_type", TYPES)
 @pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=str)
 def test_dequantize_equals_the_reference_bit_for_bit(compiled, weights, threads, block_type, shape):
@@ -147,30 +167,60 @@ def test_block_linear_equals_the_reference(compiled, weights, threads, block_typ
         blocks = weights[block_type, shape]
         x = torch.randn(num_rows, shape[1], generator=generator)
         for dtype in (torch.float32, torch.bfloat16):
+            expected = expected_product(x.to(dtype), blocks, block_type, cpu_block_linear.rounds_bfloat16_weights())
             out = cpu_block_linear.block_linear(x.to(dtype), blocks, block_type)
-            assert_close_to(out, block_linear_reference(x.to(dtype), blocks, block_type))
+            assert_close_to(out, expected.to(dtype))
+            # the float32 sums, before the wrapper rounds bfloat16 x's product
+            status, raw = raw_block_linear(cpu_block_linear.load(), x.to(dtype), blocks, block_type, shape[1],
+                                           num_threads)
+            assert status == 0
+            assert_close_to(raw, expected)
+
+
+def test_bfloat16_x_multiplies_the_rounded_weight_where_the_cpu_has_avx512_bf16(compiled):
+    """Where the build has AVX512-BF16 (so the CPU has it), the float32 product of bfloat16 x is
+    nearer the rounded weight's than the exact weight's: the two differ by far more than summation
+    order does."""
+    if not cpu_block_linear.rounds_bfloat16_weights():
+        pytest.skip("built without AVX512-BF16")
+    blocks = quantize_reference(weight_of(64, 576, seed=7), "q8_0")
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    out = raw_block_linear(cpu_block_linear.load(), x, blocks, "q8_0", 576)[1]
+    rounded = x.float() @ dequantize_reference(blocks, "q8_0").to(torch.bfloat16).float().T
+    exact = x.float() @ dequantize_reference(blocks, "q8_0").T
+    assert (out - rounded).abs().max() * 20 < (out - exact).abs().max()
 
 
 @pytest.mark.parametrize("block_type", TYPES)
-def test_a_rows_product_does_not_depend_on_its_batch_or_threads(compiled, weights, threads, block_type):
-    """Tiles of 16 features by 1 row, 8 by 2, 4 by 4 and the remainders all sum in one order."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_rows_product_does_not_depend_on_its_batch_or_threads(compiled, weights, threads, block_type, dtype):
+    """Tiles of 16 features by 1 row, 8 by 2, 4 by 4, with bfloat16 x 2 by 8, and the remainders
+    all sum in one order (compared in float32, before the wrapper rounds bfloat16 x's product)."""
     shape = KERNEL_SHAPES[0]
     blocks = weights[block_type, shape]
-    x = torch.randn(17, shape[1], generator=torch.Generator().manual_seed(5))
-    threads(1)
-    full = cpu_block_linear.block_linear(x, blocks, block_type)
-    for first, count in [(0, 1), (16, 1), (0, 2), (3, 3), (4, 5), (1, 16)]:
-        assert torch.equal(cpu_block_linear.block_linear(x[first : first + count], blocks, block_type),
-                           full[first : first + count])
+    x = torch.randn(23, shape[1], generator=torch.Generator().manual_seed(5)).to(dtype)
+    library = cpu_block_linear.load()
+
+    def product(rows: torch.Tensor, num_threads: int) -> torch.Tensor:
+        status, out = raw_block_linear(library, rows.contiguous(), blocks, block_type, shape[1], num_threads)
+        assert status == 0
+        return out
+
+    full = product(x, 1)
+    for first, count in [(0, 1), (16, 1), (0, 2), (3, 3), (4, 5), (1, 16), (2, 8), (5, 9), (7, 15), (0, 17)]:
+        assert torch.equal(product(x[first : first + count], 1), full[first : first + count])
+    assert torch.equal(product(x, 2), full)
+    assert torch.equal(product(x[:1], 2), full[:1])
+    assert torch.equal(product(x[:12], 2), full[:12])
     threads(2)
-    assert torch.equal(cpu_block_linear.block_linear(x, blocks, block_type), full)
-    assert torch.equal(cpu_block_linear.block_linear(x[:1], blocks, block_type), full[:1])
+    assert torch.equal(cpu_block_linear.block_linear(x, blocks, block_type), full.to(dtype))
 
 
-def raw_block_linear(library, x: torch.Tensor, blocks: torch.Tensor, block_type: str, in_features: int) -> tuple:
+def raw_block_linear(library, x: torch.Tensor, blocks: torch.Tensor, block_type: str, in_features: int,
+                     num_threads: int = 1) -> tuple:
     out = torch.empty(x.shape[0], blocks.shape[0])
     status = library.block_linear(out.data_ptr(), x.data_ptr(), blocks.data_ptr(), BLOCK_TYPES[block_type].ggml_type,
-                                  x.shape[0], blocks.shape[0], in_features, x.dtype == torch.bfloat16, 1)
+                                  x.shape[0], blocks.shape[0], in_features, x.dtype == torch.bfloat16, num_threads)
     return status, out
 
 
@@ -183,18 +233,25 @@ def raw_dequantize(library, blocks: torch.Tensor, block_type: str, dtype: torch.
 
 
 @pytest.mark.parametrize("block_type", TYPES)
-def test_the_portable_c_equals_the_reference(portable, weights, block_type):
+@pytest.mark.parametrize("variant", ["portable", "without_bf16"])
+def test_the_portable_c_and_the_build_without_bf16_equal_the_reference(request, weights, threads, block_type,
+                                                                       variant):
+    library = request.getfixturevalue(variant)
+    assert not cpu_block_linear.rounds_bfloat16_weights(library)
     shape = KERNEL_SHAPES[1]
     blocks = weights[block_type, shape]
     expected = dequantize_reference(blocks, block_type)
     for dtype in (torch.float32, torch.bfloat16):
-        status, out = raw_dequantize(portable, blocks, block_type, dtype)
+        status, out = raw_dequantize(library, blocks, block_type, dtype)
         assert status == 0 and torch.equal(bits(out), bits(expected.to(dtype)))
-    x = torch.randn(5, shape[1], generator=torch.Generator().manual_seed(6))
+    x = torch.randn(9, shape[1], generator=torch.Generator().manual_seed(6))
     for dtype in (torch.float32, torch.bfloat16):
-        status, out = raw_block_linear(portable, x.to(dtype), blocks, block_type, shape[1])
+        status, out = raw_block_linear(library, x.to(dtype), blocks, block_type, shape[1])
         assert status == 0
         assert_close_to(out.to(dtype), block_linear_reference(x.to(dtype), blocks, block_type))
+        for first, count in [(0, 1), (3, 2), (1, 8)]:  # rows do not depend on their batch here either
+            status, part = raw_block_linear(library, x[first : first + count].to(dtype), blocks, block_type, shape[1])
+            assert status == 0 and torch.equal(part, out[first : first + count])
 
 
 def test_what_the_kernel_cannot_serve_gives_none(compiled, weights):
