@@ -8,13 +8,18 @@ whole: each block is unpacked in registers as it is read, so a decode step reads
 dtype)` writes the whole weight, for a prefill's many rows (dequantize, then a float GEMM).
 
 On one core of a 2-vCPU AMD EPYC (Zen 4), SmolLM2-135M in Q4_1 with a Q8_0 LM head, its weights
-cold as in a decode step (30 layers' copies): one row's projections and head take ~10 ms, where
-PackedLinear takes ~19 ms on the weights in bfloat16 and ~40 ms in float32. Each further row costs
-two float32 multiply-adds a weight, so from about 4 rows PackedLinear in bfloat16 (AVX512-BF16
-pairs) is as fast, and dequantizing for a GEMM pays from about 8 rows in bfloat16.
+cold as in a decode step (30 layers' copies), bfloat16 x: the projections and head take ~11 ms for
+one row, where PackedLinear takes ~21 ms on the weights in bfloat16; with AVX512-BF16 each further
+row costs one bfloat16 pair multiply-add a weight pair (vdpbf16ps), ~24 ms for 8 rows (PackedLinear
+~23) and ~41 for 16 (PackedLinear ~31), so from about 8 rows PackedLinear in bfloat16 is as fast.
+Float32 x costs two float32 multiply-adds a weight a row (~31 ms for 8 rows).
 
 A row's product is the same bit for bit whatever other rows and thread count it is computed
-with, and equals x.float() @ dequantized.T but for summation order.
+with. It equals x.float() @ dequantized.T but for summation order, except that where the library
+is built with AVX512-BF16 (`rounds_bfloat16_weights()`), bfloat16 x multiplies the weight rounded
+to bfloat16 (round to nearest even, as `dequantize(..., torch.bfloat16)` rounds it): then it equals
+x.float() @ dequantize(blocks, block_type, torch.bfloat16).float().T but for summation order, what
+a bfloat16 model and the dequantize-then-GEMM path compute.
 
 Both return None when they cannot serve their arguments (a tensor not on the CPU or not
 contiguous, x neither float32 nor bfloat16, no compiler, `PDSERVE_CPU_KERNELS=0`): the caller runs
