@@ -544,12 +544,14 @@ int64_t block_linear(float *out, const void *x, const uint8_t *blocks, int32_t b
         /* (64-byte aligned: a block of x a cache line) */
         uint16_t *x16 = aligned_alloc(64, (size_t)(size > 0 ? size : 32) * sizeof(uint16_t));
         if (x16 == NULL) return 2;
+        uint16_t order[WEIGHTS_PER_BLOCK];
+        for (int64_t i = 0; i < WEIGHTS_PER_BLOCK; i++) order[i] = (uint16_t)(permuted ? bh_q4_order(i) : i);
+        const __m512i from = _mm512_loadu_si512(order);
         for (int64_t r = 0; r < num_rows; r++)
-            for (int64_t b = 0; b < num_blocks; b++)
-                for (int64_t i = 0; i < WEIGHTS_PER_BLOCK; i++) {
-                    const int64_t from = r * in_features + b * WEIGHTS_PER_BLOCK + (permuted ? bh_q4_order(i) : i);
-                    x16[(b * num_rows + r) * WEIGHTS_PER_BLOCK + i] = ((const uint16_t *)x)[from];
-                }
+            for (int64_t b = 0; b < num_blocks; b++) {
+                const __m512i block = _mm512_loadu_si512((const uint16_t *)x + r * in_features + b * WEIGHTS_PER_BLOCK);
+                _mm512_store_si512(x16 + (b * num_rows + r) * WEIGHTS_PER_BLOCK, _mm512_permutexvar_epi16(from, block));
+            }
         product(block_type, 1, out, x16, blocks, num_rows, out_features, in_features, num_threads);
         free(x16);
         return 0;
