@@ -21,9 +21,10 @@ from torch import nn
 from pdserve.kernels import block_quant_reference, cpu_block_linear
 
 # Up to this many rows the blocks are multiplied as stored; beyond it, dequantized for the GEMM.
-# Measured on a decode step of SmolLM2-135M (Q4_1, a Q8_0 head) on an AMD EPYC (Zen 4), 2 threads:
-# at 8 rows the kernel takes 16.8 ms in bfloat16, at 16 rows 30 ms against about 24 ms dequantized
-# (bfloat16 pairs multiply at twice float32's rate); in float32 the two meet at about 32 rows.
+# Measured on a decode step of SmolLM2-135M (Q4_1, a Q8_0 head, cold) on one core of an AMD EPYC
+# (Zen 4, AVX512-BF16): in bfloat16 the kernel takes 11 ms at 1 row against 21 for the GEMM on
+# resident bfloat16 weights, 24 ms at 8 rows, 41 at 16 against about 39 dequantized first; in
+# float32 (multiply-adds at half bfloat16's rate) the two meet at about 32 rows.
 MAX_BLOCK_KERNEL_ROWS = {torch.bfloat16: 12, torch.float32: 32}
 
 

@@ -9,7 +9,8 @@ another family, not one to guess at.
 A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1 matrices as stored, in a
 safetensors file of format "gguf-blocks" (each tensor's block type in the metadata under its
 name). On CPU, unless `quantized_weights` is "dequantized", the Linear layers whose checkpoint
-weights are all there multiply those blocks (engine/block_linear.py) and drop their float copy.
+weights are all there multiply those blocks (engine/block_linear.py): their float weights are
+read as usual, then dropped.
 
 The model is built on the meta device and its parameters are the checkpoint's tensors, each
 read, cast to the target dtype and moved to the target device one at a time: no parameter is
@@ -32,8 +33,7 @@ from pdserve.engine.cpu_linear import pack_linear_layers, packs
 from pdserve.engine.model import CausalLM
 from pdserve.protocol.errors import InvalidModelError
 
-
-BLOCKS_FORMAT = "gguf-blocks"
+BLOCKS_FORMAT = "gguf-blocks"  # the "format" checkpoints.gguf_convert tags its blocks file with
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
