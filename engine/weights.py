@@ -8,7 +8,7 @@ another family, not one to guess at.
 
 A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1 matrices as stored, in a
 safetensors file of format "gguf-blocks" (each tensor's block type in the metadata under its
-name). On CPU, unless `quantized_weights` is "dequantized", the Linear layers whose checkpoint
+name). On CPU, with `quantized_weights` "as-stored", the Linear layers whose checkpoint
 weights are all there multiply those blocks (engine/block_linear.py): their float weights are
 read as usual, then dropped.
 
@@ -37,7 +37,7 @@ BLOCKS_FORMAT = "gguf-blocks"  # the "format" checkpoints.gguf_convert tags its 
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_model_len: int | None = None, quantized_weights: str = "as-stored") -> CausalLM:
+               max_model_len: int | None = None, quantized_weights: str = "dequantized") -> CausalLM:
     renames = tuple((re.compile(pattern), replacement) for pattern, replacement in config.checkpoint.renames)
     checkpoint = _read_safetensors(Path(model_dir), renames, dtype, device)
     with torch.device("meta"):

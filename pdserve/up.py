@@ -92,7 +92,7 @@ class UpConfig:
     shutdown_timeout_s: float
     api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
     enable_prefix_caching: bool = True
-    quantized_weights: str = "as-stored"  # the replicas' (engine.weights)
+    quantized_weights: str = "dequantized"  # the replicas' (engine.weights)
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
     prefill_placement: str = "auto"  # the gateway's (gateway.disaggregated.prefill_placement)

@@ -101,7 +101,7 @@ def test_the_engine_multiplies_the_matrices_of_one_block_type_as_stored(converte
 
 
 def test_layers_whose_parts_differ_in_block_type_keep_float_weights(converted):
-    model = LLM(str(converted("mixed")), **ENGINE_OPTIONS).engine.runner.model
+    model = LLM(str(converted("mixed")), quantized_weights="as-stored", **ENGINE_OPTIONS).engine.runner.model
     layers = dict(model.named_modules())
     assert not isinstance(layers["model.layers.0.self_attn.qkv_proj"], BlockLinear)  # q4_0, q4_1, q8_0
     assert not isinstance(layers["model.layers.0.mlp.gate_up_proj"], BlockLinear)  # q4_k, q5_k
@@ -115,15 +115,16 @@ def test_generation_config_ends_at_the_end_of_text_and_the_chat_turns_end(conver
     assert generation["eos_token_id"] == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
+@pytest.mark.parametrize("quantized_weights", ["dequantized", "as-stored"])
 @pytest.mark.parametrize("variant", ["mixed", "qwen2"])
-def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(variant, gguf_file, converted,
-                                                                              transformers_gguf):
+def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(variant, quantized_weights, gguf_file,
+                                                                              converted, transformers_gguf):
     model, _ = transformers_gguf(gguf_file(variant))
     generator = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, model.config.vocab_size, (length,), generator=generator).tolist()
                for length in (1, 9, 64)]
     max_tokens = 10
-    outputs = LLM(str(converted(variant)), **ENGINE_OPTIONS).generate(
+    outputs = LLM(str(converted(variant)), quantized_weights=quantized_weights, **ENGINE_OPTIONS).generate(
         prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
         ids = torch.tensor([prompt])
