@@ -113,7 +113,7 @@ def _half_bytes(x: torch.Tensor) -> torch.Tensor:
 
 def quantize_reference(weight: torch.Tensor, block_type: str) -> torch.Tensor:
     """float32 [N, K], K a multiple of 32 -> uint8 [N, (K / 32) * block_bytes], as gguf quantizes."""
-    kind = block_type_of(block_type)
+    block_type_of(block_type)  # a known type, or ValueError
     if weight.dim() != 2 or weight.shape[1] % WEIGHTS_PER_BLOCK:
         raise ValueError(f"quantizing needs a weight [N, K] with K a multiple of 32, got {list(weight.shape)}")
     blocks = weight.float().reshape(-1, WEIGHTS_PER_BLOCK)
