@@ -243,7 +243,8 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
                 "--quantized-weights", config.quantized_weights, "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
-        slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls)))
+        slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls,
+                                                  (config.grpc_port, config.http_port))))
     gateway = ChildSpec(
         name="gateway",
         argv=(*_PDSERVE, "gateway", *common, "--served-model-name", model.served_name, "--host", config.host,
@@ -264,9 +265,11 @@ def gateway_env(env: dict[str, str], api_keys: tuple[str, ...]) -> dict[str, str
     return {**env, API_KEY_ENV_VAR: ",".join(keys)} if keys else env
 
 
-def replica_spec(name: str, argv: tuple[str, ...], env: dict[str, str], probe_tls: InternalTls | None) -> ChildSpec:
-    """The replica's command on a free loopback port, taken now: each start gets a fresh one."""
-    port = free_port(LOOPBACK)
+def replica_spec(name: str, argv: tuple[str, ...], env: dict[str, str], probe_tls: InternalTls | None,
+                 gateway_ports: tuple[int, int]) -> ChildSpec:
+    """The replica's command on a free loopback port, taken now (each start gets a fresh one),
+    never one of the gateway's ports, which it may not have bound yet."""
+    port = free_port(LOOPBACK, reserved=gateway_ports)
     return ChildSpec(name, (*argv, "--host", LOOPBACK, "--port", str(port)), f"{LOOPBACK}:{port}",
                      grpc_tls=probe_tls, env=env)
 
