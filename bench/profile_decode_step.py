@@ -1,6 +1,7 @@
 """Where one decode step of the engine spends its time, against the step's memory roofline.
 
     pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,8,32 --threads 1
+    pdserve bench decode-step --model FILE.gguf --dtype bfloat16 --quantized-weights as-stored --threads 1
     pdserve bench decode-step --device cuda --model tiny --batch-sizes 1,32,64
 
 `--batch-sizes` sequences of `--context-len` prompt tokens are prefilled, then `--steps` decode
@@ -22,7 +23,9 @@ import torch
 from pdserve import kernels
 from pdserve.bench.bandwidth import read_gbps, synchronize
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.block_linear import BlockLinear
 from pdserve.engine.cpu_linear import PackedLinear
+from pdserve.engine.engine_config import QUANTIZED_WEIGHTS
 from pdserve.engine.llm_engine import LLMEngine
 
 
@@ -73,11 +76,12 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
     start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}")
     model = engine.runner.model
     timer = PartTimer(engine.device)
-    linear = PackedLinear if isinstance(model.lm_head, PackedLinear) else torch.nn.Linear
+    linears = {type(m) for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear, BlockLinear))}
     for owner, attribute, part in ((engine, "step", "step"), (engine.runner, "run", "runner"),
                                    (model, "forward", "forward"), (model, "compute_logits", "LM head"),
                                    (kernels, "decode_attention", "decode attention"),
-                                   (kernels, "store_kv", "KV writes"), (linear, "forward", "linear")):
+                                   (kernels, "store_kv", "KV writes"),
+                                   *((linear, "forward", "linear") for linear in linears)):
         timer.wrap(owner, attribute, part)
     for _ in range(num_steps):
         engine.step()
@@ -98,13 +102,15 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes a step reads: every parameter, and each packed Linear weight (the LM head included,
-    even where it shares the embedding's values; the embedding itself is read a row per token)."""
+    """Bytes a step reads: every parameter, each packed Linear weight and each block weight (the
+    LM head included, even where it shares the embedding's values; the embedding itself is read a
+    row per token)."""
     embedding = model.model.embed_tokens.weight
     packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
     total = sum(m.in_features * m.out_features for m in packed) * embedding.element_size()
+    total += sum(m.blocks.numel() for m in model.modules() if isinstance(m, BlockLinear))
     total += sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
-    if not packed:  # plain Linear layers are parameters already; a tied LM head reads the embedding once
+    if isinstance(model.lm_head, torch.nn.Linear):  # a tied LM head reads the embedding once
         total += embedding.numel() * embedding.element_size() * model.config.tie_word_embeddings
     return total
 
@@ -117,6 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context-len", type=int, default=400)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--quantized-weights", default="dequantized", choices=QUANTIZED_WEIGHTS,
+                        help="a GGUF's block weights multiplied as stored, or dequantized at load")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model, os.environ).model_dir
     llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, kv_cache_memory_bytes=2 << 30,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, quantized_weights=args.quantized_weights)
     gbps = read_gbps(llm.engine.device)
-    print(f"{model_dir.name}, {args.dtype} on {args.device}, {torch.get_num_threads()} thread(s), "
+    print(f"{model_dir.name}, {args.dtype} on {args.device}, weights {args.quantized_weights}, {torch.get_num_threads()} thread(s), "
           f"context {args.context_len}, read bandwidth {gbps:.1f} GB/s")
     for batch_size in map(int, args.batch_sizes.split(",")):
         result = profile(llm, batch_size, args.context_len, args.steps, gbps)

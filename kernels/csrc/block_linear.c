@@ -75,6 +75,7 @@
 #include <immintrin.h>
 #endif
 #include "avx512_lanes.h"
+#include "bfloat16.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
 #define WEIGHTS_PER_BLOCK 32
@@ -112,18 +113,6 @@ static inline float half_at(const uint8_t *p) {
     }
     return f.value;
 #endif
-}
-
-static inline float bfloat16_to_float(uint16_t x) {
-    const union { uint32_t bits; float value; } widened = {.bits = (uint32_t)x << 16};
-    return widened.value;
-}
-
-/* Round to nearest even, as torch rounds float32 to bfloat16 (NaN kept quiet). */
-static inline uint16_t float_to_bfloat16(float x) {
-    const union { float value; uint32_t bits; } in = {.value = x};
-    if ((in.bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((in.bits >> 16) | 0x40);
-    return (uint16_t)((in.bits + 0x7fffu + ((in.bits >> 16) & 1u)) >> 16);
 }
 
 /* The weight of lane i (0..31) of a Q4 block as unpack_for_product orders it: vector i / 16 takes

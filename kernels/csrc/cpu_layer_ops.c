@@ -20,19 +20,12 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#include "bfloat16.h"
 
 #ifdef BFLOAT16
 typedef uint16_t elem_t;
-static inline float load(elem_t x) {
-    const union { uint32_t bits; float value; } widened = {.bits = (uint32_t)x << 16};
-    return widened.value;
-}
-/* Round to nearest even, as torch rounds float32 to bfloat16 (NaN kept quiet). */
-static inline elem_t store(float x) {
-    const union { float value; uint32_t bits; } in = {.value = x};
-    if ((in.bits & 0x7fffffffu) > 0x7f800000u) return (elem_t)((in.bits >> 16) | 0x40);
-    return (elem_t)((in.bits + 0x7fffu + ((in.bits >> 16) & 1u)) >> 16);
-}
+static inline float load(elem_t x) { return bfloat16_to_float(x); }
+static inline elem_t store(float x) { return float_to_bfloat16(x); }
 #else
 typedef float elem_t;
 static inline float load(elem_t x) { return x; }

@@ -46,14 +46,11 @@
 #include <immintrin.h>
 #endif
 #include "avx512_lanes.h"
+#include "bfloat16.h"
 
 #ifdef KV_BFLOAT16
 typedef uint16_t kv_t;
-/* A bfloat16 is the top half of a float32. */
-static inline float kv_load(kv_t x) {
-    const union { uint32_t bits; float value; } widened = {.bits = (uint32_t)x << 16};
-    return widened.value;
-}
+static inline float kv_load(kv_t x) { return bfloat16_to_float(x); }
 #else
 typedef float kv_t;
 static inline float kv_load(kv_t x) { return x; }
