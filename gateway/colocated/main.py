@@ -38,11 +38,6 @@ def run(args: argparse.Namespace) -> int:
     return run_service(args, "serve", serve)
 
 
-def publish_load(metrics: GatewayMetrics, load: dict[str, int]) -> None:
-    metrics.set_num_requests_waiting(load["waiting_seqs"])
-    metrics.on_prefix_cache_counts(("engine", ""), load["prefix_cache_queries"], load["prefix_cache_hits"])
-
-
 async def serve(args: argparse.Namespace) -> None:
     front = front_config_from(args)
     started_s = time.monotonic()
@@ -55,7 +50,7 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = GatewayMetrics(model_name)
     prompts = PromptBuilder(engine.tokenizer, args.model, engine.model_config.vocab_size, engine.max_model_len)
     frontend = ColocatedFrontend(async_engine, prompts, metrics, model_name)
-    async_engine.on_step = lambda engine: publish_load(metrics, engine.load())
+    async_engine.on_step = lambda engine: metrics.on_engine_load(engine.load())
     async_engine.start()
     app = create_app(frontend, metrics, max_body_bytes=front.max_request_bytes, api_keys=front.api_keys,
                      admission=Admission(front.max_pending_requests, metrics.registry, model_name))

@@ -23,7 +23,9 @@ any engine had the request; a wait inside a replica's own scheduler, which no re
 per request, lands in prefill time, and shows as `num_requests_waiting` (the sum of the live
 replicas' waiting queues, or the engine's own in `pdserve serve`).
 """
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -230,18 +232,26 @@ class GatewayMetrics:
             gauge.clear()
         self.set_num_requests_waiting(sum(replica.waiting_seqs for replica in replicas))
         for replica in replicas:
-            allocated_slots = (replica.total_blocks - replica.free_blocks) * replica.block_size
-            values = {
-                "kv_usage": 1 - replica.free_blocks / replica.total_blocks if replica.total_blocks else 0.0,
-                "kv_waste": 1 - replica.used_slots / allocated_slots if allocated_slots else 0.0,
-                "running_seqs": replica.running_seqs, "waiting_seqs": replica.waiting_seqs,
-                "queued_tokens": replica.queued_tokens, "num_preemptions": replica.num_preemptions,
-                "weights_bytes": replica.weights_bytes, "kv_pool_bytes": replica.kv_pool_bytes,
-            }
-            for field, value in values.items():
-                self._replica_gauges[field].labels(replica.kind, replica.replica_id).set(value)
-            self.on_prefix_cache_counts((replica.kind, replica.replica_id), replica.prefix_cache_queries,
-                                        replica.prefix_cache_hits)
+            self._publish_load(replica)
+
+    def on_engine_load(self, load: Mapping[str, int]) -> None:
+        """For a front over one engine (`LLMEngine.load()`): its load as the replica gauges of
+        ("engine", ""), its waiting queue and its prefix cache counts."""
+        self.set_num_requests_waiting(load["waiting_seqs"])
+        self._publish_load(SimpleNamespace(kind="engine", replica_id="", queued_tokens=0, **load))
+
+    def _publish_load(self, replica) -> None:
+        allocated_slots = (replica.total_blocks - replica.free_blocks) * replica.block_size
+        values = {
+            "kv_usage": 1 - replica.free_blocks / replica.total_blocks if replica.total_blocks else 0.0,
+            "kv_waste": 1 - replica.used_slots / allocated_slots if allocated_slots else 0.0,
+            **{field: getattr(replica, field) for field in ("running_seqs", "waiting_seqs", "queued_tokens",
+                                                            "num_preemptions", "weights_bytes", "kv_pool_bytes")},
+        }
+        for field, value in values.items():
+            self._replica_gauges[field].labels(replica.kind, replica.replica_id).set(value)
+        self.on_prefix_cache_counts((replica.kind, replica.replica_id), replica.prefix_cache_queries,
+                                    replica.prefix_cache_hits)
 
     def on_http_response(self, route: str, status_code: int) -> None:
         """`route` is the matched route pattern (bounded cardinality), never the raw path."""
