@@ -1,14 +1,17 @@
-"""On CPU, Linear layers whose weights stay in a GGUF block format (Q8_0, Q4_0, Q4_1), as stored.
+"""Linear layers whose weights stay in a GGUF block format (Q8_0, Q4_0, Q4_1), as stored.
 
 A decode step reads every weight once, so its floor is the weights' bytes: SmolLM2-135M's Q4_1
 matrices are 0.625 bytes a weight (20-byte blocks of 32) against 2 in bfloat16 and 4 in float32.
-A few rows (a decode step) multiply the blocks directly, each block unpacked in registers
+On CPU, a few rows (a decode step) multiply the blocks directly, each block unpacked in registers
 (kernels/cpu_block_linear.py); more rows (a prefill chunk) dequantize the weight to the
-activations' dtype and run the GEMM, where the product outweighs the unpacking.
+activations' dtype and run the GEMM, where the product outweighs the unpacking. On CUDA, rows of
+any number go through the Triton kernel (kernels/triton_block_linear.py), which unpacks the blocks
+in registers tile by tile and feeds the tensor cores.
 
 Invariant: a `BlockLinear` computes what `nn.Linear` computes with the dequantized weight (gguf's
 float32 dequantization, bit for bit) and the same bias, up to summation order; with bfloat16
-activations the GEMM path multiplies by the weight rounded to bfloat16, as a bfloat16 model does.
+activations the GEMM path on CPU and the tensor cores on CUDA multiply by the weight rounded to
+bfloat16, as a bfloat16 model does.
 """
 from __future__ import annotations
 
@@ -40,6 +43,11 @@ class BlockLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_rows, in_features]
+        if x.is_cuda:
+            from pdserve.kernels import triton_block_linear
+
+            out = triton_block_linear.block_linear(x, self.blocks, self.block_type, out_dtype=x.dtype)
+            return out if self.bias is None else out + self.bias
         if x.shape[0] <= MAX_BLOCK_KERNEL_ROWS.get(x.dtype, 0):
             out = cpu_block_linear.block_linear(x, self.blocks, self.block_type)
             if out is not None:
@@ -50,8 +58,13 @@ class BlockLinear(nn.Module):
         """The weight [out_features, in_features] in `dtype`, valid until the next call on this
         thread: it is written into one buffer that every layer shares (a fresh tensor a call costs
         more in page faults than the dequantizing)."""
-        weight = _scratch(self.out_features * self.in_features, dtype).view(self.out_features, self.in_features)
-        if cpu_block_linear.dequantize(self.blocks, self.block_type, dtype, out=weight) is None:
+        numel = self.out_features * self.in_features
+        weight = _scratch(numel, dtype, self.blocks.device).view(self.out_features, self.in_features)
+        if self.blocks.is_cuda:
+            from pdserve.kernels import triton_block_linear
+
+            triton_block_linear.dequantize(self.blocks, self.block_type, dtype, out=weight)
+        elif cpu_block_linear.dequantize(self.blocks, self.block_type, dtype, out=weight) is None:
             weight.copy_(block_quant_reference.dequantize_reference(self.blocks, self.block_type))
         return weight
 
@@ -62,20 +75,22 @@ class BlockLinear(nn.Module):
 _buffers = threading.local()
 
 
-def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """This thread's buffer of `dtype`, grown to hold `numel` elements: [numel]."""
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """This thread's buffer of `dtype` on `device`, grown to hold `numel` elements: [numel]. On
+    CUDA, kernels run in the order of their stream, so the next write into it follows every read
+    of what was written before."""
     buffers = vars(_buffers)
-    buffer = buffers.get(dtype)
+    buffer = buffers.get((dtype, device))
     if buffer is None or buffer.numel() < numel:
-        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
+        buffer = buffers[(dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
     return buffer[:numel]
 
 
 def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]]) -> int:
     """Replaces, in place, each `nn.Linear` of `model` whose checkpoint weights are all in
-    `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them,
-    their rows stacked in the order the layer's parent loads them (`checkpoint_parts`). Returns
-    how many layers were replaced."""
+    `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them on the
+    layer's device, their rows stacked in the order the layer's parent loads them
+    (`checkpoint_parts`). Returns how many layers were replaced."""
     replaced = 0
     for path, module in list(model.named_modules()):
         prefix = f"{path}." if path else ""
@@ -86,7 +101,7 @@ def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.
             sources = [blocks.get(f"{prefix}{part}.weight") for part in parts_of.get(name, (name,))]
             if None in sources or len({block_type for block_type, _ in sources}) != 1:
                 continue
-            stacked = torch.cat([values for _, values in sources])
+            stacked = torch.cat([values for _, values in sources]).to(child.weight.device)
             setattr(module, name, BlockLinear(stacked, sources[0][0], child.in_features, child.bias))
             replaced += 1
     return replaced

@@ -22,9 +22,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "the checkpoint's dtype (bfloat16 for a float32 checkpoint). Prefill and decode "
                              "replicas must agree: give it on hosts whose CPUs differ")
     parser.add_argument("--quantized-weights", default="dequantized", choices=QUANTIZED_WEIGHTS,
-                        help="dequantized: every weight is widened to --dtype at load; as-stored: on a CPU, the "
+                        help="dequantized: every weight is widened to --dtype at load; as-stored: the "
                              "matrices a .gguf holds in Q8_0, Q4_0 or Q4_1 blocks are multiplied as stored (under "
-                             "half the memory, faster decode steps of a few sequences, slower ones of many)")
+                             "half the memory; on a CPU, faster decode steps of a few sequences, slower ones of "
+                             "many)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)

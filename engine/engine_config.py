@@ -35,8 +35,8 @@ class EngineConfig:
     detokenize: bool = True  # False: emit token ids only; stop strings are the caller's job
     enable_prefix_caching: bool = True  # reuse the KV of full blocks of a prefix seen before
     max_step_ms: float | None = None  # prompt chunks sized so a step lasts this long (engine.step_budget)
-    # "dequantized": every weight is widened to the dtype at load; "as-stored": on CPU, a GGUF's
-    # Q8_0/Q4_0/Q4_1 matrices are multiplied as stored (engine/weights.py).
+    # "dequantized": every weight is widened to the dtype at load; "as-stored": on CPU and CUDA, a
+    # GGUF's Q8_0/Q4_0/Q4_1 matrices are multiplied as stored (engine/weights.py).
     quantized_weights: str = "dequantized"
 
     def __post_init__(self) -> None:

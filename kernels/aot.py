@@ -1,18 +1,21 @@
 """Ahead-of-time compile of every Triton kernel for sm_90, so compiler-only errors show on a CPU.
 
 Run as `python -m kernels.aot` with TRITON_INTERPRET unset or 0 (under the interpreter
-`@triton.jit` yields interpreted functions that cannot be compiled). Each kernel is compiled for
-fp16 and bf16 at head dims 64, 80 and 128, for fp32 (IEEE tile products) at head dim 64, and
-masked (Gemma 2's sliding window and logit softcap) for bf16 at head dim 128, with the
-launchers' own constexpr choices; one line per compile reports the PTX target and cubin size, and
-the exit status is non-zero if any is empty.
+`@triton.jit` yields interpreted functions that cannot be compiled). Each attention kernel is
+compiled for fp16 and bf16 at head dims 64, 80 and 128, for fp32 (IEEE tile products) at head dim
+64, and masked (Gemma 2's sliding window and logit softcap) for bf16 at head dim 128, with the
+launchers' own constexpr choices. The block-linear kernels are compiled for each GGUF block type,
+for fp32 (IEEE tile products) and bf16 (tensor cores) with their default tiles, block_linear's at
+the least row tile (decode) and the largest. One line per compile reports the PTX target and
+cubin size, and the exit status is non-zero if any is empty.
 """
 import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
 
-from pdserve.kernels import triton_decode_attention, triton_prefill_attention, triton_store_kv
+from pdserve.kernels import triton_block_linear, triton_decode_attention, triton_prefill_attention, triton_store_kv
+from pdserve.kernels.block_quant_reference import BLOCK_TYPES
 
 TARGET = GPUTarget("cuda", 90, 32)
 COMPILE_CASES = (  # (dtype, head_dim, masked)
@@ -26,6 +29,8 @@ NUM_KV_HEADS = 8
 QUERIES_PER_KV = 4
 BLOCK_SIZE = 16
 NUM_WARPS = 4
+BLOCK_LINEAR_DTYPES = ("fp32", "bf16")
+BLOCK_LINEAR_ROW_TILES = (triton_block_linear.MIN_TILE, triton_block_linear.MAX_ROW_TILE)
 
 
 def kernel_specs(dtype: str, head_dim: int, masked: bool):
@@ -66,6 +71,18 @@ def kernel_specs(dtype: str, head_dim: int, masked: bool):
     )
 
 
+def block_kernel_specs(block_type: str, dtype: str, row_tile: int | None):
+    """[(kernel, pointer types, constexprs)] for one block type, x or the dequantized weight in
+    `dtype`: block_linear's with rows of x in tiles of `row_tile`, dequantize's for None."""
+    tiles = triton_block_linear.Tiles()
+    layout = dict(BLOCK_TYPE=block_type, BLOCK_BYTES=BLOCK_TYPES[block_type].block_bytes,
+                  FEATURE_TILE=tiles.features, K_TILE=tiles.k)
+    if row_tile is None:
+        return [(triton_block_linear._dequantize_kernel, {"blocks_ptr": "u8", "out_ptr": dtype}, layout)]
+    return [(triton_block_linear._block_linear_kernel, {"x_ptr": dtype, "blocks_ptr": "u8", "out_ptr": dtype},
+             {**layout, "ROW_TILE": row_tile, "EXACT_DOT": dtype == "fp32"})]
+
+
 def signature(kernel, pointer_types: dict, constants: dict) -> dict:
     def arg_type(name):
         if name in constants:
@@ -81,9 +98,15 @@ def main() -> int:
     if not isinstance(triton_store_kv._store_kv_kernel, triton.runtime.JITFunction):
         print("TRITON_INTERPRET is set: kernels are interpreted and cannot be compiled")
         return 1
+    cases = [(f"{dtype} d{head_dim}{' masked' if masked else ''}", kernel_specs(dtype, head_dim, masked))
+             for dtype, head_dim, masked in COMPILE_CASES]
+    cases += [(f"{dtype} {block_type}{f' rows{row_tile}' if row_tile else ''}",
+               block_kernel_specs(block_type, dtype, row_tile))
+              for block_type in BLOCK_TYPES for dtype in BLOCK_LINEAR_DTYPES
+              for row_tile in (*BLOCK_LINEAR_ROW_TILES, None)]
     num_empty = 0
-    for dtype, head_dim, masked in COMPILE_CASES:
-        for kernel, pointer_types, constants in kernel_specs(dtype, head_dim, masked):
+    for case, specs in cases:
+        for kernel, pointer_types, constants in specs:
             source = triton.compiler.ASTSource(
                 kernel, signature(kernel, pointer_types, constants), constants
             )
@@ -93,7 +116,6 @@ def main() -> int:
                 line for line in compiled.asm["ptx"].splitlines() if line.startswith(".target")
             )
             num_empty += cubin_bytes == 0
-            case = f"{dtype} d{head_dim}{' masked' if masked else ''}"
             print(f"{kernel.__name__} {case}: {target_line}, cubin {cubin_bytes} bytes")
     return 1 if num_empty else 0
 

@@ -165,10 +165,10 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
                              "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
     parser.add_argument("--quantized-weights", choices=UP_QUANTIZED_WEIGHTS, default="dequantized",
-                        help="the replicas': widen every weight to --dtype at load, or, on a CPU, multiply the "
-                             "matrices a .gguf holds in Q8_0, Q4_0 or Q4_1 blocks as stored: under half the "
-                             "memory and faster steps of a few sequences, slower ones of many; decode-as-stored: "
-                             "the decode replicas as stored, the prefill replicas (whose many rows a step "
+                        help="the replicas': widen every weight to --dtype at load, or multiply the matrices a "
+                             ".gguf holds in Q8_0, Q4_0 or Q4_1 blocks as stored: under half the memory and, on a "
+                             "CPU, faster steps of a few sequences, slower ones of many; decode-as-stored: the "
+                             "decode replicas as stored, the prefill replicas (whose steps of hundreds of rows "
                              "the GEMM on packed weights serves best) dequantized (default dequantized)")
     parser.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
                         help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default on a "

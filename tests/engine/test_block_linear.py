@@ -1,6 +1,8 @@
 """A BlockLinear computes what nn.Linear computes with the dequantized weight, whether its rows go
 through the block kernel (a few) or the dequantized GEMM (many), with and without a bias; and
-serve_blocks_as_stored replaces exactly the layers whose checkpoint parts are all blocks of one type."""
+serve_blocks_as_stored replaces exactly the layers whose checkpoint parts are all blocks of one type,
+its blocks on the replaced layer's device. On CUDA every row count goes through the Triton kernel:
+tests/gpu/test_gpu_block_linear.py."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,14 @@ def test_either_path_equals_linear_with_the_dequantized_weight(dtype, block_type
         assert out.dtype == dtype and out.shape == (num_rows, 40)
         tolerance = 1e-5 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_blocks_go_to_the_device_of_the_layer_they_replace():
+    model = nn.Module()
+    with torch.device("meta"):
+        model.proj = nn.Linear(64, 32, bias=False)
+    assert serve_blocks_as_stored(model, {"proj.weight": ("q8_0", quantized(32, 64, "q8_0"))}) == 1
+    assert model.proj.blocks.device.type == "meta"
 
 
 def test_blocks_that_do_not_hold_the_in_features_are_refused():

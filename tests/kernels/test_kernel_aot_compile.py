@@ -1,4 +1,6 @@
-"""Every Triton kernel compiles ahead of time for sm_90 (ptxas ships with Triton; no GPU needed).
+"""Every Triton kernel compiles ahead of time for sm_90 (ptxas ships with Triton; no GPU needed):
+the attention kernels for every case of aot.COMPILE_CASES, the block-linear kernels for every
+block type and x dtype, block_linear at each row tile of aot.BLOCK_LINEAR_ROW_TILES.
 
 The interpreter flag set for the other tests turns kernels into interpreted functions, so the
 compile runs `python -m kernels.aot` in a fresh process with TRITON_INTERPRET=0.
@@ -9,6 +11,7 @@ import subprocess
 import sys
 
 from pdserve.kernels import aot
+from pdserve.kernels.block_quant_reference import BLOCK_TYPES
 
 KERNEL_NAMES = (
     "_store_kv_kernel",
@@ -17,6 +20,7 @@ KERNEL_NAMES = (
     "_prefill_kernel",
 )
 COMPILED_LINE = re.compile(r"^(\w+) (\w+) d(\d+)( masked)?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
+BLOCK_COMPILED_LINE = re.compile(r"^(\w+) (\w+) (q\d_\d)(?: rows(\d+))?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
 
 
 def test_every_kernel_compiles_to_a_cubin_for_sm_90():
@@ -36,3 +40,14 @@ def test_every_kernel_compiles_to_a_cubin_for_sm_90():
     }
     assert {(name, dtype, head_dim, masked) for name, dtype, head_dim, masked, _ in compiled} == expected
     assert all(int(cubin_bytes) > 0 for *_, cubin_bytes in compiled)
+
+    block_compiled = BLOCK_COMPILED_LINE.findall(result.stdout)  # [(kernel, dtype, block type, row tile or "", bytes)]
+    block_expected = {
+        (name, dtype, block_type, row_tile)
+        for block_type in BLOCK_TYPES
+        for dtype in aot.BLOCK_LINEAR_DTYPES
+        for name, row_tile in (*(("_block_linear_kernel", str(tile)) for tile in aot.BLOCK_LINEAR_ROW_TILES),
+                               ("_dequantize_kernel", ""))
+    }
+    assert {(name, dtype, block_type, tile) for name, dtype, block_type, tile, _ in block_compiled} == block_expected
+    assert all(int(cubin_bytes) > 0 for *_, cubin_bytes in block_compiled)
