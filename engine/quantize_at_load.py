@@ -37,9 +37,11 @@ from pdserve.kernels.block_quant_reference import WEIGHTS_PER_BLOCK, quantize_re
 
 BLOCK_TYPES = {"int8": "q8_0", "int4": "q4_1"}  # engine_config.QUANTIZATIONS -> block type
 
-# Rows are quantized this many weights at a time (1 MiB of float32): the reference's temporaries
-# then stay in cache and bounded, whatever the size of the matrix (a 128K-row head is 2 GiB each).
-CHUNK_WEIGHTS = 2**18
+# Rows are quantized this many weights at a time (16 MiB of float32), so that the reference's
+# temporaries stay bounded whatever the matrix (a head of 128K rows by 4K is 2 GiB each). Not much
+# fewer: each chunk is some fifteen torch ops, each a parallel region, and on cores shared with
+# other work every region can wait a time slice for its threads.
+CHUNK_WEIGHTS = 2**22
 
 
 def weight_names_to_quantize(model: nn.Module) -> set[str]:
