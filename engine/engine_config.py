@@ -51,7 +51,7 @@ class EngineConfig:
                                      f"{', '.join(QUANTIZED_WEIGHTS)}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise InvalidConfigError(f"quantization {self.quantization!r} is not one of "
-                                     f"{', '.join(QUANTIZATIONS)} (or None: none)")
+                                     f"{', '.join(QUANTIZATIONS)} (None: not quantized)")
         if self.num_gpu_blocks is not None and self.kv_cache_memory_bytes is not None:
             raise InvalidConfigError("give num_gpu_blocks or kv_cache_memory_bytes, not both")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
