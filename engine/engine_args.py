@@ -11,7 +11,8 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_features import cpu_has_hardware_bf16
-from pdserve.engine.engine_config import DTYPES, QUANTIZED_WEIGHTS, EngineConfig, memory_size_arg, resolve_dtype
+from pdserve.engine.engine_config import (DTYPES, QUANTIZATIONS, QUANTIZED_WEIGHTS, EngineConfig, memory_size_arg,
+                                         resolve_dtype)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +27,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "matrices a .gguf holds in Q8_0, Q4_0 or Q4_1 blocks are multiplied as stored (under "
                              "half the memory; on a CPU, faster decode steps of a few sequences, slower ones of "
                              "many)")
+    parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
+                        help="quantize the Linear layers' weights at load, in groups of 32: int8 (Q8_0) or int4 "
+                             "(Q4_1), activations in --dtype (default: none); with --quantized-weights as-stored, "
+                             "the layers a .gguf holds in blocks keep them")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -68,12 +73,14 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching,
-        quantized_weights=args.quantized_weights)
+        quantized_weights=args.quantized_weights, quantization=args.quantization)
 
 
 def model_text(args: argparse.Namespace, served_name: str) -> str:
-    """"<served id> (<dtype> on <device>)", the dtype as the engine resolves `--dtype auto`: how
-    the startup lines (cluster.startup_log) name the engine `args` configure."""
+    """"<served id> (<dtype> on <device>)", the dtype as the engine resolves `--dtype auto`, and
+    ", int8 weights" within the brackets under --quantization int8: how the startup lines
+    (cluster.startup_log) name the engine `args` configure."""
     checkpoint_dtype = ModelConfig.from_dir(args.model).torch_dtype
     dtype = resolve_dtype(args.dtype, checkpoint_dtype, args.device, cpu_has_hardware_bf16())
-    return f"{served_name} ({dtype} on {args.device})"
+    quantization = "" if args.quantization is None else f", {args.quantization} weights"
+    return f"{served_name} ({dtype} on {args.device}{quantization})"

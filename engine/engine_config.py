@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZED_WEIGHTS = ("as-stored", "dequantized")
+QUANTIZATIONS = ("int8", "int4")  # engine/quantize_at_load.py
 MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _MEMORY_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
 
@@ -38,6 +39,9 @@ class EngineConfig:
     # "dequantized": every weight is widened to the dtype at load; "as-stored": on CPU and CUDA, a
     # GGUF's Q8_0/Q4_0/Q4_1 matrices are multiplied as stored (engine/weights.py).
     quantized_weights: str = "dequantized"
+    # None: Linear weights as the checkpoint has them; "int8" or "int4": quantized at load, weight-only,
+    # in groups of 32 (engine/quantize_at_load.py). With "as-stored", layers already in blocks keep them.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -45,6 +49,9 @@ class EngineConfig:
         if self.quantized_weights not in QUANTIZED_WEIGHTS:
             raise InvalidConfigError(f"quantized_weights {self.quantized_weights!r} is not one of "
                                      f"{', '.join(QUANTIZED_WEIGHTS)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise InvalidConfigError(f"quantization {self.quantization!r} is not one of "
+                                     f"{', '.join(QUANTIZATIONS)} (None: not quantized)")
         if self.num_gpu_blocks is not None and self.kv_cache_memory_bytes is not None:
             raise InvalidConfigError("give num_gpu_blocks or kv_cache_memory_bytes, not both")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -68,7 +68,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model)
         self.dtype = config.torch_dtype(self.model_config.torch_dtype)
         model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len,
-                           config.quantized_weights)
+                           config.quantized_weights, config.quantization)
 
         self.weights_bytes = weights_bytes(model)
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)

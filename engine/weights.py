@@ -12,6 +12,10 @@ name). On CPU and CUDA, with `quantized_weights` "as-stored", the Linear layers 
 weights are all there multiply those blocks (engine/block_linear.py): their float weights are
 read as usual, then dropped.
 
+With `quantization` "int8" or "int4", the Linear layers still in float are then quantized from
+the checkpoint's tensors as stored, read a second time (engine/quantize_at_load.py): with
+"as-stored", a GGUF's layers already in blocks keep them, and only the rest are quantized.
+
 The model is built on the meta device and its parameters are the checkpoint's tensors, each
 read, cast to the target dtype and moved to the target device one at a time: no parameter is
 ever materialised in the default dtype. On CPU the Linear layers then trade their weights for
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -31,13 +36,15 @@ from pdserve.engine.block_linear import serve_blocks_as_stored
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
 from pdserve.engine.model import CausalLM
+from pdserve.engine.quantize_at_load import quantize_linear_layers, weight_names_to_quantize
 from pdserve.protocol.errors import InvalidModelError
 
 BLOCKS_FORMAT = "gguf-blocks"  # the "format" checkpoints.gguf_convert tags its blocks file with
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_model_len: int | None = None, quantized_weights: str = "dequantized") -> CausalLM:
+               max_model_len: int | None = None, quantized_weights: str = "dequantized",
+               quantization: str | None = None) -> CausalLM:
     renames = tuple((re.compile(pattern), replacement) for pattern, replacement in config.checkpoint.renames)
     checkpoint = _read_safetensors(Path(model_dir), renames, dtype, device)
     with torch.device("meta"):
@@ -50,6 +57,9 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     model.eval().requires_grad_(False)
     if quantized_weights == "as-stored" and device.type in ("cpu", "cuda"):
         serve_blocks_as_stored(model, _read_blocks(Path(model_dir), renames))
+    if quantization is not None:
+        stored = _stored_tensors(Path(model_dir), renames, weight_names_to_quantize(model))
+        quantize_linear_layers(model, stored, quantization, device)
     if packs(dtype, device):
         pack_linear_layers(model)
     return model
@@ -70,17 +80,24 @@ def weights_bytes(model: nn.Module) -> int:
 
 def _read_safetensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...], dtype: torch.dtype,
                       device: torch.device) -> dict[str, torch.Tensor]:
+    return {name: tensor.to(device=device, dtype=dtype) for name, tensor in _stored_tensors(model_dir, renames)}
+
+
+def _stored_tensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...],
+                    names: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name after the renames, tensor as stored, on the CPU) of the folder's float tensors, one
+    at a time; only those in `names` when given."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise InvalidModelError(f"{model_dir}: no *.safetensors files")
-    tensors = {}
     for path in files:
         with safe_open(path, framework="pt") as f:
             if (f.metadata() or {}).get("format") == BLOCKS_FORMAT:
                 continue
             for name in f.keys():
-                tensors[_renamed(name, renames)] = f.get_tensor(name).to(device=device, dtype=dtype)
-    return tensors
+                renamed = _renamed(name, renames)
+                if names is None or renamed in names:
+                    yield renamed, f.get_tensor(name)
 
 
 def _read_blocks(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...]) -> dict[str, tuple[str, torch.Tensor]]:

@@ -32,6 +32,7 @@ CERT_SHARED_HOST = "pdserve-internal"  # what they name where replicas' addresse
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
 # engine.engine_config.QUANTIZED_WEIGHTS, and up's per-role choice (up.replica_quantized_weights)
 UP_QUANTIZED_WEIGHTS = ("dequantized", "as-stored", "decode-as-stored")
+QUANTIZATIONS = ("int8", "int4")  # engine.engine_config.QUANTIZATIONS
 
 
 class _LazyArgumentParser(argparse.ArgumentParser):
@@ -125,7 +126,7 @@ def run_up(args: argparse.Namespace) -> int:
     config = UpConfig(
         model=args.model, num_prefill=args.prefill, num_decode=args.decode,
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype,
-        quantized_weights=args.quantized_weights, host=args.host,
+        quantized_weights=args.quantized_weights, quantization=args.quantization, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
@@ -170,6 +171,10 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                              "CPU, faster steps of a few sequences, slower ones of many; decode-as-stored: the "
                              "decode replicas as stored, the prefill replicas (whose steps of hundreds of rows "
                              "the GEMM on packed weights serves best) dequantized (default dequantized)")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                        help="the replicas': quantize the Linear layers' weights at load, in groups of 32, to int8 "
+                             "(Q8_0) or int4 (Q4_1), served by the block kernels (default: none); with "
+                             "--quantized-weights as-stored, the layers a .gguf holds in blocks keep them")
     parser.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
                         help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default on a "
                              "CPU: half of the memory available, split evenly between the replicas and held to "

@@ -93,6 +93,7 @@ class UpConfig:
     api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
     enable_prefix_caching: bool = True
     quantized_weights: str = "dequantized"  # the replicas' (engine.weights), or "decode-as-stored"
+    quantization: str | None = None  # the replicas' (engine.quantize_at_load): None, "int8" or "int4"
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
     prefill_placement: str = "auto"  # the gateway's (gateway.disaggregated.prefill_placement)
@@ -245,13 +246,14 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
                     else [config.gpu_memory_utilization] * len(replicas))
     cpu_sets = split_cpus(sorted(os.sched_getaffinity(0)), len(replicas)) if config.device == "cpu" else None
     pool = () if config.kv_cache_memory_bytes is None else ("--kv-cache-memory", str(config.kv_cache_memory_bytes))
+    quantization = () if config.quantization is None else ("--quantization", config.quantization)
     slots = []
     for i, (kind, name) in enumerate(replicas):
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                "--quantized-weights", replica_quantized_weights(config.quantized_weights, kind),
+                "--quantized-weights", replica_quantized_weights(config.quantized_weights, kind), *quantization,
                 "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls,
                                                   (config.grpc_port, config.http_port))))

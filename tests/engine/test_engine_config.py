@@ -58,3 +58,12 @@ def test_anything_else_is_refused_with_the_forms_it_takes(text):
 def test_the_pool_is_given_in_blocks_or_in_bytes_not_both():
     with pytest.raises(InvalidConfigError, match="not both"):
         EngineConfig(model="/m", num_gpu_blocks=8, kv_cache_memory_bytes=2**20)
+
+
+def test_quantization_is_none_int8_or_int4():
+    assert EngineConfig(model="/m").quantization is None
+    for quantization in ("int8", "int4"):
+        assert EngineConfig(model="/m", quantization=quantization).quantization == quantization
+    for other in ("fp8", "INT8", "q4_1", ""):
+        with pytest.raises(InvalidConfigError, match="quantization .* is not one of int8, int4"):
+            EngineConfig(model="/m", quantization=other)

@@ -15,6 +15,8 @@ Measured on this model (x86 CPU): 94 of 96 agree (97.9 %), the two others are ex
 (shortfall 0), logprob error mean 0.022 and max 0.087 nats. A bug in the bfloat16 path (rope,
 KV store, a kernel's accumulation) costs whole nats and most argmaxes.
 """
+from dataclasses import dataclass
+
 import pytest
 
 from pdserve.engine.engine_config import EngineConfig
@@ -32,14 +34,15 @@ MAX_LOGPROB_ERROR = 0.25
 NUM_TOP = 20  # float32's token is always among bfloat16's top 20 here
 
 
-def bfloat16_greedy_steps(model_dir, prompts, engine_outputs) -> list[list[tuple[int, dict[int, float]]]]:
-    """[prompt][position] -> bfloat16's greedy token there and its top NUM_TOP logprobs (token id:
-    logprob), on float32's context.
+def greedy_steps(model_dir, prompts, engine_outputs, dtype: str = "bfloat16",
+                 quantization: str | None = None) -> list[list[tuple[int, dict[int, float]]]]:
+    """[prompt][position] -> the greedy token of an engine in `dtype` (and `quantization`) there and
+    its top NUM_TOP logprobs (token id: logprob), on float32's context.
 
     One wave per position: every prompt resumes with float32's tokens before it and samples one
     more. With prefix caching each wave computes little beyond the blocks the last one filled."""
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16", kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
-                                    enable_prefix_caching=True))
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, quantization=quantization,
+                                    kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES, enable_prefix_caching=True))
     steps = [[] for _ in prompts]
     for position in range(MAX_TOKENS):
         for i, (prompt, output) in enumerate(zip(prompts, engine_outputs)):
@@ -53,20 +56,36 @@ def bfloat16_greedy_steps(model_dir, prompts, engine_outputs) -> list[list[tuple
     return steps
 
 
-def test_bfloat16_agrees_with_float32_top1_and_logprobs_within_the_rule(smollm2_dir, prompts, engine_outputs):
-    steps = bfloat16_greedy_steps(smollm2_dir, prompts, engine_outputs)
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    num_positions: int
+    top1: float  # the share of positions where the engine's argmax is float32's token
+    max_shortfall: float  # nats between the engine's best and float32's token, at worst
+    mean_logprob_error: float  # |the engine's logprob of float32's token - float32's|, nats
+    max_logprob_error: float
+
+    def __str__(self) -> str:
+        return (f"{self.num_positions} positions: top-1 agreement {self.top1:.3f}, max shortfall "
+                f"{self.max_shortfall:.3f}, logprob error mean {self.mean_logprob_error:.4f} "
+                f"max {self.max_logprob_error:.4f}")
+
+
+def agreement_with_float32(engine_outputs, steps) -> Agreement:
     num_agree, errors, shortfalls = 0, [], []
     for output, prompt_steps in zip(engine_outputs, steps):
         for token_id, float32_entry, (best_id, top) in zip(output.token_ids, output.logprobs, prompt_steps):
-            assert token_id in top, f"float32's token {token_id} is not in bfloat16's top {NUM_TOP}"
+            assert token_id in top, f"float32's token {token_id} is not in the engine's top {NUM_TOP}"
             num_agree += best_id == token_id
             shortfalls.append(top[best_id] - top[token_id])
             errors.append(abs(top[token_id] - float32_entry.logprob))
-    agreement = num_agree / len(errors)
-    print(f"\nbfloat16 vs float32, {len(errors)} positions: top-1 agreement {agreement:.3f}, max shortfall "
-          f"{max(shortfalls):.3f}, logprob error mean {sum(errors) / len(errors):.4f} max {max(errors):.4f}")
-    assert len(errors) == len(prompts) * MAX_TOKENS
-    assert agreement >= MIN_TOP1_AGREEMENT
-    assert max(shortfalls) <= MAX_SHORTFALL
-    assert sum(errors) / len(errors) <= MEAN_LOGPROB_ERROR
-    assert max(errors) <= MAX_LOGPROB_ERROR
+    return Agreement(len(errors), num_agree / len(errors), max(shortfalls), sum(errors) / len(errors), max(errors))
+
+
+def test_bfloat16_agrees_with_float32_top1_and_logprobs_within_the_rule(smollm2_dir, prompts, engine_outputs):
+    agreement = agreement_with_float32(engine_outputs, greedy_steps(smollm2_dir, prompts, engine_outputs))
+    print(f"\nbfloat16 vs float32, {agreement}")
+    assert agreement.num_positions == len(prompts) * MAX_TOKENS
+    assert agreement.top1 >= MIN_TOP1_AGREEMENT
+    assert agreement.max_shortfall <= MAX_SHORTFALL
+    assert agreement.mean_logprob_error <= MEAN_LOGPROB_ERROR
+    assert agreement.max_logprob_error <= MAX_LOGPROB_ERROR
