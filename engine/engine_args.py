@@ -29,8 +29,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "many)")
     parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
                         help="quantize the Linear layers' weights at load, in groups of 32: int8 (Q8_0) or int4 "
-                             "(Q4_1), activations in --dtype (default: none); with --quantized-weights as-stored, "
-                             "the layers a .gguf holds in blocks keep them")
+                             "(Q4_1; the head Q8_0), activations in --dtype (default: none); with "
+                             "--quantized-weights as-stored, the layers a .gguf holds in blocks keep them")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)

@@ -30,8 +30,6 @@ DEFAULT_GATEWAY_HTTP_PORT = 8000
 CERT_NAMES = ("gateway", "prefill", "decode")  # `pdserve certs`' certificates: one per service
 CERT_SHARED_HOST = "pdserve-internal"  # what they name where replicas' addresses are not known when they are made
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
-# engine.engine_config.QUANTIZED_WEIGHTS, and up's per-role choice (up.replica_quantized_weights)
-UP_QUANTIZED_WEIGHTS = ("dequantized", "as-stored", "decode-as-stored")
 QUANTIZATIONS = ("int8", "int4")  # engine.engine_config.QUANTIZATIONS
 
 
@@ -165,15 +163,13 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
                              "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
-    parser.add_argument("--quantized-weights", choices=UP_QUANTIZED_WEIGHTS, default="dequantized",
+    parser.add_argument("--quantized-weights", choices=("dequantized", "as-stored"), default="dequantized",
                         help="the replicas': widen every weight to --dtype at load, or multiply the matrices a "
                              ".gguf holds in Q8_0, Q4_0 or Q4_1 blocks as stored: under half the memory and, on a "
-                             "CPU, faster steps of a few sequences, slower ones of many; decode-as-stored: the "
-                             "decode replicas as stored, the prefill replicas (whose steps of hundreds of rows "
-                             "the GEMM on packed weights serves best) dequantized (default dequantized)")
+                             "CPU, faster steps of a few sequences, slower ones of many (default dequantized)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                         help="the replicas': quantize the Linear layers' weights at load, in groups of 32, to int8 "
-                             "(Q8_0) or int4 (Q4_1), served by the block kernels (default: none); with "
+                             "(Q8_0) or int4 (Q4_1; the head Q8_0), served by the block kernels (default: none); with "
                              "--quantized-weights as-stored, the layers a .gguf holds in blocks keep them")
     parser.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
                         help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default on a "

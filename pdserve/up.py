@@ -92,7 +92,7 @@ class UpConfig:
     shutdown_timeout_s: float
     api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
     enable_prefix_caching: bool = True
-    quantized_weights: str = "dequantized"  # the replicas' (engine.weights), or "decode-as-stored"
+    quantized_weights: str = "dequantized"  # the replicas' (engine.weights)
     quantization: str | None = None  # the replicas' (engine.quantize_at_load): None, "int8" or "int4"
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
@@ -200,15 +200,6 @@ def gateway_target(config: UpConfig) -> str:
     return f"{_reachable(config.host)}:{config.grpc_port}"
 
 
-def replica_quantized_weights(quantized_weights: str, kind: str) -> str:
-    """A replica's --quantized-weights under up's: "decode-as-stored" keeps the blocks on decode
-    replicas, where a step reads every weight for a few rows, and dequantizes them on prefill
-    replicas, whose steps of hundreds of rows the GEMM on packed weights serves fastest."""
-    if quantized_weights == "decode-as-stored":
-        return "as-stored" if kind == "decode" else "dequantized"
-    return quantized_weights
-
-
 def internal_certificates(directory: Path, config: UpConfig) -> dict[str, InternalTlsFiles]:
     """A new CA's certificate for each child and for up's probes (PROBER), all for loopback, in
     `directory`, which only its owner may enter; each one's files by name."""
@@ -253,7 +244,7 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                "--quantized-weights", replica_quantized_weights(config.quantized_weights, kind), *quantization,
+                "--quantized-weights", config.quantized_weights, *quantization,
                 "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls,
                                                   (config.grpc_port, config.http_port))))

@@ -65,23 +65,6 @@ def test_up_passes_its_dtype_to_every_replica(tmp_path):
         assert spec.argv[spec.argv.index("--dtype") + 1] == "bfloat16"
 
 
-@pytest.mark.parametrize(("choice", "prefill", "decode"), [("dequantized", "dequantized", "dequantized"),
-                                                          ("as-stored", "as-stored", "as-stored"),
-                                                          ("decode-as-stored", "dequantized", "as-stored")])
-def test_up_gives_each_role_the_weights_its_choice_names(tmp_path, choice, prefill, decode):
-    from pdserve.up import UpConfig, child_slots
-
-    args = cli.build_parser().parse_args(["up", "--quantized-weights", choice])
-    config = UpConfig(
-        model=str(tmp_path), num_prefill=1, num_decode=2, redis_url=None, transport=args.transport,
-        device=args.device, dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-        startup_timeout_s=1.0, shutdown_timeout_s=1.0, quantized_weights=args.quantized_weights)
-    specs = {slot.name: slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")}
-    chosen = {name: spec.argv[spec.argv.index("--quantized-weights") + 1] for name, spec in specs.items()
-              if name != "gateway"}
-    assert chosen == {"prefill-0": prefill, "decode-0": decode, "decode-1": decode}
-
-
 def test_up_gives_every_replica_the_kv_pool_it_is_given(tmp_path, capsys):
     from pdserve.up import UpConfig, child_slots
 
