@@ -8,7 +8,7 @@ another family, not one to guess at.
 
 A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1 matrices as stored, in a
 safetensors file of format "gguf-blocks" (each tensor's block type in the metadata under its
-name). On CPU and CUDA, with `quantized_weights` "as-stored", the Linear layers whose checkpoint
+name). With `quantized_weights` "as-stored", the Linear layers whose checkpoint
 weights are all there multiply those blocks (engine/block_linear.py): their float weights are
 read as usual, then dropped.
 
@@ -55,7 +55,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
         raise InvalidModelError(f"{model_dir}: checkpoint does not match {config.architecture}: "
                                 f"{textwrap.shorten(str(error), 600)}") from None
     model.eval().requires_grad_(False)
-    if quantized_weights == "as-stored" and device.type in ("cpu", "cuda"):
+    if quantized_weights == "as-stored":
         serve_blocks_as_stored(model, _read_blocks(Path(model_dir), renames))
     if quantization is not None:
         stored = _stored_tensors(Path(model_dir), renames, weight_names_to_quantize(model))
