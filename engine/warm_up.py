@@ -4,12 +4,17 @@ Triton's compiler (kernels/launch_variants.py says which block-table widths thos
 Each warm-up step runs the model on one decode token and one one-token prefill chunk whose
 block tables are `width` blocks wide, all entries block 0, so the steps read and write only
 block 0 of the pool, which no request holds yet. Run once the pool exists, before serving.
+
+Layers on blocks as stored (engine/block_linear.py) compile a Triton variant per row tile, which
+a step's rows pick (kernels/triton_block_linear.py): each such layer also runs once on the rows
+of each tile, on zeros, touching nothing but its output.
 """
 from __future__ import annotations
 
 import torch
 
 from pdserve.engine.attention_metadata import AttentionMetadata
+from pdserve.engine.block_linear import BlockLinear
 from pdserve.engine.model import CausalLM
 
 
@@ -27,3 +32,14 @@ def warm_up(model: CausalLM, kv_cache: torch.Tensor, block_size: int, widths: li
         positions = as_tensor([context_len - 1] * 2, torch.int64)
         hidden = model(as_tensor([0, 0], torch.int64), positions, kv_cache, attn)  # [2, hidden]
         model.compute_logits(hidden)
+    _warm_up_block_linears(model, device)
+
+
+def _warm_up_block_linears(model: CausalLM, device: torch.device) -> None:
+    from pdserve.kernels.triton_block_linear import ROW_TILES  # imports Triton: CUDA only
+
+    dtype = model.model.embed_tokens.weight.dtype
+    for layer in model.modules():
+        if isinstance(layer, BlockLinear):
+            for rows in ROW_TILES:
+                layer(torch.zeros(rows, layer.in_features, dtype=dtype, device=device))

@@ -36,6 +36,7 @@ from pdserve.kernels.tile_dot import needs_exact_dot, tile_dot
 
 MIN_TILE = 16  # tl.dot needs every tile side >= 16
 MAX_ROW_TILE = 64
+ROW_TILES = tuple(2**i for i in range(MIN_TILE.bit_length() - 1, MAX_ROW_TILE.bit_length()))  # what Tiles.rows_for picks
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
