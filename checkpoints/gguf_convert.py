@@ -4,7 +4,7 @@
         config.json              LlamaForCausalLM or Qwen2ForCausalLM (gguf_config)
         generation_config.json   end-of-text and end-of-turn ids
         model.safetensors        every tensor dequantized to float32, llama's q/k rows unpermuted (gguf_weights)
-        blocks.safetensors       the Q8_0/Q4_0/Q4_1 matrices again, as stored: their blocks (gguf_weights)
+        blocks.safetensors       the Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices again, as stored: their blocks (gguf_weights)
         tokenizer.json           byte-level BPE from tokenizer.ggml.* (gguf_tokenizer)
         tokenizer_config.json    special tokens and the chat template
 
@@ -43,7 +43,7 @@ BLOCKS_FILE_NAME = "blocks.safetensors"
 BLOCKS_FORMAT = "gguf-blocks"
 HASH_CHUNK_BYTES = 1 << 24
 SHORT_SHA_CHARS = 12
-FOLDER_VERSION = 2  # 2: blocks.safetensors
+FOLDER_VERSION = 3  # 2: blocks.safetensors; 3: Q4_K and Q6_K in it
 
 
 def folder_name(stem: str, sha256: str) -> str:

@@ -26,8 +26,10 @@ SUPPORTED_TYPES = frozenset({
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
     GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
 })
+# The types pdserve serves as stored; Q5_K is only ever dequantized (it has no kernel).
 BLOCK_TYPES = {GGMLQuantizationType.Q8_0: "q8_0", GGMLQuantizationType.Q4_0: "q4_0",
-               GGMLQuantizationType.Q4_1: "q4_1"}
+               GGMLQuantizationType.Q4_1: "q4_1", GGMLQuantizationType.Q4_K: "q4_k",
+               GGMLQuantizationType.Q6_K: "q6_k"}
 _MISSING = object()
 
 
@@ -73,7 +75,8 @@ class GGUFFile:
 
     def block_type(self, name: str) -> str | None:
         """The block format `name` is stored in, when pdserve can serve it as stored ("q8_0",
-        "q4_0", "q4_1", a matrix of rows of 32-weight blocks); None for any other type."""
+        "q4_0", "q4_1": a matrix of rows of 32-weight blocks; "q4_k", "q6_k": of 256-weight
+        super-blocks); None for any other type."""
         tensor = self._tensor(name)
         return BLOCK_TYPES.get(tensor.tensor_type) if len(tensor.shape) == 2 else None
 

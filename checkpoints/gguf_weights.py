@@ -1,5 +1,5 @@
 """A llama or qwen2 GGUF's tensors under their Hugging Face names, in float32, as transformers
-loads them, and its Q8_0/Q4_0/Q4_1 matrices again as stored (their blocks).
+loads them, and its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices again as stored (their blocks).
 
     token_embd.weight             -> model.embed_tokens.weight
     output_norm.weight            -> model.norm.weight
@@ -13,7 +13,9 @@ What a family adds to this shared layout is its row in gguf_config.ARCHITECTURES
 a bias, and whether q/k rows are permuted. For llama, llama.cpp's converter reorders the rows of
 q_proj and k_proj, per head, from HF's rotate-half RoPE layout (first half of a head's dims, then
 the second half) to interleaved pairs; `unpermute_rows` puts them back (qwen2 files are not
-permuted). The file's tensors must be exactly the ones the family's model has: a missing or an
+permuted). It moves whole rows, so it serves a matrix's blocks as well as its floats: a row is a
+whole number of blocks (GGUF's rule: in_features is a multiple of the block's weights, 32 or 256),
+so no block straddles two rows. The file's tensors must be exactly the ones the family's model has: a missing or an
 unknown one raises GGUFError, since a file with parts this mapping does not know is a model this
 converter would get wrong.
 """

@@ -1,4 +1,5 @@
-"""Linear layers whose weights stay in a GGUF block format (Q8_0, Q4_0, Q4_1), as stored.
+"""Linear layers whose weights stay in a GGUF block format (Q8_0, Q4_0, Q4_1, and the K-quants
+Q4_K, Q6_K), as stored.
 
 A decode step reads every weight once, so its floor is the weights' bytes: SmolLM2-135M's Q4_1
 matrices are 0.625 bytes a weight (20-byte blocks of 32) against 2 in bfloat16 and 4 in float32.
@@ -6,7 +7,9 @@ On CPU, a few rows (a decode step) multiply the blocks directly, each block unpa
 (kernels/cpu_block_linear.py); more rows (a prefill chunk) dequantize the weight to the
 activations' dtype and run the GEMM, where the product outweighs the unpacking. On CUDA, rows of
 any number go through the Triton kernel (kernels/triton_block_linear.py), which unpacks the blocks
-in registers tile by tile and feeds the tensor cores.
+in registers tile by tile and feeds the tensor cores. The K-quants have their own CPU kernel
+(kernels/cpu_kquant_linear.py, super-blocks of 256 weights) and no Triton one: on CUDA their weight
+is dequantized by the torch reference (kernels/kquant_reference.py) for every call.
 
 Invariant: a `BlockLinear` computes what `nn.Linear` computes with the dequantized weight (gguf's
 float32 dequantization, bit for bit) and the same bias, up to summation order; with bfloat16
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdserve.kernels import block_quant_reference, cpu_block_linear
+from pdserve.kernels import block_quant_reference, cpu_block_linear, cpu_kquant_linear, kquant_reference
 
 # Up to this many rows the blocks are multiplied as stored; beyond it, dequantized for the GEMM.
 # Measured on a decode step of SmolLM2-135M (Q4_1, a Q8_0 head, cold) on one core of an AMD EPYC
@@ -35,7 +38,7 @@ class BlockLinear(nn.Module):
     def __init__(self, blocks: torch.Tensor, block_type: str, in_features: int, bias: torch.Tensor | None):
         """blocks: uint8 [out_features, row bytes], each row its blocks back to back."""
         super().__init__()
-        if block_quant_reference.in_features_of(blocks, block_type) != in_features:
+        if _reference(block_type).in_features_of(blocks, block_type) != in_features:
             raise ValueError(f"{block_type} blocks {list(blocks.shape)} do not hold {in_features} in-features")
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.block_type = block_type
@@ -43,13 +46,13 @@ class BlockLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_rows, in_features]
-        if x.is_cuda:
+        if x.is_cuda and self.block_type not in kquant_reference.K_BLOCK_TYPES:
             from pdserve.kernels import triton_block_linear
 
             out = triton_block_linear.block_linear(x, self.blocks, self.block_type, out_dtype=x.dtype)
             return out if self.bias is None else out + self.bias
-        if x.shape[0] <= MAX_BLOCK_KERNEL_ROWS.get(x.dtype, 0):
-            out = cpu_block_linear.block_linear(x, self.blocks, self.block_type)
+        if x.is_cpu and x.shape[0] <= MAX_BLOCK_KERNEL_ROWS.get(x.dtype, 0):
+            out = _cpu_kernel(self.block_type).block_linear(x, self.blocks, self.block_type)
             if out is not None:
                 return out if self.bias is None else out + self.bias
         return F.linear(x, self.dequantized(x.dtype), self.bias)
@@ -60,16 +63,30 @@ class BlockLinear(nn.Module):
         more in page faults than the dequantizing)."""
         numel = self.out_features * self.in_features
         weight = _scratch(numel, dtype, self.blocks.device).view(self.out_features, self.in_features)
-        if self.blocks.is_cuda:
+        if self.blocks.is_cuda and self.block_type not in kquant_reference.K_BLOCK_TYPES:
             from pdserve.kernels import triton_block_linear
 
             triton_block_linear.dequantize(self.blocks, self.block_type, dtype, out=weight)
-        elif cpu_block_linear.dequantize(self.blocks, self.block_type, dtype, out=weight) is None:
-            weight.copy_(block_quant_reference.dequantize_reference(self.blocks, self.block_type))
+            return weight
+        if self.blocks.is_cpu and _cpu_kernel(self.block_type).dequantize(self.blocks, self.block_type, dtype,
+                                                                          out=weight) is not None:
+            return weight
+        weight.copy_(_reference(self.block_type).dequantize_reference(self.blocks, self.block_type))
         return weight
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, block_type={self.block_type}"
+
+
+def _reference(block_type: str):
+    """The torch reference module of `block_type`: the K-quants' or the 32-weight blocks'."""
+    return kquant_reference if block_type in kquant_reference.K_BLOCK_TYPES else block_quant_reference
+
+
+def _cpu_kernel(block_type: str):
+    """The compiled CPU kernel module of `block_type` (block_linear, dequantize; None when it
+    cannot serve)."""
+    return cpu_kquant_linear if block_type in kquant_reference.K_BLOCK_TYPES else cpu_block_linear
 
 
 _buffers = threading.local()

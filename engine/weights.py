@@ -6,7 +6,7 @@ checkpoint keeps apart (q/k/v, gate/up, a layer's experts: engine/model.py, engi
 tie the head to the embeddings. What is then left over or missing is refused: a checkpoint of
 another family, not one to guess at.
 
-A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1 matrices as stored, in a
+A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices as stored, in a
 safetensors file of format "gguf-blocks" (each tensor's block type in the metadata under its
 name). With `quantized_weights` "as-stored", the Linear layers whose checkpoint
 weights are all there multiply those blocks (engine/block_linear.py): their float weights are

@@ -50,11 +50,16 @@ def block_type_of(name: str) -> BlockType:
 
 def in_features_of(blocks: torch.Tensor, block_type: str) -> int:
     """K of a uint8 [N, (K / 32) * block_bytes] weight; ValueError when the shape cannot be one."""
-    kind = block_type_of(block_type)
+    return row_in_features(blocks, block_type_of(block_type))
+
+
+def row_in_features(blocks: torch.Tensor, kind: BlockType) -> int:
+    """K of a uint8 [N, (K / weights_per_block) * block_bytes] weight of `kind`; ValueError when
+    the shape cannot be one."""
     if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] % kind.block_bytes:
-        raise ValueError(f"{block_type} blocks must be uint8 [N, num_blocks * {kind.block_bytes}], "
+        raise ValueError(f"{kind.name} blocks must be uint8 [N, num_blocks * {kind.block_bytes}], "
                          f"got {blocks.dtype} {list(blocks.shape)}")
-    return blocks.shape[1] // kind.block_bytes * WEIGHTS_PER_BLOCK
+    return blocks.shape[1] // kind.block_bytes * kind.weights_per_block
 
 
 def _halves(fields: torch.Tensor) -> torch.Tensor:

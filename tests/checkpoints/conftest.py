@@ -15,10 +15,13 @@ MIXED_TYPES = {
     "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.attn_q.weight": Q.BF16, "blk.1.attn_k.weight": Q.Q4_K,
     "blk.2.attn_q.weight": Q.Q6_K, "blk.2.attn_k.weight": Q.Q5_K, "blk.3.attn_k.weight": Q.Q8_0,
 }
+# llama.cpp's Q4_K_M: Q4_K matrices, the head and the MLP's down projections in Q6_K.
+Q4_K_M_TYPES = {"output.weight": Q.Q6_K, **{f"blk.{layer}.ffn_down.weight": Q.Q6_K for layer in range(4)}}
 QWEN2 = {"arch": "qwen2", "num_heads": 4, "num_kv_heads": 1, "tie_word_embeddings": True}
 # name -> (tiny model spec, per-tensor types, type of the other matrices, metadata written over)
 GGUF_VARIANTS = {
     "mixed": ({}, MIXED_TYPES, Q.Q4_1, {}),
+    "q4_k_m": ({}, Q4_K_M_TYPES, Q.Q4_K, {}),
     "tied-q8_0": ({"tie_word_embeddings": True}, {}, Q.Q8_0, {}),
     "f16": ({}, {}, Q.F16, {}),
     "bf16": ({}, {}, Q.BF16, {}),

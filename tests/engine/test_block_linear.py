@@ -1,5 +1,7 @@
 """A BlockLinear computes what nn.Linear computes with the dequantized weight, whether its rows go
-through the block kernel (a few) or the dequantized GEMM (many), with and without a bias; and
+through the block kernel (a few) or the dequantized GEMM (many), with and without a bias, for the
+32-weight block types and the K-quants (super-blocks of 256, random bytes: gguf cannot quantize
+them); and
 serve_blocks_as_stored replaces exactly the layers whose checkpoint parts are all blocks of one type,
 its blocks on the replaced layer's device. On CUDA every row count goes through the Triton kernel:
 tests/gpu/test_gpu_block_linear.py."""
@@ -10,7 +12,9 @@ from torch import nn
 
 from pdserve.engine.block_linear import MAX_BLOCK_KERNEL_ROWS, BlockLinear, serve_blocks_as_stored
 from pdserve.engine.model import fuse_on_load
+from pdserve.kernels import kquant_reference
 from pdserve.kernels.block_quant_reference import dequantize_reference, quantize_reference
+from tests.kernels.test_kernel_cpu_kquant_linear import random_blocks
 
 
 def quantized(out_features: int, in_features: int, block_type: str, seed: int = 0) -> torch.Tensor:
@@ -33,6 +37,23 @@ def test_either_path_equals_linear_with_the_dequantized_weight(dtype, block_type
         assert out.dtype == dtype and out.shape == (num_rows, 40)
         tolerance = 1e-5 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_type", ["q4_k", "q6_k"])
+def test_either_path_equals_linear_with_the_dequantized_k_quant_weight(dtype, block_type):
+    blocks = random_blocks(40, 512, block_type, seed=0)
+    bias = torch.randn(40, dtype=dtype)
+    layer = BlockLinear(blocks, block_type, 512, bias)
+    weight = kquant_reference.dequantize_reference(blocks, block_type)
+    for num_rows in (1, MAX_BLOCK_KERNEL_ROWS[dtype], MAX_BLOCK_KERNEL_ROWS[dtype] + 1):
+        x = torch.randn(num_rows, 512).to(dtype)
+        expected = F.linear(x.float(), weight, bias.float())
+        out = layer(x)
+        assert out.dtype == dtype and out.shape == (num_rows, 40)
+        scale = expected.abs().max().item()
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out.float(), expected, atol=tolerance * scale, rtol=tolerance)
 
 
 def test_blocks_go_to_the_device_of_the_layer_they_replace():
