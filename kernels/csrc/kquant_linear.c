@@ -34,7 +34,11 @@
  * for each super-block of the feature's weight row the 256 weights are unpacked (and, for
  * bfloat16 pairs, rounded) into a buffer, then multiplied into each row's accumulators (with
  * AVX-512, four 16-lane float32 vectors a row, reduced once at the end). A feature's weight row
- * stays in L1 or L2 while further passes of rows re-read it.
+ * stays in L1 or L2 while further passes of rows re-read it. With AVX-512 a super-block unpacks
+ * 16 weights an instruction sequence (bytes widened, shifted and masked to their levels, converted,
+ * scaled); on one core of an AMD EPYC (Zen 4), hot in cache, bfloat16 x, [3072 x 1024]: Q4_K 0.41
+ * ms for 1 row and 0.80 for 8, Q6_K 0.52 and 0.93, where F.linear on the weight in bfloat16 takes
+ * 0.26 and 0.45 (it reads 3.6 and 2.4 times the bytes, which a decode step's cold weights charge).
  *
  * Returns 0, or 1 for arguments it does not take (an unknown block type, in_features not a
  * multiple of 256, a negative size), or 2 when a scratch copy of x could not be allocated;
@@ -93,7 +97,16 @@ static void unpack_q4_k(const uint8_t *block, float *w) {
         const float scale = d * (float)sc, offset = dmin * (float)m;
         const uint8_t *q = qs + 32 * (j / 2);
         const int shift = 4 * (j % 2);
+#ifdef __AVX512F__
+        for (int i = 0; i < 32; i += 16) {
+            const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i)));
+            const __m512i levels = _mm512_and_si512(_mm512_srli_epi32(bytes, shift), _mm512_set1_epi32(15));
+            _mm512_storeu_ps(w + 32 * j + i, _mm512_fmsub_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(levels),
+                                                             _mm512_set1_ps(offset)));
+        }
+#else
         for (int i = 0; i < 32; i++) w[32 * j + i] = scale * (float)((q[i] >> shift) & 15) - offset;
+#endif
     }
 }
 
@@ -109,10 +122,23 @@ static void unpack_q6_k(const uint8_t *block, float *w) {
             float *out = w + 128 * h + 32 * t;
             for (int half = 0; half < 2; half++) {
                 const float scale = d * (float)scales[(128 * h + 32 * t) / 16 + half];
+#ifdef __AVX512F__
+                const int i = 16 * half;
+                const __m512i low4 = _mm512_and_si512(
+                    _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(low + i))), 4 * (t / 2)),
+                    _mm512_set1_epi32(15));
+                const __m512i high2 = _mm512_and_si512(
+                    _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(high + i))), 2 * t),
+                    _mm512_set1_epi32(3));
+                const __m512i q = _mm512_sub_epi32(_mm512_or_si512(low4, _mm512_slli_epi32(high2, 4)),
+                                                   _mm512_set1_epi32(32));
+                _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(q)));
+#else
                 for (int i = 16 * half; i < 16 * half + 16; i++) {
                     const int q = ((low[i] >> (4 * (t / 2))) & 15) | (((high[i] >> (2 * t)) & 3) << 4);
                     out[i] = scale * (float)(q - 32);
                 }
+#endif
             }
         }
 }
