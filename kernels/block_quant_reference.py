@@ -42,10 +42,10 @@ BLOCK_TYPES = {
 }
 
 
-def block_type_of(name: str) -> BlockType:
-    if name not in BLOCK_TYPES:
-        raise ValueError(f"unknown block type {name!r}: expected one of {sorted(BLOCK_TYPES)}")
-    return BLOCK_TYPES[name]
+def block_type_of(name: str, block_types: dict[str, BlockType] = BLOCK_TYPES) -> BlockType:
+    if name not in block_types:
+        raise ValueError(f"unknown block type {name!r}: expected one of {sorted(block_types)}")
+    return block_types[name]
 
 
 def in_features_of(blocks: torch.Tensor, block_type: str) -> int:
@@ -62,7 +62,7 @@ def row_in_features(blocks: torch.Tensor, kind: BlockType) -> int:
     return blocks.shape[1] // kind.block_bytes * kind.weights_per_block
 
 
-def _halves(fields: torch.Tensor) -> torch.Tensor:
+def halves(fields: torch.Tensor) -> torch.Tensor:
     """uint8 [..., 2] little-endian fp16 bit patterns -> float32 [..., 1], widened exactly."""
     return fields.contiguous().view(torch.float16).float()
 
@@ -77,13 +77,13 @@ def dequantize_reference(blocks: torch.Tensor, block_type: str) -> torch.Tensor:
     in_features = in_features_of(blocks, block_type)
     kind = BLOCK_TYPES[block_type]
     rows = blocks.reshape(blocks.shape[0], -1, kind.block_bytes)  # [N, num_blocks, block_bytes]
-    d = _halves(rows[..., 0:2])
+    d = halves(rows[..., 0:2])
     if block_type == "q8_0":
         w = rows[..., 2:].contiguous().view(torch.int8).float() * d
     elif block_type == "q4_0":
         w = d * (_nibbles(rows[..., 2:]).to(torch.int8) - 8).float()
     else:
-        w = d * _nibbles(rows[..., 4:]).float() + _halves(rows[..., 2:4])
+        w = d * _nibbles(rows[..., 4:]).float() + halves(rows[..., 2:4])
     return w.reshape(blocks.shape[0], in_features)
 
 

@@ -15,10 +15,8 @@ x.float() @ dequantize(blocks, block_type, torch.bfloat16).float().T but for sum
 
 Both return None when they cannot serve their arguments (a tensor not on the CPU or not
 contiguous, x neither float32 nor bfloat16, no compiler, `PDSERVE_CPU_KERNELS=0`): the caller runs
-the reference then. Arguments the reference rejects too raise ValueError, as it does: an unknown
-K-quant type, blocks whose width is no whole number of super-blocks, x whose width is not the
-weight's. The library is called through `ctypes`, which releases the GIL for the call, on
-`torch.get_num_threads()` threads.
+the reference then. Arguments the reference rejects raise ValueError, as it does. The calls are
+kernels/cpu_block_kernels.py's, shared with the other block kernels' library.
 """
 from __future__ import annotations
 
@@ -27,13 +25,12 @@ import functools
 
 import torch
 
-from pdserve.kernels.cpu_build import enabled, load_library
-from pdserve.kernels.kquant_reference import K_BLOCK_TYPES, in_features_of
+from pdserve.kernels.cpu_block_kernels import BlockKernels
+from pdserve.kernels.cpu_build import enabled
+from pdserve.kernels.kquant_reference import K_BLOCK_TYPES
 
-SOURCE_NAME = "kquant_linear.c"
+KERNELS = BlockKernels("kquant_linear.c", "kquant", K_BLOCK_TYPES)
 FLAGS: tuple[str, ...] = ()
-_POINTER, _INT64, _INT32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
@@ -44,62 +41,24 @@ def load() -> ctypes.CDLL | None:
 def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The library built with FLAGS + extra_flags (the tests build the portable C with AVX-512 off),
     its functions declared; None when it cannot be built."""
-    library = load_library(SOURCE_NAME, FLAGS + extra_flags)
-    if library is None:
-        return None
-    library.kquant_linear.argtypes = [_POINTER] * 3 + [_INT32] + [_INT64] * 3 + [_INT32] * 2
-    library.kquant_dequantize.argtypes = [_POINTER] * 2 + [_INT32] + [_INT64] * 2 + [_INT32] * 2
-    library.kquant_linear.restype = library.kquant_dequantize.restype = _INT64
-    library.kquant_linear_rounds_bfloat16_weights.argtypes = []
-    library.kquant_linear_rounds_bfloat16_weights.restype = _INT32
-    return library
+    return KERNELS.build(FLAGS + extra_flags)
 
 
 def rounds_bfloat16_weights(library: ctypes.CDLL | None = None) -> bool:
     """Whether `block_linear` (or `library`'s) multiplies bfloat16 x by the weight rounded to
-    bfloat16 (built with AVX512-BF16); False when there is no library."""
-    library = library or load()
-    return library is not None and bool(library.kquant_linear_rounds_bfloat16_weights())
-
-
-def _check(status: int, what: str) -> None:
-    if status == 2:
-        raise MemoryError(f"{what}: no scratch memory")
-    if status:
-        raise ValueError(f"{what}: arguments rejected by the kernel (status {status})")
+    bfloat16 (built with AVX512-BF16), not the exact float32 weight; False when there is no library."""
+    return KERNELS.rounds_bfloat16_weights(library or load())
 
 
 def block_linear(x: torch.Tensor, blocks: torch.Tensor, block_type: str) -> torch.Tensor | None:
-    """x [M, K] float32 or bfloat16 times the weight [N, K] held as `blocks` (uint8 [N, (K / 256) *
-    block_bytes]), transposed: [M, N] in x.dtype, summed in float32."""
-    in_features = in_features_of(blocks, block_type)
-    if x.dim() != 2 or x.shape[1] != in_features:
-        raise ValueError(f"x {list(x.shape)} does not match a {block_type} weight of {in_features} in-features")
-    library = load()
-    if (library is None or x.dtype not in _FLOAT_DTYPES or not (x.is_cpu and blocks.is_cpu)
-            or not (x.is_contiguous() and blocks.is_contiguous())):
-        return None
-    out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
-    _check(library.kquant_linear(out.data_ptr(), x.data_ptr(), blocks.data_ptr(), K_BLOCK_TYPES[block_type].ggml_type,
-                                 x.shape[0], blocks.shape[0], in_features, x.dtype == torch.bfloat16,
-                                 torch.get_num_threads()), "kquant_linear")
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+    """x [M, K] float32 or bfloat16 times the weight [N, K] held as `blocks`, transposed: [M, N] in
+    x.dtype, summed in float32."""
+    return KERNELS.linear(load, x, blocks, block_type)
 
 
 def dequantize(blocks: torch.Tensor, block_type: str, dtype: torch.dtype = torch.float32, *,
                out: torch.Tensor | None = None) -> torch.Tensor | None:
     """The weight [N, K] in dtype (float32, or bfloat16 rounded to nearest even) from `blocks`,
-    written into `out` when given (contiguous [N, K] of dtype)."""
-    in_features = in_features_of(blocks, block_type)
-    if out is not None and (out.shape != (blocks.shape[0], in_features) or out.dtype != dtype):
-        raise ValueError(f"out {out.dtype} {list(out.shape)} is not {dtype} {[blocks.shape[0], in_features]}")
-    library = load()
-    if (library is None or dtype not in _FLOAT_DTYPES or not blocks.is_cpu or not blocks.is_contiguous()
-            or (out is not None and not (out.is_cpu and out.is_contiguous()))):
-        return None
-    if out is None:
-        out = torch.empty(blocks.shape[0], in_features, dtype=dtype)
-    _check(library.kquant_dequantize(out.data_ptr(), blocks.data_ptr(), K_BLOCK_TYPES[block_type].ggml_type,
-                                     blocks.shape[0], in_features, dtype == torch.bfloat16, torch.get_num_threads()),
-           "kquant_dequantize")
-    return out
+    written into `out` when given (contiguous [N, K] of dtype: a buffer kept across calls spares
+    the page faults of a fresh one)."""
+    return KERNELS.dequantize(load, blocks, block_type, dtype, out)

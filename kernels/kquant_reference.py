@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from pdserve.kernels.block_quant_reference import BlockType, row_in_features
+from pdserve.kernels.block_quant_reference import BlockType, block_type_of, halves, row_in_features
 
 WEIGHTS_PER_SUPER_BLOCK = 256
 K_BLOCK_TYPES = {
@@ -39,25 +39,14 @@ K_BLOCK_TYPES = {
 }
 
 
-def block_type_of(name: str) -> BlockType:
-    if name not in K_BLOCK_TYPES:
-        raise ValueError(f"unknown K-quant type {name!r}: expected one of {sorted(K_BLOCK_TYPES)}")
-    return K_BLOCK_TYPES[name]
-
-
 def in_features_of(blocks: torch.Tensor, block_type: str) -> int:
     """K of a uint8 [N, (K / 256) * block_bytes] weight; ValueError when the shape cannot be one."""
-    return row_in_features(blocks, block_type_of(block_type))
-
-
-def _halves(fields: torch.Tensor) -> torch.Tensor:
-    """uint8 [n, 2] little-endian fp16 bit patterns -> float32 [n, 1], widened exactly."""
-    return fields.contiguous().view(torch.float16).float()
+    return row_in_features(blocks, block_type_of(block_type, K_BLOCK_TYPES))
 
 
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     """uint8 [n, 144] -> float32 [n, 256]."""
-    d, dmin = _halves(blocks[:, 0:2]), _halves(blocks[:, 2:4])
+    d, dmin = halves(blocks[:, 0:2]), halves(blocks[:, 2:4])
     low, mid, high = blocks[:, 4:16].reshape(-1, 3, 4).unbind(1)  # scales[0:4], [4:8], [8:12]
     sc = torch.cat([low & 63, (high & 15) | ((low >> 2) & 48)], dim=1)  # [n, 8]
     m = torch.cat([mid & 63, (high >> 4) | ((mid >> 2) & 48)], dim=1)  # [n, 8]
@@ -70,7 +59,7 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     """uint8 [n, 210] -> float32 [n, 256]."""
     ql, qh = blocks[:, :128].reshape(-1, 2, 64), blocks[:, 128:192].reshape(-1, 2, 32)
     scales = blocks[:, 192:208].contiguous().view(torch.int8).float()  # [n, 16]
-    d = _halves(blocks[:, 208:210])
+    d = halves(blocks[:, 208:210])
     # [n, 8, 32]: row 4 h + t holds weights 128 h + 32 t + (0..31)
     low = torch.stack([ql & 15, ql >> 4], dim=2).reshape(-1, 8, 32)
     high = torch.stack([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], dim=2).reshape(-1, 8, 32)

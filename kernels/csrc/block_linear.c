@@ -76,6 +76,7 @@
 #endif
 #include "avx512_lanes.h"
 #include "bfloat16.h"
+#include "fp16.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
 #define WEIGHTS_PER_BLOCK 32
@@ -92,27 +93,6 @@ static int64_t block_bytes(int32_t block_type) {
         case Q4_1: return 20;
         default: return 0;
     }
-}
-
-/* The little-endian fp16 at p, widened exactly. */
-static inline float half_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-#ifdef __F16C__
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-    union { uint32_t bits; float value; } f;
-    if (exponent == 0x1f) {
-        f.bits = sign | 0x7f800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        f.bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else {  /* zero or subnormal: mantissa * 2^-24, exact */
-        f.value = (float)mantissa * 5.9604644775390625e-8f;
-        f.bits |= sign;
-    }
-    return f.value;
-#endif
 }
 
 /* The weight of lane i (0..31) of a Q4 block as unpack_for_product orders it: vector i / 16 takes

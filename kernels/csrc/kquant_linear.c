@@ -52,6 +52,7 @@
 #include <immintrin.h>
 #endif
 #include "bfloat16.h"
+#include "fp16.h"
 
 enum { Q4_K = 12, Q6_K = 14 };
 #define WEIGHTS_PER_SUPER_BLOCK 256
@@ -63,27 +64,6 @@ static int64_t super_block_bytes(int32_t block_type) {
         case Q6_K: return 210;
         default: return 0;
     }
-}
-
-/* The little-endian fp16 at p, widened exactly. */
-static inline float half_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-#ifdef __F16C__
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-    union { uint32_t bits; float value; } f;
-    if (exponent == 0x1f) {
-        f.bits = sign | 0x7f800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        f.bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else {  /* zero or subnormal: mantissa * 2^-24, exact */
-        f.value = (float)mantissa * 5.9604644775390625e-8f;
-        f.bits |= sign;
-    }
-    return f.value;
-#endif
 }
 
 /* A Q4_K super-block's 256 weights: sub-block j's 32 are the low (j even) or high nibbles of
