@@ -1,8 +1,10 @@
 """The paged KV pool's geometry: one tensor for all layers, and the one place its sizes are computed.
 
-Layout `[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`: for each layer, K then
-V, each a contiguous `[num_blocks, block_size, num_kv_heads, head_dim]` array that the kernels
-index by slot (`block_id * block_size + offset`). One tensor keeps the pool exportable in one
+Layout `[num_layers, 2, num_blocks, block_size, num_kv_heads, entry_size]`: for each layer, K then
+V, each a contiguous `[num_blocks, block_size, num_kv_heads, entry_size]` array that the kernels
+index by slot (`block_id * block_size + offset`). An entry is one token's K (or V) of one kv head:
+`head_dim` elements in a float pool, and in an int8 pool `head_dim` levels and their scale's
+bytes (kernels/kv_quant.py). One tensor keeps the pool exportable in one
 piece (shared memory, CUDA IPC) and a block's bytes at a fixed stride. Everything that sizes,
 allocates, maps or checks a pool (the engine, every KV transport) asks a `KVCacheSpec`.
 """
@@ -14,6 +16,7 @@ from typing import Protocol
 import torch
 
 from pdserve.engine.config import ModelConfig
+from pdserve.kernels.kv_quant import kv_entry_size
 from pdserve.protocol.errors import PdserveError
 
 
@@ -52,19 +55,19 @@ class KVCacheSpec:
         return cls(layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.block_size, dtype)
 
     def shape(self, num_blocks: int) -> tuple[int, ...]:
-        """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]"""
+        """[num_layers, 2, num_blocks, block_size, num_kv_heads, entry_size]"""
         return (self.num_layers, 2, num_blocks, *self.block_shape)
 
     @property
     def block_shape(self) -> tuple[int, int, int]:
-        """[block_size, num_kv_heads, head_dim]: one block of K (or of V) in one layer."""
-        return (self.block_size, self.num_kv_heads, self.head_dim)
+        """[block_size, num_kv_heads, entry_size]: one block of K (or of V) in one layer."""
+        return (self.block_size, self.num_kv_heads, kv_entry_size(self.head_dim, self.dtype))
 
     @property
     def bytes_per_layer_block(self) -> int:
         """K and V of one block in one layer."""
-        element_bytes = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.block_size * self.num_kv_heads * self.head_dim * element_bytes
+        block_size, num_kv_heads, entry_size = self.block_shape
+        return 2 * block_size * num_kv_heads * entry_size * self.dtype.itemsize
 
     @property
     def bytes_per_block(self) -> int:

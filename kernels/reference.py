@@ -1,7 +1,8 @@
 """Pure-torch paged attention: the specification every Triton kernel is tested against.
 
 These also serve CPU inference, so they copy K/V out of the pool a whole block at a time and
-attend with `scaled_dot_product_attention`, returning the input dtype:
+attend with `scaled_dot_product_attention`, returning the input dtype. An int8 pool's entries
+(kernels/kv_quant.py) are widened to float32 as they are copied out, and its writes quantized:
 - decode, in fp32: one query row per sequence; sequences attending a similar number of keys share
   one call over their keys padded to the group's longest (padding masked), so however ragged the batch a
   call reads at most about `1 / MIN_GROUP_LENGTH_RATIO` times the keys it needs, and a call's
@@ -22,15 +23,19 @@ that window (even -1): none of them reaches the output.
 import torch
 import torch.nn.functional as F
 
+from pdserve.kernels.kv_quant import dequantize_entries, quantize_entries, widen
+
 # Query rows of one prefill call: on one core of an AMD EPYC, a 330-token SmolLM2 layer (9 heads,
 # 3 KV heads, 64 dims) attends in 2.6 ms at 32-64 rows a call against 3.7 ms in one causal call.
 QUERY_CHUNK = 64
 
 
 def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
-    num_kv_heads, head_dim = key.shape[1:]
-    k_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = key
-    v_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value
+    if k_cache.dtype == torch.int8:
+        key, value = quantize_entries(key), quantize_entries(value)
+    num_kv_heads, entry_size = k_cache.shape[2:]
+    k_cache.view(-1, num_kv_heads, entry_size)[slot_mapping] = key
+    v_cache.view(-1, num_kv_heads, entry_size)[slot_mapping] = value
 
 
 MIN_GROUP_LENGTH_RATIO = 0.8  # decode: fewest / most keys attended by sequences in one call
@@ -41,8 +46,7 @@ def decode_attention_reference(
     query, k_cache, v_cache, block_tables, context_lens, scale, *, sliding_window=None, logit_softcap=None
 ):
     out = torch.empty_like(query)  # [num_seqs, num_heads, head_dim]
-    num_kv_heads, head_dim = k_cache.shape[2:]
-    fp32_key_bytes = num_kv_heads * head_dim * 4
+    fp32_key_bytes = k_cache.shape[2] * query.shape[2] * 4
     max_keys = MAX_GROUP_KEY_BYTES // fp32_key_bytes
     # The new token sits at position context_len - 1 and sees the keys from key_start on.
     key_starts = torch.zeros_like(context_lens)  # [num_seqs]
@@ -99,8 +103,8 @@ def prefill_attention_reference(
         # New token i sits at position prefix_len + i and sees every key up to it in the window, so
         # keys from the first new token's window start on are read: key_start + k for key k.
         key_start = 0 if sliding_window is None else max(0, prefix_len - sliding_window + 1)
-        key = _gather_context(k_cache, block_tables[seq], key_start, context_len)  # [num_keys, kv_heads, dim]
-        value = _gather_context(v_cache, block_tables[seq], key_start, context_len)
+        key = _gather_context(k_cache, block_tables[seq], key_start, context_len, query.dtype)  # [num_keys, kv_heads, dim]
+        value = _gather_context(v_cache, block_tables[seq], key_start, context_len, query.dtype)
         visible = torch.ones(query_len, context_len - key_start, dtype=torch.bool, device=query.device
                              ).tril(prefix_len - key_start)  # [query_len, num_keys]
         if sliding_window is not None:
@@ -138,12 +142,13 @@ def _softcapped_attention(query, key, value, visible, scale, logit_softcap):
     return (probs @ value).to(query.dtype)
 
 
-def _gather_context(cache, block_table, start, end):
-    """Positions start..end-1 of one sequence: a [end - start, num_kv_heads, head_dim] copy."""
+def _gather_context(cache, block_table, start, end, dtype):
+    """Positions start..end-1 of one sequence: a [end - start, num_kv_heads, head_dim] copy in `dtype`."""
     block_size = cache.shape[1]
     first_block = start // block_size
     blocks = cache.index_select(0, block_table[first_block:-(-end // block_size)].long()).flatten(0, 1)
-    return blocks[start - first_block * block_size:end - first_block * block_size]
+    rows = blocks[start - first_block * block_size:end - first_block * block_size]
+    return (dequantize_entries(rows) if cache.dtype == torch.int8 else rows).to(dtype)
 
 
 def _gather_padded_keys(k_cache, v_cache, block_tables, key_starts, context_lens):
@@ -153,7 +158,7 @@ def _gather_padded_keys(k_cache, v_cache, block_tables, key_starts, context_lens
     which masking alone would not keep out of the output); and that range as visible
     [num_seqs, num_keys]."""
     num_seqs, max_blocks_per_seq = block_tables.shape
-    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    block_size, num_kv_heads = k_cache.shape[1:3]
     key_starts, context_lens = key_starts.long()[:, None], context_lens.long()[:, None]  # [num_seqs, 1]
     first_blocks = key_starts // block_size
     num_blocks = -(-int((context_lens - first_blocks * block_size).max()) // block_size)
@@ -167,8 +172,8 @@ def _gather_padded_keys(k_cache, v_cache, block_tables, key_starts, context_lens
     hidden_rows = (~visible).flatten().nonzero().squeeze(1)  # [num_hidden] flat (seq, key)
 
     def gather(cache):
-        dense = cache.index_select(0, block_ids.flatten()).float()
-        dense = dense.view(num_seqs * num_keys, num_kv_heads, head_dim).index_fill_(0, hidden_rows, 0)
-        return dense.view(num_seqs, num_keys, num_kv_heads, head_dim)
+        dense = widen(cache.index_select(0, block_ids.flatten()))  # [num_seqs * num_blocks, block_size, kv_heads, head_dim]
+        dense = dense.view(num_seqs * num_keys, num_kv_heads, -1).index_fill_(0, hidden_rows, 0)
+        return dense.view(num_seqs, num_keys, num_kv_heads, -1)
 
     return gather(k_cache), gather(v_cache), visible
