@@ -40,12 +40,12 @@ class ModelRunner:
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int, device: torch.device,
                  max_num_seqs: int, max_blocks_per_seq: int, eos_token_id: int | None = None):
         self.model = model
-        self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, num_kv_heads, entry_size]
         self.block_size = block_size
         self.device = device
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, device)
         self.eos_token_id = eos_token_id  # masked by min_tokens
-        kernels.prepare(device, kv_cache.dtype)
+        kernels.prepare(device, model.model.embed_tokens.weight.dtype, kv_cache.dtype)
 
     @torch.inference_mode()
     def run(self, output: SchedulerOutput, on_layer_done: Callable[[int], None] | None = None) -> ModelRunnerOutput:

@@ -1,13 +1,15 @@
 """The model's kernels, one function per op; each picks what serves its tensors, so the model
 never branches on a device.
 
-Attention (here): Triton when the tensors are on CUDA; on CPU a compiled C kernel for float32 and
-bfloat16 decode attention when a C compiler is at hand (`cpu_decode_attention`), pure torch
-otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
+Attention (here): Triton when the tensors are on CUDA; on CPU a compiled C kernel for decode
+attention over a float32, bfloat16 or int8 pool when a C compiler is at hand
+(`cpu_decode_attention`), pure torch otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
 serve, torch otherwise.
 
 KV cache layout, per layer: `k_cache` and `v_cache` are each
-`[num_blocks, block_size, num_kv_heads, head_dim]`, contiguous, with one shared layout. The token
+`[num_blocks, block_size, num_kv_heads, entry_size]`, contiguous, with one shared layout; an entry
+is head_dim elements of the pool's float dtype, or of an int8 pool head_dim levels and a scale
+(kernels/kv_quant.py). The token
 at absolute position `pos` of a sequence lives in block `block_table[pos // block_size]` at
 offset `pos % block_size`; its flat slot is `block_id * block_size + offset`.
 
@@ -31,11 +33,11 @@ __all__ = ["prepare", "store_kv", "decode_attention", "prefill_attention",
            "rms_norm", "add_rms_norm", "apply_rope", "silu_and_mul", "gelu_tanh_and_mul"]
 
 
-def prepare(device: torch.device, dtype: torch.dtype) -> None:
-    """Builds or loads ahead of time what the kernels on (device, dtype) will use, so that the
-    first request does not wait for a compiler."""
+def prepare(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """Builds or loads ahead of time what the kernels on `device` will use for activations of
+    `dtype` and a KV pool of `kv_dtype`, so that the first request does not wait for a compiler."""
     if device.type == "cpu":
-        cpu_decode_attention.load(dtype)
+        cpu_decode_attention.load(kv_dtype)
         cpu_layer_ops.load(dtype)
 
 
@@ -75,8 +77,8 @@ def decode_attention(
         return triton_decode_attention.decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale, **masking
         )
-    if (query.dtype == k_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and (library := cpu_decode_attention.load(k_cache.dtype))):
+    if ((query.dtype == k_cache.dtype or k_cache.dtype == torch.int8) and k_cache.is_contiguous()
+            and v_cache.is_contiguous() and (library := cpu_decode_attention.load(k_cache.dtype))):
         return cpu_decode_attention.decode_attention(
             library, query, k_cache, v_cache, block_tables, context_lens, scale, **masking)
     return decode_attention_reference(query, k_cache, v_cache, block_tables, context_lens, scale, **masking)

@@ -1,6 +1,6 @@
 """Compiled paged decode attention for CPU: `csrc/paged_decode_attention.c`, built on first use
-(kernels/cpu_build.py) once per KV dtype it serves (`KV_DTYPE_FLAGS`: float32, and bfloat16
-widened as it is read).
+(kernels/cpu_build.py) once per KV dtype it serves (`KV_DTYPE_FLAGS`: float32; bfloat16 widened as
+it is read; int8 entries, kernels/kv_quant.py, scaled as they are read).
 
 The library is called through `ctypes`, which releases the GIL for the call.
 `load(dtype)` returns None when the kernel cannot be had (no compiler, a failed build, an
@@ -18,7 +18,7 @@ import torch
 from pdserve.kernels.cpu_build import enabled, load_library
 
 SOURCE_NAME = "paged_decode_attention.c"
-KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",)}
+KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",), torch.int8: ("-DKV_INT8",)}
 
 
 @functools.cache
@@ -39,7 +39,7 @@ def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
 def decode_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables, context_lens, scale, *,
                      sliding_window: int | None = None, logit_softcap: float | None = None):
     """`kernels.decode_attention` for CPU tensors of the documented layouts, K/V in the dtype that
-    `library` was built for. The C kernel takes 0 for no window and for no softcap."""
+    `library` was built for, any query dtype. The C kernel takes 0 for no window and for no softcap."""
     query_f32 = query.float().contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
     context_lens = context_lens.to(torch.int32).contiguous()

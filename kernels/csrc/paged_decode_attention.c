@@ -1,11 +1,14 @@
 /* Paged decode attention for CPU: one new query row per sequence over its context, K and V read
  * in place from the block pool (no gathered copy, no padding). The pool holds float32, or
- * bfloat16 when built with -DKV_BFLOAT16 (widened to float32 as it is read); query, output and
- * all arithmetic are float32.
+ * bfloat16 when built with -DKV_BFLOAT16 (widened to float32 as it is read), or int8 entries
+ * when built with -DKV_INT8 (kernels/kv_quant.py: head_dim levels, then their float32 scale; a
+ * key's scale multiplies its score, a value's its probability); query, output and all arithmetic
+ * are float32.
  *
  * Layouts (all contiguous, row-major):
  *   out, query       [num_seqs, num_heads, head_dim] float32
- *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] kv_t
+ *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, entry_len] kv_t, entry_len = head_dim
+ *                    (+ 4 for the scale's bytes of an int8 entry)
  *   block_tables     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's last block are
  *                    never read, so they may hold anything (-1 padding)
  *   context_lens     [num_seqs] int32, cached tokens including the new one
@@ -48,17 +51,36 @@
 #include "avx512_lanes.h"
 #include "bfloat16.h"
 
-#ifdef KV_BFLOAT16
+#if defined(KV_BFLOAT16)
 typedef uint16_t kv_t;
 static inline float kv_load(kv_t x) { return bfloat16_to_float(x); }
+#elif defined(KV_INT8)
+typedef int8_t kv_t;
+static inline float kv_load(kv_t x) { return (float)x; }
 #else
 typedef float kv_t;
 static inline float kv_load(kv_t x) { return x; }
 #endif
 
+#ifdef KV_INT8
+#define SCALE_LEN 4  /* kv_t elements of an entry's float32 scale */
+/* The scale of the entry whose levels start at entry. */
+static inline float entry_scale(const kv_t *entry, int64_t head_dim) {
+    float scale;
+    memcpy(&scale, entry + head_dim, sizeof scale);
+    return scale;
+}
+#else
+#define SCALE_LEN 0
+static inline float entry_scale(const kv_t *entry, int64_t head_dim) { (void)entry, (void)head_dim; return 1.0f; }
+#endif
+
 typedef struct {
     int64_t num_heads, num_kv_heads, head_dim, block_size;
 } Shape;
+
+/* kv_t elements of one token's K (or V) of one kv head. */
+static inline int64_t entry_len(Shape shape) { return shape.head_dim + SCALE_LEN; }
 
 static int64_t first_key(int64_t context_len, int64_t sliding_window) {
     return sliding_window > 0 && context_len > sliding_window ? context_len - sliding_window : 0;
@@ -118,7 +140,7 @@ static inline void prefetch_ahead(const kv_t *k_cache, const kv_t *v_cache, cons
     const int64_t count = (context_len + shape.block_size - 1) / shape.block_size - first;
     const int64_t order = start / shape.block_size - first + is_value * count + PREFETCH_AHEAD;
     if (order >= 2 * count) return;
-    const int64_t block_len = shape.block_size * shape.num_kv_heads * shape.head_dim;
+    const int64_t block_len = shape.block_size * shape.num_kv_heads * entry_len(shape);
     const kv_t *block = order < count ? k_cache + block_table[first + order] * block_len
                                       : v_cache + block_table[first + order - count] * block_len;
     const int64_t lines = block_len * (int64_t)sizeof(kv_t) / 64;
@@ -132,7 +154,7 @@ static void score_keys(float *restrict scores, const float *restrict query, cons
                        const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape,
                        float scale, float logit_softcap) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
-    const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
+    const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
     for (int64_t start = key_start, end; start < context_len; start = end) {
         const kv_t *key = k_cache + block_table[start / shape.block_size] * block_stride
@@ -141,7 +163,8 @@ static void score_keys(float *restrict scores, const float *restrict query, cons
         for (int64_t t = start; t < end; t++, key += token_stride)
             for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
                 for (int64_t g = 0; g < group_size; g++, j++) {
-                    const float score = scale * dot(query + j * head_dim, key + h * head_dim, head_dim);
+                    const kv_t *head_key = key + h * entry_len(shape);
+                    const float score = scale * entry_scale(head_key, head_dim) * dot(query + j * head_dim, head_key, head_dim);
                     scores[j * num_keys + t - key_start] =
                         logit_softcap > 0.0f ? logit_softcap * tanhf(score / logit_softcap) : score;
                 }
@@ -170,7 +193,7 @@ static void softmax_rows(float *restrict scores, int64_t num_rows, int64_t row_l
 static void weigh_values(float *restrict out, const float *restrict probs, const kv_t *restrict v_cache,
                          const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
-    const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
+    const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
     memset(out, 0, shape.num_heads * head_dim * sizeof(float));
     for (int64_t start = key_start, end; start < context_len; start = end) {
@@ -180,8 +203,8 @@ static void weigh_values(float *restrict out, const float *restrict probs, const
         for (int64_t t = start; t < end; t++, value += token_stride)
             for (int64_t h = 0, j = 0; h < shape.num_kv_heads; h++)
                 for (int64_t g = 0; g < group_size; g++, j++) {
-                    const float p = probs[j * num_keys + t - key_start];
-                    const kv_t *restrict head_value = value + h * head_dim;
+                    const kv_t *restrict head_value = value + h * entry_len(shape);
+                    const float p = probs[j * num_keys + t - key_start] * entry_scale(head_value, head_dim);
                     float *restrict out_row = out + j * head_dim;
 #pragma omp simd
                     for (int64_t d = 0; d < head_dim; d++) out_row[d] += p * kv_load(head_value[d]);
@@ -194,9 +217,11 @@ static void weigh_values(float *restrict out, const float *restrict probs, const
 
 /* 16 elements of a K or V row from p, widened to float32. */
 static inline __m512 kv_load16(const kv_t *p) {
-#ifdef KV_BFLOAT16
+#if defined(KV_BFLOAT16)
     const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
+#elif defined(KV_INT8)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 #else
     return _mm512_loadu_ps(p);
 #endif
@@ -210,7 +235,7 @@ static inline __attribute__((always_inline)) void score_keys_x16(
     const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape, float scale,
     float logit_softcap, const int64_t chunks) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
-    const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
+    const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
     const __m512 scales = _mm512_set1_ps(scale);
     for (int64_t start = key_start, end; start < context_len; start = end) {
@@ -224,7 +249,7 @@ static inline __attribute__((always_inline)) void score_keys_x16(
                 if (t == start)  /* a block ahead, one part per query head */
                     prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, start, 0, shape, j,
                                    shape.num_heads);
-                const kv_t *head_keys = tile + j / group_size * head_dim;
+                const kv_t *head_keys = tile + j / group_size * entry_len(shape);
                 const float *q_row = query + j * head_dim;
                 __m512 sums[16];
 #if defined(KV_BFLOAT16) && defined(__AVX512BF16__)
@@ -246,14 +271,17 @@ static inline __attribute__((always_inline)) void score_keys_x16(
 #endif
                 __m512 q[16];
                 for (int64_t c = 0; c < chunks; c++) q[c] = _mm512_loadu_ps(q_row + 16 * c);
+                float key_scales[16] = {0};  /* each key's entry scale (1 outside an int8 pool) */
                 for (int64_t i = 0; i < 16; i++) {
                     sums[i] = _mm512_setzero_ps();
                     if (i >= n) continue;
+                    key_scales[i] = entry_scale(head_keys + i * token_stride, head_dim);
                     for (int64_t c = 0; c < chunks; c++)
                         sums[i] = _mm512_fmadd_ps(q[c], kv_load16(head_keys + i * token_stride + 16 * c), sums[i]);
                 }
+                const __m512 sums16 = _mm512_mul_ps(_mm512_loadu_ps(key_scales), sum_lanes16(sums));
                 _mm512_mask_storeu_ps(scores + j * num_keys + t - key_start, (__mmask16)((1u << n) - 1),
-                                      _mm512_mul_ps(scales, sum_lanes16(sums)));
+                                      _mm512_mul_ps(scales, sums16));
             }
         }
     }
@@ -267,7 +295,7 @@ static inline __attribute__((always_inline)) void weigh_values_x16(
     float *restrict out, const float *restrict probs, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
     const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape, const int64_t chunks) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
-    const int64_t token_stride = shape.num_kv_heads * head_dim, block_stride = shape.block_size * token_stride;
+    const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
     for (int64_t h = 0; h < shape.num_kv_heads; h++) {
         const int64_t first = h * group_size;  /* the group's first query head */
@@ -275,7 +303,7 @@ static inline __attribute__((always_inline)) void weigh_values_x16(
         for (int64_t i = 0; i < group_size * chunks; i++) sums[i] = _mm512_setzero_ps();
         for (int64_t start = key_start, end; start < context_len; start = end) {
             const kv_t *value = v_cache + block_table[start / shape.block_size] * block_stride
-                                + (start % shape.block_size) * token_stride + h * head_dim;
+                                + (start % shape.block_size) * token_stride + h * entry_len(shape);
             end = block_end(start, context_len, shape.block_size);
             for (int64_t t = start; t < end; t++, value += token_stride) {
                 if (h == 0)  /* a block ahead over the block's keys, on the first kv head's pass */
@@ -283,8 +311,9 @@ static inline __attribute__((always_inline)) void weigh_values_x16(
                                    end - start);
                 __m512 row[16];
                 for (int64_t c = 0; c < chunks; c++) row[c] = kv_load16(value + 16 * c);
+                const float value_scale = entry_scale(value, head_dim);
                 for (int64_t g = 0; g < group_size; g++) {
-                    const __m512 p = _mm512_set1_ps(probs[(first + g) * num_keys + t - key_start]);
+                    const __m512 p = _mm512_set1_ps(probs[(first + g) * num_keys + t - key_start] * value_scale);
                     for (int64_t c = 0; c < chunks; c++) sums[g * chunks + c] = _mm512_fmadd_ps(p, row[c], sums[g * chunks + c]);
                 }
             }

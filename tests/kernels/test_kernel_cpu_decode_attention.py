@@ -1,19 +1,22 @@
 """The compiled CPU decode kernel equals the reference on every KV dtype it serves x GQA ratio x
 block size x head dim.
 
-The full product (54 cases) runs, the kernel being fast. Each batch mixes a length-1 context,
+The full product of the float pools (54 cases) runs, the kernel being fast; an int8 pool (its
+entries quantized from a float32 one, the query float32 or bfloat16) runs the same batches. Each batch mixes a length-1 context,
 contexts that end mid-block and on a block edge, and one spanning many blocks, in a shuffled pool
 whose unwritten slots are NaN and whose block tables are padded with -1. Masked, each row of
 MASKINGS runs on contexts shorter than, equal to and longer than the window, with what the window
 hides unreadable. The kernel is built by the system C compiler into a cache directory private to
 the test session.
 """
+import dataclasses
 import itertools
 
 import pytest
 import torch
 
 from pdserve.kernels import cpu_decode_attention
+from pdserve.kernels.kv_quant import quantize_entries
 from pdserve.kernels.reference import decode_attention_reference
 from tests.kernels.conftest import (
     BLOCK_SIZES,
@@ -42,15 +45,23 @@ def library(libraries):
     return libraries[torch.float32]
 
 
+FLOAT_KV_DTYPES = [dtype for dtype in cpu_decode_attention.KV_DTYPE_FLAGS if dtype.is_floating_point]
+
+
 def decode_both(library, batch, **masking):
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, batch.scale)
     return (cpu_decode_attention.decode_attention(library, *args, **masking),
             decode_attention_reference(*args, **masking))
 
 
+def in_int8_pool(batch, query_dtype):
+    """`batch` (of a float32 pool) with its pool's entries quantized and its query in `query_dtype`."""
+    return dataclasses.replace(batch, query=batch.query.to(query_dtype), k_cache=quantize_entries(batch.k_cache),
+                               v_cache=quantize_entries(batch.v_cache))
+
+
 @pytest.mark.parametrize(
-    "case", [KernelCase(*axes) for axes in itertools.product(
-        cpu_decode_attention.KV_DTYPE_FLAGS, QUERIES_PER_KV, BLOCK_SIZES, HEAD_DIMS)],
+    "case", [KernelCase(*axes) for axes in itertools.product(FLOAT_KV_DTYPES, QUERIES_PER_KV, BLOCK_SIZES, HEAD_DIMS)],
     ids=str)
 def test_matches_reference(libraries, paged_batch, assert_close_for_dtype, case):
     block_size = case.block_size
@@ -64,7 +75,7 @@ def test_matches_reference(libraries, paged_batch, assert_close_for_dtype, case)
 
 
 @pytest.mark.parametrize(
-    "case", [KernelCase(dtype, queries_per_kv, 16, head_dim) for dtype in cpu_decode_attention.KV_DTYPE_FLAGS
+    "case", [KernelCase(dtype, queries_per_kv, 16, head_dim) for dtype in FLOAT_KV_DTYPES
              for queries_per_kv, head_dim in ((4, 40), (2, 48), (16, 64), (1, 256))],
     ids=str)
 def test_shapes_off_and_at_the_edges_of_the_vector_path_match_reference(libraries, paged_batch,
@@ -81,13 +92,41 @@ def test_shapes_off_and_at_the_edges_of_the_vector_path_match_reference(librarie
 
 @pytest.mark.parametrize(
     "case", [KernelCase(*axes, head_dim=64) for axes in itertools.product(
-        cpu_decode_attention.KV_DTYPE_FLAGS, QUERIES_PER_KV, BLOCK_SIZES)],
+        FLOAT_KV_DTYPES, QUERIES_PER_KV, BLOCK_SIZES)],
     ids=str)
 def test_masked_matches_reference(libraries, paged_batch, assert_close_for_dtype, case, sliding_window, logit_softcap):
     context_lens = decode_lens_around(sliding_window or LONG_WINDOW, case.block_size)
     batch = paged_batch(context_lens, [1] * len(context_lens), case, device="cpu", sliding_window=sliding_window)
 
     out, expected = decode_both(libraries[case.dtype], batch, sliding_window=sliding_window,
+                                logit_softcap=logit_softcap)
+
+    assert_close_for_dtype(out, expected)
+
+
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("queries_per_kv, head_dim", [(1, 64), (4, 64), (2, 128), (4, 40), (16, 64)])
+def test_int8_pool_matches_reference(libraries, paged_batch, assert_close_for_dtype, query_dtype, queries_per_kv,
+                                     head_dim):
+    """Head dims 64 and 128 take the vector passes, 40 and 16 query heads per kv head the portable ones."""
+    case = KernelCase(torch.float32, queries_per_kv, 16, head_dim)
+    context_lens = [1, 19, 32, 16 * 9 + 5]
+    batch = in_int8_pool(paged_batch(context_lens, [1] * len(context_lens), case, device="cpu"), query_dtype)
+
+    out, expected = decode_both(libraries[torch.int8], batch)
+
+    assert out.dtype == query_dtype
+    assert_close_for_dtype(out, expected)
+
+
+def test_int8_pool_masked_matches_reference(libraries, paged_batch, assert_close_for_dtype, sliding_window,
+                                            logit_softcap):
+    case = KernelCase(torch.float32, 4, 16, 64)
+    context_lens = decode_lens_around(sliding_window or LONG_WINDOW, case.block_size)
+    batch = in_int8_pool(paged_batch(context_lens, [1] * len(context_lens), case, device="cpu",
+                                     sliding_window=sliding_window), torch.float32)
+
+    out, expected = decode_both(libraries[torch.int8], batch, sliding_window=sliding_window,
                                 logit_softcap=logit_softcap)
 
     assert_close_for_dtype(out, expected)
