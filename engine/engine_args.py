@@ -11,8 +11,8 @@ import torch
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_features import cpu_has_hardware_bf16
-from pdserve.engine.engine_config import (DTYPES, QUANTIZATIONS, QUANTIZED_WEIGHTS, EngineConfig, memory_size_arg,
-                                         resolve_dtype)
+from pdserve.engine.engine_config import (DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, QUANTIZED_WEIGHTS, EngineConfig,
+                                         memory_size_arg, resolve_dtype)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="quantize the Linear layers' weights at load, in groups of 32: int8 (Q8_0) or int4 "
                              "(Q4_1; the head Q8_0), activations in --dtype (default: none); with "
                              "--quantized-weights as-stored, the layers a .gguf holds in blocks keep them")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="auto: the KV pool in --dtype; int8: each token's K and V per kv head as int8 levels "
+                             "and a float32 scale (about half of bfloat16's bytes). Prefill and decode replicas "
+                             "must agree")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -73,14 +77,15 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching,
-        quantized_weights=args.quantized_weights, quantization=args.quantization)
+        quantized_weights=args.quantized_weights, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
 
 
 def model_text(args: argparse.Namespace, served_name: str) -> str:
     """"<served id> (<dtype> on <device>)", the dtype as the engine resolves `--dtype auto`, and
-    ", int8 weights" within the brackets under --quantization int8: how the startup lines
-    (cluster.startup_log) name the engine `args` configure."""
+    ", int8 weights" and ", int8 KV" within the brackets under --quantization int8 and
+    --kv-cache-dtype int8: how the startup lines (cluster.startup_log) name the engine `args` configure."""
     checkpoint_dtype = ModelConfig.from_dir(args.model).torch_dtype
     dtype = resolve_dtype(args.dtype, checkpoint_dtype, args.device, cpu_has_hardware_bf16())
     quantization = "" if args.quantization is None else f", {args.quantization} weights"
-    return f"{served_name} ({dtype} on {args.device}{quantization})"
+    kv = "" if args.kv_cache_dtype == "auto" else f", {args.kv_cache_dtype} KV"
+    return f"{served_name} ({dtype} on {args.device}{quantization}{kv})"

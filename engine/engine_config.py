@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZED_WEIGHTS = ("as-stored", "dequantized")
 QUANTIZATIONS = ("int8", "int4")  # engine/quantize_at_load.py
+KV_CACHE_DTYPES = ("auto", "int8")  # int8: kernels/kv_quant.py
 MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _MEMORY_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
 
@@ -42,6 +43,7 @@ class EngineConfig:
     # None: Linear weights as the checkpoint has them; "int8" or "int4": quantized at load, weight-only,
     # in groups of 32 (engine/quantize_at_load.py). With "as-stored", layers already in blocks keep them.
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # "auto": the dtype's; "int8": levels and a scale per token and head
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -52,6 +54,8 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise InvalidConfigError(f"quantization {self.quantization!r} is not one of "
                                      f"{', '.join(QUANTIZATIONS)} (None: not quantized)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if self.num_gpu_blocks is not None and self.kv_cache_memory_bytes is not None:
             raise InvalidConfigError("give num_gpu_blocks or kv_cache_memory_bytes, not both")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -65,6 +69,11 @@ class EngineConfig:
     def torch_dtype(self, checkpoint_dtype: str) -> torch.dtype:
         import torch
         return getattr(torch, resolve_dtype(self.dtype, checkpoint_dtype, self.device, cpu_has_hardware_bf16()))
+
+    def kv_torch_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The KV pool's dtype for activations of `dtype`."""
+        import torch
+        return dtype if self.kv_cache_dtype == "auto" else getattr(torch, self.kv_cache_dtype)
 
 
 def resolve_dtype(dtype: str, checkpoint_dtype: str, device: str, cpu_bf16: bool) -> str:

@@ -71,7 +71,7 @@ class LLMEngine:
                            config.quantized_weights, config.quantization)
 
         self.weights_bytes = weights_bytes(model)
-        self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, self.dtype)
+        self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, config.kv_torch_dtype(self.dtype))
         num_blocks = self._num_kv_blocks(model, kv_pool_in_shared_memory)
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.max_num_batched_tokens, config.max_num_seqs)

@@ -31,6 +31,7 @@ CERT_NAMES = ("gateway", "prefill", "decode")  # `pdserve certs`' certificates: 
 CERT_SHARED_HOST = "pdserve-internal"  # what they name where replicas' addresses are not known when they are made
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
 QUANTIZATIONS = ("int8", "int4")  # engine.engine_config.QUANTIZATIONS
+KV_CACHE_DTYPES = ("auto", "int8")  # engine.engine_config.KV_CACHE_DTYPES
 
 
 class _LazyArgumentParser(argparse.ArgumentParser):
@@ -124,7 +125,8 @@ def run_up(args: argparse.Namespace) -> int:
     config = UpConfig(
         model=args.model, num_prefill=args.prefill, num_decode=args.decode,
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype,
-        quantized_weights=args.quantized_weights, quantization=args.quantization, host=args.host,
+        quantized_weights=args.quantized_weights, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
@@ -171,6 +173,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                         help="the replicas': quantize the Linear layers' weights at load, in groups of 32, to int8 "
                              "(Q8_0) or int4 (Q4_1; the head Q8_0), served by the block kernels (default: none); with "
                              "--quantized-weights as-stored, the layers a .gguf holds in blocks keep them")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                        help="the replicas' KV pools: auto (in --dtype) or int8 (each token's K and V per kv head as "
+                             "int8 levels and a float32 scale: about half of bfloat16's bytes, so twice the tokens)")
     parser.add_argument("--kv-cache-memory", type=_memory_size, metavar="SIZE",
                         help="each replica's KV pool, e.g. 4GiB, 512MiB or a number of bytes (default on a "
                              "CPU: half of the memory available, split evenly between the replicas and held to "

@@ -94,6 +94,7 @@ class UpConfig:
     enable_prefix_caching: bool = True
     quantized_weights: str = "dequantized"  # the replicas' (engine.weights)
     quantization: str | None = None  # the replicas' (engine.quantize_at_load): None, "int8" or "int4"
+    kv_cache_dtype: str = "auto"  # the replicas' KV pools: "auto" (their dtype) or "int8"
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
     prefill_placement: str = "auto"  # the gateway's (gateway.disaggregated.prefill_placement)
@@ -244,7 +245,7 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
-                "--quantized-weights", config.quantized_weights, *quantization,
+                "--quantized-weights", config.quantized_weights, *quantization, "--kv-cache-dtype", config.kv_cache_dtype,
                 "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls,
                                                   (config.grpc_port, config.http_port))))

@@ -39,3 +39,11 @@ def test_quantization_reaches_the_config_and_names_the_weights_in_the_startup_li
     assert model_text(args, "tiny") == "tiny (float32 on cpu, int8 weights)"
     args.quantization = None
     assert model_text(args, "tiny") == "tiny (float32 on cpu)"
+
+
+def test_the_kv_cache_dtype_reaches_the_config_and_the_startup_line(tiny_model):
+    assert engine_config_from(parse(), detokenize=True).kv_cache_dtype == "auto"
+    args = parse("--kv-cache-dtype", "int8", "--dtype", "float32")
+    assert engine_config_from(args, detokenize=True).kv_cache_dtype == "int8"
+    args.model = tiny_model()
+    assert model_text(args, "tiny") == "tiny (float32 on cpu, int8 KV)"

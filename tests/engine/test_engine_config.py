@@ -60,6 +60,16 @@ def test_the_pool_is_given_in_blocks_or_in_bytes_not_both():
         EngineConfig(model="/m", num_gpu_blocks=8, kv_cache_memory_bytes=2**20)
 
 
+def test_the_kv_pool_is_in_the_dtype_or_int8():
+    import torch
+
+    assert EngineConfig(model="/m").kv_torch_dtype(torch.bfloat16) == torch.bfloat16
+    assert EngineConfig(model="/m", kv_cache_dtype="int8").kv_torch_dtype(torch.bfloat16) == torch.int8
+    for other in ("fp8", "int4", "bfloat16", ""):
+        with pytest.raises(InvalidConfigError, match="kv_cache_dtype .* is not one of auto, int8"):
+            EngineConfig(model="/m", kv_cache_dtype=other)
+
+
 def test_quantization_is_none_int8_or_int4():
     assert EngineConfig(model="/m").quantization is None
     for quantization in ("int8", "int4"):

@@ -146,12 +146,13 @@ def test_greedy_tokens_equal_transformers_on_the_dequantized_blocks(tiny_model, 
         assert list(output.outputs[0].token_ids) == expected, f"prompt of {len(prompt)} tokens"
 
 
-def float32_agreement(model_dir: str, quantization: str) -> tuple[float, float]:
+def float32_agreement(model_dir: str, **engine_options) -> tuple[float, float]:
     """(share of positions where the engine's greedy token is transformers' float32 argmax, the
-    largest logit shortfall of an engine token), teacher-forced on make_prompts."""
+    largest logit shortfall of an engine token), teacher-forced on make_prompts, the engine's
+    options ENGINE_OPTIONS updated by `engine_options`."""
     prompts = make_prompts(4096)
     params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True) for _, max_tokens in prompts]
-    outputs = [output.outputs[0].token_ids for output in LLM(model_dir, quantization=quantization, **ENGINE_OPTIONS)
+    outputs = [output.outputs[0].token_ids for output in LLM(model_dir, **{**ENGINE_OPTIONS, **engine_options})
                .generate([prompt for prompt, _ in prompts], params, use_tqdm=False)]
     num_positions = num_argmax = 0
     max_shortfall = 0.0
@@ -166,11 +167,11 @@ def float32_agreement(model_dir: str, quantization: str) -> tuple[float, float]:
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_int8_is_transformers_float32_argmax_within_the_bfloat16_rule(tiny_model, arch):
-    agreement, max_shortfall = float32_agreement(tiny_model(**MODELS[arch]), "int8")
+    agreement, max_shortfall = float32_agreement(tiny_model(**MODELS[arch]), quantization="int8")
     assert agreement >= BF16_MIN_ARGMAX_AGREEMENT and max_shortfall <= BF16_LOGIT_TOL, (agreement, max_shortfall)
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_int4_is_transformers_float32_argmax_far_above_chance(tiny_model, arch):
-    agreement, _ = float32_agreement(tiny_model(**MODELS[arch]), "int4")
+    agreement, _ = float32_agreement(tiny_model(**MODELS[arch]), quantization="int4")
     assert agreement >= MIN_INT4_ARGMAX_AGREEMENT, agreement

@@ -32,6 +32,7 @@ def test_fingerprint_is_stable_across_processes_and_releases():
         {"head_dim": 128},
         {"block_size": 32},
         {"dtype": torch.float16},
+        {"dtype": torch.int8},
     ],
 )
 def test_fingerprint_changes_with_every_field(changed):
@@ -86,6 +87,16 @@ def test_spec_is_the_one_source_of_pool_geometry():
     pool = SPEC.allocate(3, torch.device("cpu"))
     assert pool.numel() * pool.element_size() == 3 * SPEC.bytes_per_block
     assert KVCacheSpec.from_layout(make_layout("tiny-llama", SPEC)) == SPEC
+
+
+def test_an_int8_pools_entries_carry_their_scale_and_take_about_half_of_bfloat16s_bytes():
+    int8 = dataclasses.replace(SPEC, dtype=torch.int8)
+    assert int8.block_shape == (16, 2, 64 + 4)  # 64 levels, then a float32 scale's 4 bytes
+    assert int8.shape(3) == (4, 2, 3, 16, 2, 68)
+    assert int8.bytes_per_layer_block == 2 * 16 * 2 * 68
+    assert int8.bytes_per_block / SPEC.bytes_per_block == 68 / 128
+    assert KVCacheSpec.from_layout(make_layout("tiny-llama", int8)) == int8
+    int8.check(int8.allocate(2, torch.device("cpu")))
 
 
 def test_spec_refuses_a_pool_of_another_geometry():

@@ -32,7 +32,7 @@ def spec_of(dtype: torch.dtype, block_size: int = 4) -> KVCacheSpec:
     return KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=8, block_size=block_size, dtype=dtype)
 
 
-@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16, torch.int8], ids=["fp32", "bf16", "int8"])
 def decode(request):
     config = LoopbackConfig(spec_of(request.param), NUM_DECODE_BLOCKS, "cpu", MODEL, call_timeout_s=20.0)
     with LoopbackDecode(config) as loopback:
@@ -42,6 +42,8 @@ def decode(request):
 def prefill_pool(decode: LoopbackDecode, seed: int) -> torch.Tensor:
     spec = decode.config.spec
     generator = torch.Generator().manual_seed(seed)
+    if spec.dtype == torch.int8:  # entries' levels and scales' bytes alike: any byte
+        return torch.randint(-128, 128, spec.shape(NUM_PREFILL_BLOCKS), generator=generator, dtype=torch.int8)
     return torch.randn(spec.shape(NUM_PREFILL_BLOCKS), generator=generator).to(spec.dtype)
 
 
@@ -112,7 +114,7 @@ def test_layout_mismatch_is_refused_before_the_first_byte(decode, transport):
 
 def chunk(decode, request_id, layer, block_ids, fill, layout=None, last=False, token=b""):
     spec = decode.config.spec
-    blocks = torch.full((len(block_ids), spec.block_size, spec.num_kv_heads, spec.head_dim), fill, dtype=spec.dtype)
+    blocks = torch.full((len(block_ids), *spec.block_shape), fill, dtype=spec.dtype)
     data = blocks.view(torch.uint8).numpy().tobytes()
     return kv_transfer_pb2.KVChunk(
         request_id=request_id, layout=layout and layout_to_proto(layout), layer=layer, block_ids=block_ids, key=data,
