@@ -31,16 +31,15 @@ pytestmark = pytest.mark.real_model
 NUM_TOP = 20  # float32's token is always among bfloat16's top 20 here
 
 
-def greedy_steps(model_dir, prompts, engine_outputs, dtype: str = "bfloat16", quantization: str | None = None,
-                 quantized_weights: str = "dequantized") -> list[list[tuple[int, dict[int, float]]]]:
-    """[prompt][position] -> the greedy token of an engine in `dtype` (and `quantization`,
-    `quantized_weights`) there and its top NUM_TOP logprobs (token id: logprob), on float32's context.
+def greedy_steps(model_dir, prompts, engine_outputs, dtype: str = "bfloat16",
+                 **engine_options) -> list[list[tuple[int, dict[int, float]]]]:
+    """[prompt][position] -> the greedy token of an engine in `dtype` (with EngineConfig's
+    `engine_options`) there and its top NUM_TOP logprobs (token id: logprob), on float32's context.
 
     One wave per position: every prompt resumes with float32's tokens before it and samples one
     more. With prefix caching each wave computes little beyond the blocks the last one filled."""
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, quantization=quantization,
-                                    quantized_weights=quantized_weights, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
-                                    enable_prefix_caching=True))
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, kv_cache_memory_bytes=KV_CACHE_MEMORY_BYTES,
+                                    enable_prefix_caching=True, **engine_options))
     steps = [[] for _ in prompts]
     for position in range(MAX_TOKENS):
         for i, (prompt, output) in enumerate(zip(prompts, engine_outputs)):
