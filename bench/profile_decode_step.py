@@ -2,6 +2,7 @@
 
     pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,8,32 --threads 1
     pdserve bench decode-step --model FILE.gguf --dtype bfloat16 --quantized-weights as-stored --threads 1
+    pdserve bench decode-step --dtype bfloat16 --kv-cache-dtype int8 --batch-sizes 32 --context-len 1000
     pdserve bench decode-step --device cuda --model tiny --batch-sizes 1,32,64
 
 `--batch-sizes` sequences of `--context-len` prompt tokens are prefilled, then `--steps` decode
@@ -25,7 +26,7 @@ from pdserve.bench.bandwidth import read_gbps, synchronize
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.block_linear import BlockLinear
 from pdserve.engine.cpu_linear import PackedLinear
-from pdserve.engine.engine_config import QUANTIZED_WEIGHTS
+from pdserve.engine.engine_config import KV_CACHE_DTYPES, QUANTIZED_WEIGHTS
 from pdserve.engine.llm_engine import LLMEngine
 
 
@@ -125,6 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--quantized-weights", default="dequantized", choices=QUANTIZED_WEIGHTS,
                         help="a GGUF's block weights multiplied as stored, or dequantized at load")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV pool's")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,9 +136,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model, os.environ).model_dir
     llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, kv_cache_memory_bytes=2 << 30,
-              enable_prefix_caching=False, quantized_weights=args.quantized_weights)
+              enable_prefix_caching=False, quantized_weights=args.quantized_weights, kv_cache_dtype=args.kv_cache_dtype)
     gbps = read_gbps(llm.engine.device)
-    print(f"{model_dir.name}, {args.dtype} on {args.device}, weights {args.quantized_weights}, {torch.get_num_threads()} thread(s), "
+    print(f"{model_dir.name}, {args.dtype} on {args.device}, weights {args.quantized_weights}, "
+          f"KV {args.kv_cache_dtype}, {torch.get_num_threads()} thread(s), "
           f"context {args.context_len}, read bandwidth {gbps:.1f} GB/s")
     for batch_size in map(int, args.batch_sizes.split(",")):
         result = profile(llm, batch_size, args.context_len, args.steps, gbps)
