@@ -4,9 +4,10 @@ Run as `python -m kernels.aot` with TRITON_INTERPRET unset or 0 (under the inter
 `@triton.jit` yields interpreted functions that cannot be compiled). Each attention kernel is
 compiled for fp16 and bf16 at head dims 64, 80 and 128, for fp32 (IEEE tile products) at head dim
 64, and masked (Gemma 2's sliding window and logit softcap) for bf16 at head dim 128, with the
-launchers' own constexpr choices. The block-linear kernels are compiled for each GGUF block type,
-for fp32 (IEEE tile products) and bf16 (tensor cores) with their default tiles, block_linear's at
-the least row tile (decode) and the largest. One line per compile reports the PTX target and
+launchers' own constexpr choices, and over an int8 KV pool (kernels/kv_quant.py) for fp32 at head
+dim 64, fp16 at 80 and bf16 at 128. The block-linear kernels are compiled for each GGUF block
+type, for fp32 (IEEE tile products) and bf16 (tensor cores) with their default tiles,
+block_linear's at the least row tile (decode) and the largest. One line per compile reports the PTX target and
 cubin size, and the exit status is non-zero if any is empty.
 """
 import sys
@@ -18,10 +19,13 @@ from pdserve.kernels import triton_block_linear, triton_decode_attention, triton
 from pdserve.kernels.block_quant_reference import BLOCK_TYPES
 
 TARGET = GPUTarget("cuda", 90, 32)
-COMPILE_CASES = (  # (dtype, head_dim, masked)
-    *((dtype, head_dim, False) for dtype in ("fp16", "bf16") for head_dim in (64, 80, 128)),
-    ("fp32", 64, False),
-    ("bf16", 128, True),
+COMPILE_CASES = (  # (dtype, head_dim, masked, int8_pool)
+    *((dtype, head_dim, False, False) for dtype in ("fp16", "bf16") for head_dim in (64, 80, 128)),
+    ("fp32", 64, False, False),
+    ("bf16", 128, True, False),
+    ("fp32", 64, False, True),
+    ("fp16", 80, False, True),
+    ("bf16", 128, False, True),
 )
 MASKED_WINDOW, MASKED_SOFTCAP = 4096, 50.0  # Gemma 2's
 FLOAT_ARGS = {"qk_scale_log2"}
@@ -33,17 +37,18 @@ BLOCK_LINEAR_DTYPES = ("fp32", "bf16")
 BLOCK_LINEAR_ROW_TILES = (triton_block_linear.MIN_TILE, triton_block_linear.MAX_ROW_TILE)
 
 
-def kernel_specs(dtype: str, head_dim: int, masked: bool):
-    """(kernel, pointer types, constexprs) for one dtype and head dim, masked or not."""
-    paging = {"k_cache_ptr": dtype, "v_cache_ptr": dtype, "block_tables_ptr": "i32"}
+def kernel_specs(dtype: str, head_dim: int, masked: bool, int8_pool: bool):
+    """(kernel, pointer types, constexprs) for one dtype and head dim, masked or not, over a pool of
+    `dtype` or int8."""
+    caches = dict.fromkeys(("k_cache_ptr", "v_cache_ptr"), "i8" if int8_pool else dtype)
+    paging = {**caches, "block_tables_ptr": "i32"}
     exact_dot = dtype == "fp32"
     window, softcap = (MASKED_WINDOW, MASKED_SOFTCAP) if masked else (None, None)
     split_tokens = triton_decode_attention.default_split_tokens(4096)
     num_splits = triton.cdiv(4096, split_tokens)
     yield (
         triton_store_kv._store_kv_kernel,
-        {"key_ptr": dtype, "value_ptr": dtype, "k_cache_ptr": dtype, "v_cache_ptr": dtype,
-         "slot_mapping_ptr": "i64"},
+        {**caches, "key_ptr": dtype, "value_ptr": dtype, "slot_mapping_ptr": "i64"},
         triton_store_kv.store_kv_constants(NUM_KV_HEADS, head_dim),
     )
     yield (
@@ -98,8 +103,9 @@ def main() -> int:
     if not isinstance(triton_store_kv._store_kv_kernel, triton.runtime.JITFunction):
         print("TRITON_INTERPRET is set: kernels are interpreted and cannot be compiled")
         return 1
-    cases = [(f"{dtype} d{head_dim}{' masked' if masked else ''}", kernel_specs(dtype, head_dim, masked))
-             for dtype, head_dim, masked in COMPILE_CASES]
+    cases = [(f"{dtype} d{head_dim}{' masked' if masked else ''}{' int8_pool' if int8_pool else ''}",
+               kernel_specs(dtype, head_dim, masked, int8_pool))
+             for dtype, head_dim, masked, int8_pool in COMPILE_CASES]
     cases += [(f"{dtype} {block_type}{f' rows{row_tile}' if row_tile else ''}",
                block_kernel_specs(block_type, dtype, row_tile))
               for block_type in BLOCK_TYPES for dtype in BLOCK_LINEAR_DTYPES

@@ -13,6 +13,8 @@ the split with an online softmax and writes a normalised partial output and its 
 
 Splits that start past a sequence's context write nothing. Pass 2 runs one program per
 (sequence, head) and merges that sequence's used splits, weighting each by exp2(lse - max lse).
+An int8 pool's entries (kernels/kv_quant.py) are widened tile by tile (paged_tile) and cast to the
+query's dtype before the products.
 
 How pass 1 is launched (tokens per split and per tile, warps, pipeline stages) is a
 `DecodeLaunch`; serving launches `DecodeLaunch()`. Its figures are Triton's default warps and
@@ -109,8 +111,9 @@ def _decode_split_kernel(
     for tile_start in range(split_start, split_end, TILE_TOKENS):
         positions = tile_start + tl.arange(0, TILE_TOKENS)  # [TILE_TOKENS]
         in_split = positions < split_end
-        key, value = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, positions, in_split, kv_head, dims, dim_mask,
-                                  stride_cache_slot, stride_cache_head, BLOCK_SIZE)  # [TILE_TOKENS, HEAD_DIM_PAD] each
+        key, value = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, positions, in_split, kv_head, dims,
+                                  stride_cache_slot, stride_cache_head, BLOCK_SIZE, HEAD_DIM)
+        key, value = key.to(query.dtype), value.to(query.dtype)  # [TILE_TOKENS, HEAD_DIM_PAD] each, widened if int8
 
         scores = tile_dot(query, tl.trans(key), EXACT_DOT) * qk_scale_log2  # [GROUP_ROWS, TILE_TOKENS]
         if LOGIT_SOFTCAP_LOG2 is not None:
@@ -225,8 +228,8 @@ def default_split_tokens(max_keys: int) -> int:
 
 def decode_attention(
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, entry_size] (kv_quant.kv_entry_size)
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, entry_size]
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
@@ -244,8 +247,8 @@ def decode_attention(
     max_keys = max_attended_keys(block_tables.shape[1] * block_size, sliding_window)
     split_tokens = launch.split_tokens or default_split_tokens(max_keys)
     num_splits = triton.cdiv(max_keys, split_tokens)
-    k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, num_kv_heads, head_dim]
-    v_slots = v_cache.view(-1, num_kv_heads, head_dim)
+    k_slots = k_cache.view(-1, num_kv_heads, k_cache.shape[-1])  # [num_slots, num_kv_heads, entry_size]
+    v_slots = v_cache.view(-1, num_kv_heads, v_cache.shape[-1])
     partial_out = query.new_empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32)
     partial_lse = query.new_empty(num_seqs, num_heads, num_splits, dtype=torch.float32)
     out = torch.empty_like(query)

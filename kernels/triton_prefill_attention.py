@@ -12,7 +12,8 @@ One program per (sequence, head, tile of QUERY_TILE new rows) streams the keys t
 its tile sees, from the first row's window start to the last row, in tiles of KEY_TILE with an
 online softmax; keys before the window are never loaded. The grid's tile axis is sized by the
 total number of new tokens (a bound on every sequence's q_len that needs no device-to-host sync);
-programs past their sequence's last row return at once.
+programs past their sequence's last row return at once. An int8 pool's entries (kernels/kv_quant.py)
+are widened tile by tile (paged_tile) and cast to the query's dtype before the products.
 """
 import math
 
@@ -84,8 +85,9 @@ def _prefill_kernel(
     for tile_start in range(key_start, key_end, KEY_TILE):
         positions = tile_start + tl.arange(0, KEY_TILE)  # [KEY_TILE]
         in_range = positions < key_end
-        key, value = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, positions, in_range, kv_head, dims, dim_mask,
-                                  stride_cache_slot, stride_cache_head, BLOCK_SIZE)  # [KEY_TILE, HEAD_DIM_PAD] each
+        key, value = load_kv_tile(k_cache_ptr, v_cache_ptr, table_row, positions, in_range, kv_head, dims,
+                                  stride_cache_slot, stride_cache_head, BLOCK_SIZE, HEAD_DIM)
+        key, value = key.to(query.dtype), value.to(query.dtype)  # [KEY_TILE, HEAD_DIM_PAD] each, widened if int8
 
         scores = tile_dot(query, tl.trans(key), EXACT_DOT) * qk_scale_log2  # [QUERY_TILE, KEY_TILE]
         if LOGIT_SOFTCAP_LOG2 is not None:
@@ -136,8 +138,8 @@ def prefill_kernel_constants(
 
 def prefill_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, entry_size] (kv_quant.kv_entry_size)
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, entry_size]
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     context_lens: torch.Tensor,  # [num_seqs] int32
@@ -155,8 +157,8 @@ def prefill_attention(
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if min(query_tile, key_tile) < MIN_TILE:
         raise ValueError(f"tiles must be >= {MIN_TILE}, got {query_tile} x {key_tile}")
-    k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, num_kv_heads, head_dim]
-    v_slots = v_cache.view(-1, num_kv_heads, head_dim)
+    k_slots = k_cache.view(-1, num_kv_heads, k_cache.shape[-1])  # [num_slots, num_kv_heads, entry_size]
+    v_slots = v_cache.view(-1, num_kv_heads, v_cache.shape[-1])
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out

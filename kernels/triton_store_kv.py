@@ -3,11 +3,36 @@
 One program per token copies all of its kv heads: key[token] -> k_cache slot slot_mapping[token]
 (and likewise for value). The caches are addressed as flat slots (see `kernels` for the layout);
 k_cache and v_cache share one layout. key and value may be strided views (e.g. slices of a fused
-QKV projection) as long as head_dim is their innermost, unit-stride axis.
+QKV projection) as long as head_dim is their innermost, unit-stride axis. An int8 pool gets each
+row as `quantize_entries` writes it (kernels/kv_quant.py), levels and scale bit for bit.
 """
 import torch
 import triton
 import triton.language as tl
+
+from pdserve.kernels.kv_quant import KV_LEVELS
+
+LEVELS = tl.constexpr(float(KV_LEVELS))
+# fp32 numbers near 1.5 * 2**23 are whole: (y + it) - it is y rounded half to even for |y| < 2**22.
+ROUNDING_SHIFT = tl.constexpr(1.5 * 2**23)
+
+
+@triton.jit
+def _store_rows(cache_ptr, rows, x, mask, head_mask, dims, HEAD_DIM: tl.constexpr):
+    """Stores x ([heads, HEAD_DIM_PAD], zero outside `mask`) at cache rows `rows` ([heads]): as is,
+    or into an int8 pool as levels round(x / scale) (half to even, as torch.round; 0 where the scale
+    is 0) and their fp32 scale."""
+    if cache_ptr.dtype.element_ty == tl.int8:
+        x = x.to(tl.float32)  # div_rn divides as torch does; a GPU's `/` is approximate
+        scale = tl.math.div_rn(tl.max(tl.abs(x), axis=1), LEVELS)  # [heads]
+        scaled = tl.math.div_rn(x, tl.where(scale > 0, scale, 1.0)[:, None])  # [heads, HEAD_DIM_PAD]
+        levels = (scaled + ROUNDING_SHIFT) - ROUNDING_SHIFT
+        levels = tl.minimum(tl.maximum(levels, -LEVELS), LEVELS)
+        tl.store(cache_ptr + rows[:, None] + dims[None, :], levels.to(tl.int8), mask=mask)
+        scale_ptrs = (cache_ptr + rows + HEAD_DIM).to(tl.pointer_type(tl.float32))
+        tl.store(scale_ptrs, scale, mask=head_mask)
+    else:
+        tl.store(cache_ptr + rows[:, None] + dims[None, :], x, mask=mask)
 
 
 @triton.jit
@@ -32,15 +57,16 @@ def _store_kv_kernel(
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     heads = tl.arange(0, NUM_KV_HEADS_PAD)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    mask = (heads[:, None] < NUM_KV_HEADS) & (dims[None, :] < HEAD_DIM)  # [heads, dims]
+    head_mask = heads < NUM_KV_HEADS
+    mask = head_mask[:, None] & (dims[None, :] < HEAD_DIM)  # [heads, dims]
 
     key_offsets = token * stride_key_token + heads[:, None] * stride_key_head + dims[None, :]
     value_offsets = token * stride_value_token + heads[:, None] * stride_value_head + dims[None, :]
-    cache_offsets = slot * stride_cache_slot + heads[:, None] * stride_cache_head + dims[None, :]
-    key = tl.load(key_ptr + key_offsets, mask=mask)
-    value = tl.load(value_ptr + value_offsets, mask=mask)
-    tl.store(k_cache_ptr + cache_offsets, key, mask=mask)
-    tl.store(v_cache_ptr + cache_offsets, value, mask=mask)
+    cache_rows = slot * stride_cache_slot + heads * stride_cache_head  # [heads]
+    key = tl.load(key_ptr + key_offsets, mask=mask, other=0.0)
+    value = tl.load(value_ptr + value_offsets, mask=mask, other=0.0)
+    _store_rows(k_cache_ptr, cache_rows, key, mask, head_mask, dims, HEAD_DIM)
+    _store_rows(v_cache_ptr, cache_rows, value, mask, head_mask, dims, HEAD_DIM)
 
 
 def store_kv_constants(num_kv_heads: int, head_dim: int) -> dict:
@@ -55,13 +81,13 @@ def store_kv_constants(num_kv_heads: int, head_dim: int) -> dict:
 def store_kv(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, entry_size] (kv_quant.kv_entry_size)
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, entry_size]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
 ) -> None:
     num_tokens, num_kv_heads, head_dim = key.shape
-    k_slots = k_cache.view(-1, num_kv_heads, head_dim)  # [num_slots, num_kv_heads, head_dim]
-    v_slots = v_cache.view(-1, num_kv_heads, head_dim)
+    k_slots = k_cache.view(-1, num_kv_heads, k_cache.shape[-1])  # [num_slots, num_kv_heads, entry_size]
+    v_slots = v_cache.view(-1, num_kv_heads, v_cache.shape[-1])
     if num_tokens == 0:
         return
     _store_kv_kernel[(num_tokens,)](

@@ -8,12 +8,16 @@ appears exactly once, in 9 runs instead of the 81 of the full product.
 A test that takes `sliding_window` and `logit_softcap` arguments runs once per row of MASKINGS;
 one that takes both those and `kernel_case` runs once per (dtype, masking) pair, on the dtype's
 three cases in turn (MASKED_CASES: 12 runs, where the full product with the L9 rows would be 36).
+One that takes `kernel_case` and `kv_dtype` runs with an int8 pool on INT8_POOL_CASES: one L9 row
+per dtype, together covering every block size and head dim.
 
 A paged batch scatters each sequence's blocks over a shuffled block pool, leaves every cache slot
 that no token was written to as NaN, and pads block tables with -1, so a kernel that reads
 outside a sequence's context shows NaN (or crashes) instead of passing by luck. Built for a
 sliding window, it does the same to what the window hides from all of a sequence's new tokens,
 as an engine that frees it may: those slots are NaN and the table entries of their whole blocks -1.
+Built with `kv_dtype=torch.int8`, the pool holds int8 entries (kernels/kv_quant.py) of the same
+K and V, and a NaN slot is an entry whose scale is NaN.
 
 Kernel inputs live on the CPU under the Triton interpreter (the default set by the root conftest)
 and on the GPU when a run sets TRITON_INTERPRET=0.
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from pdserve.kernels.kv_quant import quantize_entries
 from pdserve.kernels.reference import store_kv_reference
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -95,9 +100,15 @@ MASKED_CASES = [
 ]
 
 
+INT8_POOL_CASES = PAIRWISE_CASES[1::3]
+
+
 def pytest_generate_tests(metafunc):
     masked = {"sliding_window", "logit_softcap"} <= set(metafunc.fixturenames)
-    if masked and "kernel_case" in metafunc.fixturenames:
+    if "kv_dtype" in metafunc.fixturenames:
+        metafunc.parametrize("kernel_case, kv_dtype", [(case, torch.int8) for case in INT8_POOL_CASES],
+                             ids=[f"{case}-int8pool" for case in INT8_POOL_CASES])
+    elif masked and "kernel_case" in metafunc.fixturenames:
         metafunc.parametrize("kernel_case, sliding_window, logit_softcap", MASKED_CASES,
                              ids=[f"{case}-{masking_id(masking)}" for case, *masking in MASKED_CASES])
     elif "kernel_case" in metafunc.fixturenames:
@@ -110,8 +121,8 @@ def pytest_generate_tests(metafunc):
 class PagedBatch:
     keys: list[torch.Tensor]  # per sequence [context_len, num_kv_heads, head_dim], on the CPU
     values: list[torch.Tensor]  # per sequence [context_len, num_kv_heads, head_dim], on the CPU
-    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, entry_size]
+    v_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, entry_size]
     block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, padded with -1
     context_lens: torch.Tensor  # [num_seqs] int32
     query: torch.Tensor  # [num_new_tokens, num_heads, head_dim]
@@ -126,17 +137,22 @@ def make_paged_batch(
     seed: int = 0,
     device: torch.device = DEVICE,
     sliding_window: int | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> PagedBatch:
-    """Sequences whose last query_lens[s] of context_lens[s] tokens are the new (query) tokens."""
+    """Sequences whose last query_lens[s] of context_lens[s] tokens are the new (query) tokens, in
+    a pool of `kv_dtype` (the case's dtype unless given)."""
     generator = torch.Generator().manual_seed(seed)
     block_size, head_dim, dtype = case.block_size, case.head_dim, case.dtype
     blocks_per_seq = [-(-context_len // block_size) for context_len in context_lens]
     num_blocks = sum(blocks_per_seq) + 1
     block_order = torch.randperm(num_blocks, generator=generator)
     block_tables = torch.full((len(context_lens), max(blocks_per_seq) + 1), -1, dtype=torch.int32)
-    cache_shape = (num_blocks, block_size, NUM_KV_HEADS, head_dim)
-    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
-    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    kv_dtype = kv_dtype or dtype
+    unwritten = torch.full((NUM_KV_HEADS, head_dim), float("nan"))
+    # [num_kv_heads, entry_size]: NaN, or int8 entries of NaN scale
+    unwritten = quantize_entries(unwritten) if kv_dtype == torch.int8 else unwritten.to(kv_dtype)
+    k_cache = unwritten.expand(num_blocks, block_size, *unwritten.shape).clone()
+    v_cache = k_cache.clone()
     keys, values = [], []
     first_block = 0
     for seq, (context_len, query_len, num_seq_blocks) in enumerate(zip(context_lens, query_lens, blocks_per_seq)):
@@ -151,8 +167,8 @@ def make_paged_batch(
         store_kv_reference(keys[-1], values[-1], k_cache, v_cache, slot_mapping)
         if sliding_window is not None:
             hidden_slots = slot_mapping[: max(0, context_len - query_len - sliding_window + 1)]
-            k_cache.view(-1, NUM_KV_HEADS, head_dim)[hidden_slots] = float("nan")
-            v_cache.view(-1, NUM_KV_HEADS, head_dim)[hidden_slots] = float("nan")
+            k_cache.view(-1, *unwritten.shape)[hidden_slots] = unwritten
+            v_cache.view(-1, *unwritten.shape)[hidden_slots] = unwritten
             block_tables[seq, : len(hidden_slots) // block_size] = -1
     num_heads = NUM_KV_HEADS * case.queries_per_kv
     query = torch.randn((sum(query_lens), num_heads, head_dim), generator=generator).to(dtype)
@@ -177,8 +193,8 @@ def device():
 
 @pytest.fixture
 def paged_batch():
-    """Factory: paged_batch(context_lens, query_lens, case, seed=0, device=DEVICE, sliding_window=None)
-    -> PagedBatch."""
+    """Factory: paged_batch(context_lens, query_lens, case, seed=0, device=DEVICE, sliding_window=None,
+    kv_dtype=None) -> PagedBatch."""
     return make_paged_batch
 
 

@@ -1,6 +1,7 @@
 """Every Triton kernel compiles ahead of time for sm_90 (ptxas ships with Triton; no GPU needed):
-the attention kernels for every case of aot.COMPILE_CASES, the block-linear kernels for every
-block type and x dtype, block_linear at each row tile of aot.BLOCK_LINEAR_ROW_TILES.
+the attention kernels for every case of aot.COMPILE_CASES (int8 KV pools among them), the
+block-linear kernels for every block type and x dtype, block_linear at each row tile of
+aot.BLOCK_LINEAR_ROW_TILES.
 
 The interpreter flag set for the other tests turns kernels into interpreted functions, so the
 compile runs `python -m kernels.aot` in a fresh process with TRITON_INTERPRET=0.
@@ -19,7 +20,7 @@ KERNEL_NAMES = (
     "_decode_reduce_kernel",
     "_prefill_kernel",
 )
-COMPILED_LINE = re.compile(r"^(\w+) (\w+) d(\d+)( masked)?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
+COMPILED_LINE = re.compile(r"^(\w+) (\w+) d(\d+)( masked)?( int8_pool)?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
 BLOCK_COMPILED_LINE = re.compile(r"^(\w+) (\w+) (q\d_\d)(?: rows(\d+))?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
 
 
@@ -32,13 +33,14 @@ def test_every_kernel_compiles_to_a_cubin_for_sm_90():
         timeout=540,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    compiled = COMPILED_LINE.findall(result.stdout)  # [(kernel, dtype, head_dim, " masked" or "", cubin_bytes)]
+    # [(kernel, dtype, head_dim, " masked" or "", " int8_pool" or "", cubin_bytes)]
+    compiled = COMPILED_LINE.findall(result.stdout)
     expected = {
-        (name, dtype, str(head_dim), " masked" if masked else "")
+        (name, dtype, str(head_dim), " masked" if masked else "", " int8_pool" if int8_pool else "")
         for name in KERNEL_NAMES
-        for dtype, head_dim, masked in aot.COMPILE_CASES
+        for dtype, head_dim, masked, int8_pool in aot.COMPILE_CASES
     }
-    assert {(name, dtype, head_dim, masked) for name, dtype, head_dim, masked, _ in compiled} == expected
+    assert {tuple(case) for *case, _ in compiled} == expected
     assert all(int(cubin_bytes) > 0 for *_, cubin_bytes in compiled)
 
     block_compiled = BLOCK_COMPILED_LINE.findall(result.stdout)  # [(kernel, dtype, block type, row tile or "", bytes)]

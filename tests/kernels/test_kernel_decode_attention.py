@@ -8,6 +8,7 @@ several 64-token tiles at these sizes) is checked as well, and so are launches t
 tries (tiles smaller and larger than their split, other warps and stages). Masked, each row of
 MASKINGS runs on contexts shorter than, equal to and longer than the window, with what the window
 hides unreadable, in 16-token splits (so the window starts mid-split and mid-block) and the default.
+An int8 pool (one case per dtype) is read as the reference widens it, windowed, in 16-token splits.
 """
 import pytest
 
@@ -62,6 +63,14 @@ def test_masked_decode_matches_reference(
     for launch in (DecodeLaunch(split_tokens=16), DecodeLaunch()):
         out, expected = decode_both(batch, launch, sliding_window=sliding_window, logit_softcap=logit_softcap)
         assert_close_for_dtype(out, expected)
+
+
+def test_decode_from_an_int8_pool_matches_reference(kernel_case, kv_dtype, paged_batch, assert_close_for_dtype):
+    context_lens = decode_lens_around(LONG_WINDOW, kernel_case.block_size)
+    batch = paged_batch(context_lens, [1] * len(context_lens), kernel_case, sliding_window=LONG_WINDOW,
+                        kv_dtype=kv_dtype)
+    out, expected = decode_both(batch, DecodeLaunch(split_tokens=16), sliding_window=LONG_WINDOW)
+    assert_close_for_dtype(out, expected)
 
 
 def test_a_tile_that_is_not_a_power_of_two_is_refused():

@@ -7,7 +7,8 @@ follow a cached prefix (ending mid-block and on a block edge); unwritten cache s
 through the prefix; the default 64-row tiles are checked as well. Masked, each row of MASKINGS
 runs on prompts longer and shorter than the window and chunks after cached prefixes shorter and
 longer than it, with what the window hides unreadable, in query tiles twice as tall as their key
-tiles, so that some rows see nothing of a key tile that others do.
+tiles, so that some rows see nothing of a key tile that others do. An int8 pool (one case per
+dtype) is read as the reference widens it, in 16-row tiles.
 """
 import torch
 
@@ -47,6 +48,12 @@ def test_prefill_matches_reference_with_small_tiles(kernel_case, paged_batch, as
 def test_prefill_matches_reference_with_default_tiles(kernel_case, paged_batch, assert_close_for_dtype):
     batch = paged_batch(*mixed_prefill_lens(kernel_case.block_size), kernel_case, seed=1)
     out, expected = prefill_both(batch)
+    assert_close_for_dtype(out, expected)
+
+
+def test_prefill_from_an_int8_pool_matches_reference(kernel_case, kv_dtype, paged_batch, assert_close_for_dtype):
+    batch = paged_batch(*mixed_prefill_lens(kernel_case.block_size), kernel_case, kv_dtype=kv_dtype)
+    out, expected = prefill_both(batch, query_tile=16, key_tile=16)
     assert_close_for_dtype(out, expected)
 
 
