@@ -31,8 +31,8 @@ QUERY_CHUNK = 64
 
 
 def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
-    if k_cache.dtype == torch.int8:
-        key, value = quantize_entries(key), quantize_entries(value)
+    if k_cache.dtype == torch.int8:  # one quantize for both: a step writes 2 x num_layers times
+        key, value = quantize_entries(torch.stack((key, value)))
     num_kv_heads, entry_size = k_cache.shape[2:]
     k_cache.view(-1, num_kv_heads, entry_size)[slot_mapping] = key
     v_cache.view(-1, num_kv_heads, entry_size)[slot_mapping] = value

@@ -17,7 +17,7 @@ from tests.system.test_disaggregated import stream_all
 
 pytestmark = pytest.mark.e2e
 
-SAME_POOL_BYTES = 128 * 2**20  # half the blocks d-other has: 16-token blocks, a quarter of its pool (tests.helpers)
+SAME_POOL_BYTES = 128 * 2**20  # half of d-other's pool (tests.helpers), whose int8 entries are smaller too
 NEWER_ENTRY_TTL_S = 300.0
 REFUSAL_TIMEOUT_S = 10.0
 
@@ -34,7 +34,7 @@ def test_a_decode_replica_of_another_kv_layout_gets_no_request(make_cluster, e2e
     cluster = make_cluster([
         ("prefill", "p0", ()),
         ("decode", "d-same", ("--kv-cache-memory", str(SAME_POOL_BYTES))),
-        ("decode", "d-other", ("--block-size", "32")),
+        ("decode", "d-other", ("--kv-cache-dtype", "int8")),
         ("gateway", "gw", ("--prefill-placement", "remote")),
     ])
     entries = {**cluster.replicas("prefill"), **cluster.replicas("decode")}
