@@ -1,9 +1,10 @@
 """The model's kernels, one function per op; each picks what serves its tensors, so the model
 never branches on a device.
 
-Attention (here): Triton when the tensors are on CUDA; on CPU a compiled C kernel for decode
-attention over a float32, bfloat16 or int8 pool when a C compiler is at hand
-(`cpu_decode_attention`), pure torch otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
+Attention and KV writes (here): Triton when the tensors are on CUDA; on CPU, when a C compiler is
+at hand, a compiled C kernel for decode attention over a float32, bfloat16 or int8 pool
+(`cpu_decode_attention`) and for writes into an int8 pool (`cpu_store_kv_int8`), pure torch
+otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
 serve, torch otherwise.
 
 KV cache layout, per layer: `k_cache` and `v_cache` are each
@@ -21,7 +22,7 @@ Triton modules are imported on first CUDA call, so importing this package loads 
 """
 import torch
 
-from pdserve.kernels import cpu_decode_attention, cpu_layer_ops
+from pdserve.kernels import cpu_decode_attention, cpu_layer_ops, cpu_store_kv_int8
 from pdserve.kernels.layer_ops import add_rms_norm, apply_rope, gelu_tanh_and_mul, rms_norm, silu_and_mul
 from pdserve.kernels.reference import (
     decode_attention_reference,
@@ -39,6 +40,8 @@ def prepare(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> 
     if device.type == "cpu":
         cpu_decode_attention.load(kv_dtype)
         cpu_layer_ops.load(dtype)
+        if kv_dtype == torch.int8:
+            cpu_store_kv_int8.load(dtype)
 
 
 def store_kv(
@@ -53,7 +56,7 @@ def store_kv(
         from pdserve.kernels import triton_store_kv
 
         triton_store_kv.store_kv(key, value, k_cache, v_cache, slot_mapping)
-    else:
+    elif not (k_cache.dtype == torch.int8 and cpu_store_kv_int8.store_kv_int8(key, value, k_cache, v_cache, slot_mapping)):
         store_kv_reference(key, value, k_cache, v_cache, slot_mapping)
 
 
