@@ -16,8 +16,8 @@ from typing import Protocol
 import torch
 
 from pdserve.engine.config import ModelConfig
-from pdserve.kernels.kv_quant import kv_entry_size
-from pdserve.protocol.errors import PdserveError
+from pdserve.kernels.kv_quant import KV_SCALE_BYTES, kv_entry_size
+from pdserve.protocol.errors import InvalidConfigError, PdserveError
 
 
 class KVCacheMismatchError(PdserveError, ValueError):
@@ -41,6 +41,11 @@ class KVCacheSpec:
     head_dim: int
     block_size: int
     dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.dtype == torch.int8 and self.head_dim % KV_SCALE_BYTES:  # each entry's scale 4-byte aligned
+            raise InvalidConfigError(f"an int8 KV pool needs a head_dim that is a multiple of {KV_SCALE_BYTES}, "
+                                     f"not {self.head_dim}")
 
     @classmethod
     def for_model(cls, config: ModelConfig, block_size: int, dtype: torch.dtype) -> KVCacheSpec:

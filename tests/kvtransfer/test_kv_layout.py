@@ -9,6 +9,7 @@ import torch
 
 from pdserve.engine.kv_cache import KVCacheMismatchError, KVCacheSpec
 from pdserve.kvtransfer.layout import LAYOUT_VERSION, LayoutMismatchError, check_layout, make_layout
+from pdserve.protocol.errors import InvalidConfigError
 
 SPEC = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
 
@@ -97,6 +98,8 @@ def test_an_int8_pools_entries_carry_their_scale_and_take_about_half_of_bfloat16
     assert int8.bytes_per_block / SPEC.bytes_per_block == 68 / 128
     assert KVCacheSpec.from_layout(make_layout("tiny-llama", int8)) == int8
     int8.check(int8.allocate(2, torch.device("cpu")))
+    with pytest.raises(InvalidConfigError, match="multiple of 4, not 66"):
+        dataclasses.replace(int8, head_dim=66)  # its scales would not be 4-byte aligned
 
 
 def test_spec_refuses_a_pool_of_another_geometry():
