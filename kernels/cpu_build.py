@@ -33,6 +33,14 @@ def enabled() -> bool:
     return os.environ.get("PDSERVE_CPU_KERNELS", "1") != "0"
 
 
+def load_build_for(source_name: str, flags_by_dtype: dict, dtype) -> ctypes.CDLL | None:
+    """`load_library` of the build for `dtype` (`flags_by_dtype[dtype]`); None also when compiled
+    kernels are off or `dtype` has no build."""
+    if not enabled() or dtype not in flags_by_dtype:
+        return None
+    return load_library(source_name, flags_by_dtype[dtype])
+
+
 def load_library(source_name: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
     """`csrc/<source_name>` built with CFLAGS + `flags` and loaded; None (with a warning) when
     there is no compiler or the build fails."""

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from pdserve.kernels.cpu_build import enabled, load_library
+from pdserve.kernels.cpu_build import load_build_for
 
 SOURCE_NAME = "paged_decode_attention.c"
 KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",), torch.int8: ("-DKV_INT8",)}
@@ -24,9 +24,7 @@ KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",), torch.i
 @functools.cache
 def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
     """The kernel for a pool of `dtype`, built on first use."""
-    if not enabled() or dtype not in KV_DTYPE_FLAGS:
-        return None
-    library = load_library(SOURCE_NAME, KV_DTYPE_FLAGS[dtype])
+    library = load_build_for(SOURCE_NAME, KV_DTYPE_FLAGS, dtype)
     if library is None:
         return None
     function = library.paged_decode_attention

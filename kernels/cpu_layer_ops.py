@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from pdserve.kernels.cpu_build import enabled, load_library
+from pdserve.kernels.cpu_build import load_build_for
 
 SOURCE_NAME = "cpu_layer_ops.c"
 DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DBFLOAT16",)}
@@ -27,9 +27,7 @@ _POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
 
 @functools.cache
 def load(dtype: torch.dtype) -> ctypes.CDLL | None:
-    if not enabled() or dtype not in DTYPE_FLAGS:
-        return None
-    library = load_library(SOURCE_NAME, DTYPE_FLAGS[dtype])
+    library = load_build_for(SOURCE_NAME, DTYPE_FLAGS, dtype)
     if library is None:
         return None
     library.rms_norm.argtypes = [_POINTER] * 3 + [_INT64] * 2 + [ctypes.c_float, ctypes.c_int32]

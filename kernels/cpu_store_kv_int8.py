@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from pdserve.kernels.cpu_build import enabled, load_library
+from pdserve.kernels.cpu_build import load_build_for
 
 SOURCE_NAME = "store_kv_int8.c"
 DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DBFLOAT16",)}
@@ -22,9 +22,7 @@ DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DBFLOAT16",)}
 
 @functools.cache
 def load(dtype: torch.dtype) -> ctypes.CDLL | None:
-    if not enabled() or dtype not in DTYPE_FLAGS:
-        return None
-    library = load_library(SOURCE_NAME, DTYPE_FLAGS[dtype])
+    library = load_build_for(SOURCE_NAME, DTYPE_FLAGS, dtype)
     if library is None:
         return None
     library.store_kv_int8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5

@@ -229,64 +229,18 @@ static inline __m512 kv_load16(const kv_t *p) {
 #endif
 }
 
-static void apply_softcap(float *scores, int64_t num_scores, float logit_softcap) {
-    if (logit_softcap > 0.0f)
-        for (int64_t i = 0; i < num_scores; i++) scores[i] = logit_softcap * tanhf(scores[i] / logit_softcap);
-}
-
 #if defined(KV_INT8) && defined(__AVX512VNNI__)
-/* score_keys_x16's loops for an int8 pool and an even chunks: each query row as int16 levels
- * (q ~= query_scale * level), 16 keys at a time, each key's levels widened to int16 and 32
- * products summed at a time in int32 (vpdpwssd). */
-static inline __attribute__((always_inline)) void score_keys_int16(
-    float *restrict scores, const float *restrict query, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
-    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape, float scale,
-    const int64_t chunks) {
-    const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
-    const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
-    const int64_t num_keys = context_len - key_start;
-    int16_t levels[shape.num_heads * head_dim];  /* [num_heads, head_dim] */
-    float query_scales[shape.num_heads];
+/* Each query row j as int16 levels: query[j] ~= query_scales[j] * levels[j] (an error under 2^-16
+ * of the row's largest element). */
+static void query_levels(int16_t *restrict levels, float *restrict query_scales, const float *restrict query,
+                         Shape shape) {
     for (int64_t j = 0; j < shape.num_heads; j++) {
-        const float *q_row = query + j * head_dim;
+        const float *q_row = query + j * shape.head_dim;
         float max_abs = 0.0f;
-        for (int64_t d = 0; d < head_dim; d++) max_abs = fmaxf(max_abs, fabsf(q_row[d]));
-        query_scales[j] = scale * max_abs / 32767.0f;
+        for (int64_t d = 0; d < shape.head_dim; d++) max_abs = fmaxf(max_abs, fabsf(q_row[d]));
+        query_scales[j] = max_abs / 32767.0f;
         const float inverse = max_abs > 0.0f ? 32767.0f / max_abs : 0.0f;
-        for (int64_t d = 0; d < head_dim; d++) levels[j * head_dim + d] = (int16_t)lrintf(q_row[d] * inverse);
-    }
-    for (int64_t start = key_start, end; start < context_len; start = end) {
-        end = block_end(start, context_len, shape.block_size);
-        const kv_t *block_keys = k_cache + block_table[start / shape.block_size] * block_stride
-                                 + (start % shape.block_size) * token_stride;
-        for (int64_t t = start; t < end; t += 16) {
-            const int64_t n = end - t < 16 ? end - t : 16;
-            const kv_t *tile = block_keys + (t - start) * token_stride;  /* n keys, every kv head */
-            for (int64_t j = 0; j < shape.num_heads; j++) {
-                if (t == start)  /* a block ahead, one part per query head */
-                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, start, 0, shape, j,
-                                   shape.num_heads);
-                const kv_t *head_keys = tile + j / group_size * entry_len(shape);
-                __m512i q_pairs[8];
-                for (int64_t c = 0; c < chunks / 2; c++) q_pairs[c] = _mm512_loadu_si512(levels + j * head_dim + 32 * c);
-                __m512 sums[16];
-                float key_scales[16] = {0};
-                for (int64_t i = 0; i < 16; i++) {
-                    __m512i dots = _mm512_setzero_si512();
-                    if (i < n) {
-                        const kv_t *key = head_keys + i * token_stride;
-                        key_scales[i] = entry_scale(key, head_dim);
-                        for (int64_t c = 0; c < chunks / 2; c++)
-                            dots = _mm512_dpwssd_epi32(
-                                dots, q_pairs[c], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(key + 32 * c))));
-                    }
-                    sums[i] = _mm512_cvtepi32_ps(dots);
-                }
-                const __m512 key_sums = _mm512_mul_ps(_mm512_loadu_ps(key_scales), sum_lanes16(sums));
-                _mm512_mask_storeu_ps(scores + j * num_keys + t - key_start, (__mmask16)((1u << n) - 1),
-                                      _mm512_mul_ps(_mm512_set1_ps(query_scales[j]), key_sums));
-            }
-        }
+        for (int64_t d = 0; d < shape.head_dim; d++) levels[j * shape.head_dim + d] = (int16_t)lrintf(q_row[d] * inverse);
     }
 }
 #endif
@@ -301,14 +255,12 @@ static inline __attribute__((always_inline)) void score_keys_x16(
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
-#if defined(KV_INT8) && defined(__AVX512VNNI__)
-    if (chunks % 2 == 0) {
-        score_keys_int16(scores, query, k_cache, v_cache, block_table, key_start, context_len, shape, scale, chunks);
-        apply_softcap(scores, shape.num_heads * num_keys, logit_softcap);
-        return;
-    }
-#endif
     const __m512 scales = _mm512_set1_ps(scale);
+#if defined(KV_INT8) && defined(__AVX512VNNI__)
+    int16_t levels[shape.num_heads * head_dim];  /* [num_heads, head_dim] */
+    float query_scales[shape.num_heads];
+    if (chunks % 2 == 0) query_levels(levels, query_scales, query, shape);
+#endif
     for (int64_t start = key_start, end; start < context_len; start = end) {
         end = block_end(start, context_len, shape.block_size);
         const kv_t *block_keys = k_cache + block_table[start / shape.block_size] * block_stride
@@ -323,6 +275,28 @@ static inline __attribute__((always_inline)) void score_keys_x16(
                 const kv_t *head_keys = tile + j / group_size * entry_len(shape);
                 const float *q_row = query + j * head_dim;
                 __m512 sums[16];
+#if defined(KV_INT8) && defined(__AVX512VNNI__)
+                if (chunks % 2 == 0) {  /* int16 query and int8 key levels, 32 products a vpdpwssd, summed in int32 */
+                    __m512i q_pairs[8];
+                    for (int64_t c = 0; c < chunks / 2; c++) q_pairs[c] = _mm512_loadu_si512(levels + j * head_dim + 32 * c);
+                    float key_scales[16] = {0};
+                    for (int64_t i = 0; i < 16; i++) {
+                        __m512i dots = _mm512_setzero_si512();
+                        if (i < n) {
+                            const kv_t *key = head_keys + i * token_stride;
+                            key_scales[i] = entry_scale(key, head_dim);
+                            for (int64_t c = 0; c < chunks / 2; c++)
+                                dots = _mm512_dpwssd_epi32(dots, q_pairs[c], _mm512_cvtepi8_epi16(
+                                                                                 _mm256_loadu_si256((const __m256i *)(key + 32 * c))));
+                        }
+                        sums[i] = _mm512_cvtepi32_ps(dots);
+                    }
+                    const __m512 key_sums = _mm512_mul_ps(_mm512_loadu_ps(key_scales), sum_lanes16(sums));
+                    _mm512_mask_storeu_ps(scores + j * num_keys + t - key_start, (__mmask16)((1u << n) - 1),
+                                          _mm512_mul_ps(_mm512_mul_ps(scales, _mm512_set1_ps(query_scales[j])), key_sums));
+                    continue;
+                }
+#endif
 #if defined(KV_BFLOAT16) && defined(__AVX512BF16__)
                 if (chunks % 2 == 0) {  /* bfloat16 pairs multiplied and summed in float32 */
                     __m512bh q_pairs[8];  /* the query back in bfloat16 (exact: widened from bfloat16 by the caller) */
@@ -356,7 +330,8 @@ static inline __attribute__((always_inline)) void score_keys_x16(
             }
         }
     }
-    apply_softcap(scores, shape.num_heads * num_keys, logit_softcap);
+    if (logit_softcap > 0.0f)
+        for (int64_t i = 0; i < shape.num_heads * num_keys; i++) scores[i] = logit_softcap * tanhf(scores[i] / logit_softcap);
 }
 
 /* weigh_values for head_dim = 16 * chunks: each kv head's value row is widened once per key for
