@@ -53,18 +53,11 @@ class Experts(nn.Module):
         self.register_load_state_dict_pre_hook(self._stack_checkpoint)
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, hidden]; expert_ids, weights: [num_tokens, top_k]
-        top_k = expert_ids.shape[1]
-        order = expert_ids.flatten().argsort(stable=True)  # [num_tokens * top_k] assignments by expert
-        tokens = order // top_k  # [num_tokens * top_k] the token of each assignment
-        group_sizes = torch.bincount(expert_ids.flatten(), minlength=self.num_experts).tolist()
-        outputs = []
-        for expert, rows in enumerate(x[tokens].split(group_sizes)):  # rows: [group_size, hidden]
-            if len(rows):
-                hidden = self.act_and_mul(rows @ self.gate_up_proj[expert].T)  # [group_size, intermediate]
-                outputs.append(hidden @ self.down_proj[expert].T)
-        weighted = torch.cat(outputs) * weights.flatten()[order, None]  # [num_tokens * top_k, hidden]
-        return torch.zeros_like(x).index_add_(0, tokens, weighted)
+        return run_grouped(x, expert_ids, weights, self.num_experts, self._expert_mlp)
+
+    def _expert_mlp(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
+        hidden = self.act_and_mul(rows @ self.gate_up_proj[expert].T)  # [group_size, intermediate]
+        return hidden @ self.down_proj[expert].T
 
     def _stack_checkpoint(self, module, state_dict, prefix, *args) -> None:
         """Per-expert gate, up [intermediate, hidden] and down [hidden, intermediate] become the
@@ -77,3 +70,17 @@ class Experts(nn.Module):
             torch.cat([state_dict.pop(gate), state_dict.pop(up)])
             for gate, up in zip(names["gate_proj"], names["up_proj"])])
         state_dict[f"{prefix}down_proj"] = torch.stack([state_dict.pop(down) for down in names["down_proj"]])
+
+
+def run_grouped(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, num_experts: int,
+                expert_mlp: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The weighted sum of each token's experts' outputs, `expert_mlp(expert, rows)` called once per
+    expert on the rows routed to it: x [num_tokens, hidden]; expert_ids, weights [num_tokens, top_k]."""
+    top_k = expert_ids.shape[1]
+    order = expert_ids.flatten().argsort(stable=True)  # [num_tokens * top_k] assignments by expert
+    tokens = order // top_k  # [num_tokens * top_k] the token of each assignment
+    group_sizes = torch.bincount(expert_ids.flatten(), minlength=num_experts).tolist()
+    outputs = [expert_mlp(expert, rows)  # rows: [group_size, hidden]
+               for expert, rows in enumerate(x[tokens].split(group_sizes)) if len(rows)]
+    weighted = torch.cat(outputs) * weights.flatten()[order, None]  # [num_tokens * top_k, hidden]
+    return torch.zeros_like(x).index_add_(0, tokens, weighted)

@@ -12,19 +12,21 @@ relative RMS error against 8.6 %, and more on skewed groups), for one more fp16 
 bit a weight.
 
 Quantized: every Linear of the decoder layers and the head whose in_features is a multiple of
-32, a tied head from the embeddings' weight (which the lookup keeps in float). The head is Q8_0
+32, a tied head from the embeddings' weight (which the lookup keeps in float), and a mixture of
+experts' experts, each expert's projections a BlockLinear (engine/block_experts.py), where both
+the hidden and the expert's intermediate size are multiples of 32. The head is Q8_0
 under int4 too, as GGUF's 4-bit files keep their output matrix in 6 or 8 bits and GPTQ and AWQ
 leave it unquantized: its error lands on every logit at once (on SmolLM2-135M a 4-bit head alone
 moved 14 of 96 greedy argmaxes against float32, an 8-bit one none). Not: a mixture of
-experts' router (its argmax picks the experts; vLLM keeps it in float too), the experts' stacked
-weights (not Linear layers, engine/moe.py), embeddings, norms.
+experts' router (its argmax picks the experts; vLLM keeps it in float too), embeddings, norms.
 
 The weights are quantized from the checkpoint's tensors as stored (bfloat16, float16, float32:
 each widened exactly to float32), not from their cast to the serving dtype, so a float32
 checkpoint served in bfloat16 gets the blocks float32 serving gets.
 
 Invariant: each `BlockLinear` made here holds `quantize_reference` of its checkpoint weight as
-stored (a fused layer's parts quantized apiece, stacked in `checkpoint_parts` order); it computes
+stored (a fused layer's parts quantized apiece, stacked in `checkpoint_parts` order, an expert's
+gate then up); it computes
 what `nn.Linear` computes with `dequantize_reference` of those blocks, up to summation order.
 """
 from __future__ import annotations
@@ -34,8 +36,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from pdserve.engine.block_experts import expert_weight_names, serve_experts_as_blocks
 from pdserve.engine.block_linear import serve_blocks_as_stored
-from pdserve.engine.moe import SparseMoE
+from pdserve.engine.moe import Experts, SparseMoE
 from pdserve.kernels.block_quant_reference import WEIGHTS_PER_BLOCK, quantize_reference
 
 BLOCK_TYPES = {"int8": "q8_0", "int4": "q4_1"}  # engine_config.QUANTIZATIONS -> block type
@@ -49,10 +52,15 @@ CHUNK_WEIGHTS = 2**22
 
 
 def weight_names_to_quantize(model: nn.Module) -> set[str]:
-    """The checkpoint names (after the family's renames) of the weights of the Linear layers of
-    `model` to quantize: a fused layer's parts (`checkpoint_parts`), a tied head's embeddings."""
+    """The checkpoint names (after the family's renames) of the weights of the Linear layers and
+    experts of `model` to quantize: a fused layer's parts (`checkpoint_parts`), a tied head's
+    embeddings, each expert's gate, up and down."""
     names = set()
     for path, module in model.named_modules():
+        if isinstance(module, Experts):
+            if all(size % WEIGHTS_PER_BLOCK == 0 for size in module.down_proj.shape[1:]):  # hidden, intermediate
+                names.update(expert_weight_names(path, module))
+            continue
         if isinstance(module, SparseMoE):
             continue  # its router stays float
         prefix = f"{path}." if path else ""
@@ -65,14 +73,15 @@ def weight_names_to_quantize(model: nn.Module) -> set[str]:
 
 def quantize_linear_layers(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], quantization: str,
                            device: torch.device) -> int:
-    """Replaces, in place, each Linear layer of `model` whose checkpoint weights are all among
-    `weights` ((name, tensor as stored)) by a `BlockLinear` over their blocks in `quantization`'s
-    format (the head's in HEAD_BLOCK_TYPE), on `device`. Returns how many layers were replaced."""
+    """Replaces, in place, each Linear layer (and each layer's experts) of `model` whose checkpoint
+    weights are all among `weights` ((name, tensor as stored)) by a `BlockLinear` (a
+    `BlockExperts`) over their blocks in `quantization`'s format (the head's in HEAD_BLOCK_TYPE),
+    on `device`. Returns how many layers were replaced."""
     head, blocks = head_weight_names(model), {}
     for name, weight in weights:
         block_type = HEAD_BLOCK_TYPE if name in head else BLOCK_TYPES[quantization]
         blocks[name] = (block_type, quantized(weight, block_type).to(device))
-    return serve_blocks_as_stored(model, blocks)
+    return serve_blocks_as_stored(model, blocks) + serve_experts_as_blocks(model, blocks)
 
 
 def head_weight_names(model: nn.Module) -> set[str]:

@@ -91,14 +91,16 @@ def test_layers_whose_in_features_are_not_a_multiple_of_32_stay_float(tiny_model
 
 
 @pytest.mark.parametrize("config", [mixtral_config, phi3_longrope_config], ids=lambda config: config.__name__)
-def test_a_routers_experts_stay_float_and_fused_checkpoints_quantize_as_stored(hf_model, config):
+def test_a_router_stays_float_and_fused_checkpoints_quantize_as_stored(hf_model, config):
     model_dir = hf_model(config())
     model = load(model_dir, "int8")
     served = {name for name, layer in model.named_modules() if isinstance(layer, BlockLinear)}
     attention = {f"model.layers.{i}.self_attn.{part}" for i in range(model.config.num_layers)
                  for part in ("qkv_proj", "o_proj")}
-    if config is mixtral_config:  # its router (mlp.gate) stays float, as do the experts' stacked weights
-        assert served == attention | {"lm_head"}
+    if config is mixtral_config:  # its router (mlp.gate) stays float; its experts are tests/engine/test_block_experts.py's
+        experts = {f"model.layers.{i}.mlp.experts.{part}.{e}" for i in range(model.config.num_layers)
+                   for part in ("gate_up", "down") for e in range(4)}
+        assert served == attention | experts | {"lm_head"}
     else:  # phi3 stores qkv_proj and gate_up_proj fused
         mlp = {f"model.layers.{i}.mlp.{part}" for i in range(model.config.num_layers)
                for part in ("gate_up_proj", "down_proj")}
