@@ -83,7 +83,9 @@ class KVCacheSpec:
         return num_bytes // self.bytes_per_block
 
     def allocate(self, num_blocks: int, device: torch.device) -> torch.Tensor:
-        return torch.zeros(self.shape(num_blocks), dtype=self.dtype, device=device)
+        """A pool of `num_blocks`, uninitialised: every slot is written before a kernel reads it,
+        and on a CPU the pages of blocks never used are never made resident."""
+        return torch.empty(self.shape(num_blocks), dtype=self.dtype, device=device)
 
     def check(self, kv_cache: torch.Tensor) -> None:
         """Raises KVCacheMismatchError unless `kv_cache` is a pool of this spec (any number of blocks)."""

@@ -34,6 +34,7 @@ from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_kv_memory import default_kv_memory_bytes
 from pdserve.engine.device_guard import bind_thread, resolve_device
 from pdserve.engine.engine_config import EngineConfig
+from pdserve.engine.heap_trim import release_freed_memory
 from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.engine.memory_profile import profiled_kv_pool_bytes
 from pdserve.engine.model import CausalLM
@@ -69,6 +70,7 @@ class LLMEngine:
         self.dtype = config.torch_dtype(self.model_config.torch_dtype)
         model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len,
                            config.quantized_weights, config.quantization)
+        release_freed_memory()  # what the load freed, before the pool is sized from the memory available
 
         self.weights_bytes = weights_bytes(model)
         self.kv_spec = KVCacheSpec.for_model(self.model_config, config.block_size, config.kv_torch_dtype(self.dtype))

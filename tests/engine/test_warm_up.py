@@ -31,7 +31,7 @@ def test_the_warm_up_steps_touch_block_zero_only(tiny_model):
     config = ModelConfig.from_dir(model_dir)
     model = load_model(model_dir, config, torch.float32, torch.device("cpu"))
     spec = KVCacheSpec.for_model(config, 16, torch.float32)
-    kv_cache = spec.allocate(8, torch.device("cpu"))
+    kv_cache = spec.allocate(8, torch.device("cpu")).zero_()  # to see what the warm-up writes
     warm_up(model, kv_cache, 16, warm_up_widths(8, 16), torch.device("cpu"))
     assert kv_cache[:, :, 0].abs().sum() > 0
     assert not kv_cache[:, :, 1:].any()

@@ -49,7 +49,7 @@ def test_pushed_chunks_land_in_the_reserved_blocks_of_each_layer(parsed_by_proto
         for layer in range(SPEC.num_layers)
     ]
     parse = kv_transfer_pb2.KVChunk.FromString if parsed_by_protobuf else decode_chunk
-    pool, end = KVPool(SPEC, SPEC.allocate(8, torch.device("cpu"))), OneReservation()
+    pool, end = KVPool(SPEC, SPEC.allocate(8, torch.device("cpu")).zero_()), OneReservation()
 
     async def chunks():
         for message in encoded:
