@@ -52,7 +52,8 @@ def serve_experts_as_blocks(model: nn.Module, blocks: dict[str, tuple[str, torch
         block_type, device = sources[0][0], experts.gate_up_proj.device
         hidden_size, intermediate_size = experts.down_proj.shape[1:]
         gate_up, down = [], []
-        for gate, up, down_blocks in zip(*[iter([values for _, values in sources])] * 3):
+        for e in range(experts.num_experts):  # sources: expert by expert, gate, up, down
+            (_, gate), (_, up), (_, down_blocks) = sources[3 * e:3 * e + 3]
             gate_up.append(BlockLinear(torch.cat([gate, up]).to(device), block_type, hidden_size, None))
             down.append(BlockLinear(down_blocks.to(device), block_type, intermediate_size, None))
         module.experts = BlockExperts(gate_up, down, experts.act_and_mul)

@@ -56,7 +56,8 @@ def store_kv(
         from pdserve.kernels import triton_store_kv
 
         triton_store_kv.store_kv(key, value, k_cache, v_cache, slot_mapping)
-    elif not (k_cache.dtype == torch.int8 and cpu_store_kv_int8.store_kv_int8(key, value, k_cache, v_cache, slot_mapping)):
+    elif k_cache.dtype != torch.int8 or not cpu_store_kv_int8.store_kv_int8(key, value, k_cache, v_cache,
+                                                                           slot_mapping):
         store_kv_reference(key, value, k_cache, v_cache, slot_mapping)
 
 

@@ -103,7 +103,8 @@ def prefill_attention_reference(
         # New token i sits at position prefix_len + i and sees every key up to it in the window, so
         # keys from the first new token's window start on are read: key_start + k for key k.
         key_start = 0 if sliding_window is None else max(0, prefix_len - sliding_window + 1)
-        key = _gather_context(k_cache, block_tables[seq], key_start, context_len, query.dtype)  # [num_keys, kv_heads, dim]
+        # [num_keys, kv_heads, dim] each, in the query's dtype
+        key = _gather_context(k_cache, block_tables[seq], key_start, context_len, query.dtype)
         value = _gather_context(v_cache, block_tables[seq], key_start, context_len, query.dtype)
         visible = torch.ones(query_len, context_len - key_start, dtype=torch.bool, device=query.device
                              ).tril(prefix_len - key_start)  # [query_len, num_keys]
@@ -172,7 +173,7 @@ def _gather_padded_keys(k_cache, v_cache, block_tables, key_starts, context_lens
     hidden_rows = (~visible).flatten().nonzero().squeeze(1)  # [num_hidden] flat (seq, key)
 
     def gather(cache):
-        dense = widen(cache.index_select(0, block_ids.flatten()))  # [num_seqs * num_blocks, block_size, kv_heads, head_dim]
+        dense = widen(cache.index_select(0, block_ids.flatten()))  # [num_seqs * num_blocks, block_size, kv_heads, dim]
         dense = dense.view(num_seqs * num_keys, num_kv_heads, -1).index_fill_(0, hidden_rows, 0)
         return dense.view(num_seqs, num_keys, num_kv_heads, -1)
 

@@ -36,7 +36,7 @@ class KVSender(Protocol):
     async def send(
         self,
         request_id: str,
-        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, entry_size]
         block_ids: Sequence[int],
         target: KVTarget,
         layers_ready: AsyncIterator[int] | None = None,  # only where `streams_layers`

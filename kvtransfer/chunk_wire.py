@@ -24,7 +24,7 @@ _FIXED_BYTES = {1: 8, 5: 4}  # wire type -> size, for the fixed-size wire types
 @dataclass(frozen=True, slots=True)
 class ReceivedChunk:
     header: kv_transfer_pb2.KVChunk  # every field but key and value
-    key: memoryview  # [len(block_ids), block_size, num_kv_heads, head_dim], the layout's dtype
+    key: memoryview  # [len(block_ids), block_size, num_kv_heads, entry_size], the layout's dtype
     value: memoryview
 
 

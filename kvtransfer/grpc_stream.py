@@ -75,7 +75,7 @@ class GrpcSender:
     async def send(
         self,
         request_id: str,
-        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, entry_size]
         block_ids: Sequence[int],
         target: KVTarget,
         layers_ready: AsyncIterator[int] | None = None,
@@ -129,7 +129,7 @@ class GrpcSender:
 def _encode_chunk(header: kv_transfer_pb2.KVChunk, kv_cache: torch.Tensor, layer: int, block_ids: list[int]) -> bytes:
     """The encoded chunk of `header` carrying the K and V of `block_ids` in `layer`."""
     index = torch.tensor(block_ids, dtype=torch.long, device=kv_cache.device)
-    key_value = kv_cache[layer].index_select(1, index).cpu()  # [2, n, block_size, num_kv_heads, head_dim]
+    key_value = kv_cache[layer].index_select(1, index).cpu()  # [2, n, block_size, num_kv_heads, entry_size]
     key, value = (memoryview(key_value[kv].view(torch.uint8).numpy()) for kv in (0, 1))
     return encode_chunk(header, key, value)
 
@@ -240,7 +240,7 @@ def _write(pool: KVPool, layer: int, block_ids: list[int], key: memoryview, valu
     """Scatters the chunk's K and V blocks from the received bytes into `block_ids` of `layer`."""
     if not block_ids:
         return
-    tensor = pool.tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+    tensor = pool.tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, entry_size]
     for kv, data in ((0, key), (1, value)):
         blocks = np.frombuffer(data, dtype=np.uint8).reshape(len(block_ids), -1)  # [n, bytes per K (or V) block]
         dst = tensor[layer, kv].view(pool.num_blocks, -1).view(torch.uint8)  # [num_blocks, bytes per block]

@@ -2,8 +2,9 @@
 block size x head dim.
 
 The full product of the float pools (54 cases) runs, the kernel being fast; an int8 pool (its
-entries quantized from a float32 one, the query float32 or bfloat16) runs the same batches. Each batch mixes a length-1 context,
-contexts that end mid-block and on a block edge, and one spanning many blocks, in a shuffled pool
+entries quantized from a float32 one, the query float32 or bfloat16) runs the same batches. Each
+batch mixes a length-1 context, contexts that end mid-block and on a block edge, and one spanning
+many blocks, in a shuffled pool
 whose unwritten slots are NaN and whose block tables are padded with -1. Masked, each row of
 MASKINGS runs on contexts shorter than, equal to and longer than the window, with what the window
 hides unreadable. The kernel is built by the system C compiler into a cache directory private to

@@ -17,7 +17,7 @@ from tests.system.test_disaggregated import stream_all
 
 pytestmark = pytest.mark.e2e
 
-SAME_POOL_BYTES = 128 * 2**20  # a quarter of d-other's pool (tests.helpers), in float32 entries (d-other's int8 ones take 68/256 of the bytes)
+SAME_POOL_BYTES = 128 * 2**20  # a quarter of d-other's pool (tests.helpers), whose int8 entries are smaller still
 NEWER_ENTRY_TTL_S = 300.0
 REFUSAL_TIMEOUT_S = 10.0
 
