@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.protocol.structured_output import StructuredOutput
 from pdserve.v1 import common_pb2
 
 _DEFAULTS = SamplingParams()
@@ -41,6 +42,8 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         repetition_penalty=get("repetition_penalty"),
         min_tokens=get("min_tokens"),
         logit_bias=dict(msg.logit_bias),
+        structured_output=structured_output_from_proto(msg.structured_output)
+        if msg.HasField("structured_output") else None,
     )
 
 
@@ -58,7 +61,32 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         msg.seed = params.seed
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if params.structured_output is not None:
+        msg.structured_output.CopyFrom(structured_output_to_proto(params.structured_output))
     return msg
+
+
+def structured_output_from_proto(msg: common_pb2.StructuredOutput) -> StructuredOutput:
+    """Raises InvalidRequestError (from StructuredOutput) for an empty or malformed constraint."""
+    match msg.WhichOneof("constraint"):
+        case "json_schema":
+            return StructuredOutput(json=msg.json_schema)
+        case "choice":
+            return StructuredOutput(choice=tuple(msg.choice.choices))
+        case None:
+            return StructuredOutput()  # refused: names the fields to give
+        case name:
+            return StructuredOutput(**{name: getattr(msg, name)})
+
+
+def structured_output_to_proto(constraint: StructuredOutput) -> common_pb2.StructuredOutput:
+    match constraint.kind:
+        case "json":
+            return common_pb2.StructuredOutput(json_schema=constraint.json)
+        case "choice":
+            return common_pb2.StructuredOutput(choice=common_pb2.Choices(choices=list(constraint.choice)))
+        case name:
+            return common_pb2.StructuredOutput(**{name: getattr(constraint, name)})
 
 
 def logprobs_to_proto(logprobs: TokenLogprobs) -> common_pb2.TokenLogprob:

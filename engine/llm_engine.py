@@ -46,6 +46,7 @@ from pdserve.engine.step_budget import StepBudget
 from pdserve.engine.warm_up import warm_up
 from pdserve.engine.weights import load_model, weights_bytes
 from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
+from pdserve.protocol.grammar_compiler import GrammarCompiler
 from pdserve.protocol.kv_blocks import block_hashes, num_blocks_for
 from pdserve.protocol.outputs import RequestOutput
 from pdserve.protocol.request_checks import draw_seed, validate_prompt
@@ -97,6 +98,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._hold_kv: set[str] = set()  # requests whose blocks outlive them until release_kv
         self._kv_owners: set[str] = set()  # finished-but-held requests and unused reservations
+        self._grammar_compiler: GrammarCompiler | None = None  # built by the first structured output
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     seed: int | None = None, hold_kv: bool = False,
@@ -233,6 +235,9 @@ class LLMEngine:
         self.scheduler.update(output, result.sampled)
         step_outputs = []
         for request_id, token_id in result.sampled.items():
+            grammar = self._requests[request_id].grammar
+            if grammar is not None:
+                grammar.consume_token(token_id)  # allowed by its mask; an errored grammar allowed only EOS
             step_output, decision = self.output_processor.process(
                 request_id, token_id, result.logprobs[request_id])
             if decision is not None:
@@ -260,10 +265,23 @@ class LLMEngine:
             raise InvalidRequestError(f"request {request_id!r}: {len(output_token_ids)} output tokens already, "
                                       f"max_tokens is {params.max_tokens}")
         request = Request(request_id, prompt_ids, params, draw_seed(params.seed if seed is None else seed),
-                          output_token_ids=list(output_token_ids))
+                          output_token_ids=list(output_token_ids), grammar=self._grammar(params, output_token_ids))
         self._requests[request_id] = request
         self.output_processor.add(request)
         return request
+
+    def _grammar(self, params: SamplingParams, output_token_ids: Sequence[int]):
+        """The request's structured-output state after the output tokens it arrived with (the
+        first token, sampled by prefill; a migrated request's tokens so far), or None."""
+        if params.structured_output is None:
+            return None
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_id)
+        grammar = self._grammar_compiler.matcher(params.structured_output)
+        if not grammar.consume_tokens(list(output_token_ids)):
+            raise InvalidRequestError(f"the output so far does not match the structured output: "
+                                      f"{grammar.get_error().strip()}")
+        return grammar
 
     def _forget(self, request_id: str) -> None:
         del self._requests[request_id]

@@ -7,7 +7,9 @@ In order, for a row whose request has `output_token_ids` after `prompt_token_ids
 3. repetition_penalty p, over prompt and output tokens: a seen token's logit l becomes l / p if
    l > 0, else l * p;
 4. frequency and presence penalties, over output tokens only: l -= frequency * count, then
-   l -= presence * (count > 0).
+   l -= presence * (count > 0);
+5. structured output: every token its grammar does not allow now gets -inf (the row's token
+   bitmask, engine/sampling_inputs.py). Last, so no bias can bring back a token the grammar forbids.
 
 Invariant: a row's result depends only on its own logits, params and tokens so far, never on the
 other rows, so it is the same for a request alone, in any batch, recomputed after a preemption,
@@ -28,8 +30,15 @@ from pdserve.engine.sampling_inputs import SamplingInputs
 def apply_logits_processors(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
     """logits: [num_rows, vocab_size] float32 -> the processed logits, a new tensor when any row
     changes (the input is never modified, so its raw values stay available for logprobs)."""
-    if not inputs.adjusted_rows.numel():
-        return logits
+    if inputs.adjusted_rows.numel():
+        logits = _adjust(logits, inputs)
+    if inputs.constrained_rows.numel():
+        logits = _mask_disallowed(logits, inputs)
+    return logits
+
+
+def _adjust(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
+    """Steps 1-4 on the adjusted rows; a new tensor."""
     z = logits[inputs.adjusted_rows]  # [num_adjusted, vocab_size], a copy
     slots = z.view(-1)  # [num_adjusted * vocab_size]
     if inputs.stop_slots.numel():
@@ -39,6 +48,15 @@ def apply_logits_processors(logits: torch.Tensor, inputs: SamplingInputs) -> tor
     if inputs.penalised_rows.numel():
         z.index_copy_(0, inputs.penalised_rows, _apply_penalties(z[inputs.penalised_rows], inputs))
     return logits.index_copy(0, inputs.adjusted_rows, z)
+
+
+def _mask_disallowed(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
+    """Step 5 on the constrained rows; a new tensor."""
+    rows, vocab_size = inputs.constrained_rows, logits.shape[1]
+    words = inputs.token_bitmask.view(rows.numel(), -1)  # [num_constrained, ceil(vocab_size / 32)] int32
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)  # [32]
+    allowed = ((words[:, :, None] >> shifts) & 1).view(rows.numel(), -1)[:, :vocab_size]  # [num_constrained, vocab_size]
+    return logits.index_copy(0, rows, logits[rows].masked_fill(allowed == 0, float("-inf")))
 
 
 def _apply_penalties(z: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:

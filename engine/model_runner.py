@@ -9,11 +9,13 @@ sampled.
 Invariant: a step makes two host-to-device copies and, if it samples, one device-to-host
 readback, whatever its batch and whatever its rows' sampling params. In: one staged copy per
 dtype (engine/staging.py) holds the model's inputs, the block-table writes and everything the
-sampler reads (engine/sampling_inputs.py). Out: the sampled token ids and any logprobs, read back
+sampler reads (engine/sampling_inputs.py), structured outputs' token bitmasks included, computed
+from each grammar's state while the step is built. Out: the sampled token ids and any logprobs, read back
 together (engine/sampler.py).
 """
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +25,7 @@ from pdserve import kernels
 from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.block_table import BlockTable
 from pdserve.engine.model import CausalLM
+from pdserve.engine.request import Request
 from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.sampler import sample
 from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling
@@ -91,6 +94,7 @@ class ModelRunner:
             prompt_token_ids=[request.prompt_token_ids for request in requests],
             output_token_ids=[request.output_token_ids for request in requests],
             eos_token_id=self.eos_token_id,
+            token_bitmasks=[self._allowed_tokens(request) if request.grammar else None for request in requests],
         )
         # Two copies per step, whatever the batch and its sampling params: one per dtype.
         input_ids_t, positions_t, slots_t, last_rows, table_indices_t, *sampling_int64 = stage(
@@ -110,6 +114,15 @@ class ModelRunner:
             prefill_context_lens=prefill_lens,
         )
         return input_ids_t, positions_t, last_rows, attn, packed.unpack(sampling_int64, sampling_int32)
+
+    def _allowed_tokens(self, request: Request) -> array:
+        """The tokens its grammar allows next, as int32 words. A grammar in error (a limit of the
+        parser reached) allows nothing; then EOS is allowed, so the request ends."""
+        words = array("i", request.grammar.compute_bitmask())
+        if not any(words) and self.eos_token_id is not None:
+            word, bit = divmod(self.eos_token_id, 32)
+            words[word] = (1 << bit) - (1 << 32 if bit == 31 else 0)
+        return words
 
 
 def _width(chunks: list[ScheduledChunk]) -> int:

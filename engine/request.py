@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pdserve.protocol.errors import IllegalTransitionError
 from pdserve.protocol.kv_blocks import BlockHash, extend_block_hashes
 from pdserve.protocol.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -48,6 +52,7 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     block_hashes: list[BlockHash] = field(default_factory=list)  # of its full blocks, as far as known
+    grammar: LLMatcher | None = None  # a structured output's state: has consumed output_token_ids
 
     @property
     def num_tokens(self) -> int:

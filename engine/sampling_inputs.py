@@ -8,6 +8,10 @@ patterns in the int32 list; `PackedSampling.unpack` views the staged tensors bac
 params alone: a per-row list that would hold only its no-op value (top_p 1, min_p 0, ...) is sent
 empty, so the sampler skips that step by the tensor's shape, which it knows without a sync.
 
+A structured output's allowed tokens come as the rows' token bitmasks (bit t of word t // 32 set:
+token t allowed), computed on the host from each request's grammar state before the step and
+staged with the int32 list.
+
 Positions in the logits ("slots") are flat, `row * vocab_size + token_id`, over the rows of the
 sub-batch they index (the adjusted rows, the penalised rows), so each adjustment is one index op.
 """
@@ -23,7 +27,7 @@ from pdserve.engine.noise import row_key
 from pdserve.protocol.sampling_params import SamplingParams
 
 _INT64_FIELDS = ("random_rows", "row_keys", "top_k", "adjusted_rows", "stop_slots", "bias_slots",
-                 "penalised_rows", "output_slots", "prompt_slots", "logprob_rows")
+                 "penalised_rows", "output_slots", "prompt_slots", "logprob_rows", "constrained_rows")
 _FLOAT32_FIELDS = ("temperature", "top_p", "min_p", "biases", "frequency_penalty", "presence_penalty",
                    "repetition_penalty")
 _TOP_P_OFF = 2.0  # a bound no cumulative mass reaches, even with rounding
@@ -51,6 +55,9 @@ class SamplingInputs:
     presence_penalty: torch.Tensor  # [num_penalised] float32
     repetition_penalty: torch.Tensor  # [num_penalised] float32; empty when no row uses one
     logprob_rows: torch.Tensor  # [num_logprob_rows] int64, rows of the batch
+    # Structured outputs: the rows with a grammar and, per row, its allowed tokens.
+    constrained_rows: torch.Tensor  # [num_constrained] int64, rows of the batch
+    token_bitmask: torch.Tensor  # [num_constrained * ceil(vocab_size / 32)] int32
 
     @property
     def num_rows(self) -> int:
@@ -60,15 +67,17 @@ class SamplingInputs:
 @dataclass(frozen=True, slots=True)
 class PackedSampling:
     int64_parts: list[list[int]]  # in _INT64_FIELDS order
-    int32_parts: list[list[int]]  # float32 bit patterns, in _FLOAT32_FIELDS order
+    int32_parts: list[list[int]]  # float32 bit patterns in _FLOAT32_FIELDS order, then the token bitmask
     num_logprobs: tuple[int | None, ...]  # [num_rows]
 
     def unpack(self, int64_views: Sequence[torch.Tensor], int32_views: Sequence[torch.Tensor]) -> SamplingInputs:
         """The staged `int64_parts` and `int32_parts`, in their order, as device tensors."""
+        *float_views, token_bitmask = int32_views
         return SamplingInputs(
             num_logprobs=self.num_logprobs,
             **dict(zip(_INT64_FIELDS, int64_views, strict=True)),
-            **{name: view.view(torch.float32) for name, view in zip(_FLOAT32_FIELDS, int32_views, strict=True)},
+            **{name: view.view(torch.float32) for name, view in zip(_FLOAT32_FIELDS, float_views, strict=True)},
+            token_bitmask=token_bitmask,
         )
 
 
@@ -80,11 +89,13 @@ def pack_sampling(
     prompt_token_ids: Sequence[Sequence[int]] | None = None,
     output_token_ids: Sequence[Sequence[int]] | None = None,
     eos_token_id: int | None = None,
+    token_bitmasks: Sequence[Sequence[int] | None] | None = None,
 ) -> PackedSampling:
     """Row i samples with params[i], effective seed seeds[i], at absolute position positions[i]
     (prompt then output). prompt_token_ids[i] and output_token_ids[i] are its tokens so far; they
     are required when some row's params adjust its logits (penalties, min_tokens, logit_bias), as
-    is the EOS that min_tokens masks."""
+    is the EOS that min_tokens masks. token_bitmasks[i], when not None, is the row's allowed tokens
+    as ceil(vocab_size / 32) int32 words."""
     if not len(params) == len(seeds) == len(positions):
         raise ValueError(f"got {len(params)} params, {len(seeds)} seeds, {len(positions)} positions")
     ints: dict[str, list[int]] = {}
@@ -94,9 +105,12 @@ def pack_sampling(
         raise ValueError("penalties, min_tokens and logit_bias need prompt_token_ids and output_token_ids")
     _pack_adjustments(ints, floats, params, prompt_token_ids, output_token_ids, eos_token_id, vocab_size)
     ints["logprob_rows"] = [i for i, p in enumerate(params) if p.logprobs is not None]
+    masks = token_bitmasks or ()
+    ints["constrained_rows"] = [i for i, mask in enumerate(masks) if mask is not None]
+    bitmask_words = [word for mask in masks if mask is not None for word in mask]
     return PackedSampling(
         int64_parts=[ints[name] for name in _INT64_FIELDS],
-        int32_parts=[_float32_bits(floats[name]) for name in _FLOAT32_FIELDS],
+        int32_parts=[_float32_bits(floats[name]) for name in _FLOAT32_FIELDS] + [bitmask_words],
         num_logprobs=tuple(p.logprobs for p in params),
     )
 

@@ -6,6 +6,8 @@ as an `InvalidRequestError` naming the field and the value. `stop` and `stop_tok
 always tuples (a str or list is accepted and normalised), and `logit_bias` is a tuple of
 (token id, bias) pairs sorted by id (a dict is accepted), which keeps the value hashable.
 `top_k` of 0 or -1 (vLLM's spellings of "off") becomes None, on every front alike.
+A `structured_output` (protocol/structured_output.py) is checked as data here and compiled where
+the tokenizer is known.
 
 Every value fits the field it travels in between processes (common.proto's `SamplingParams`):
 integers within the wire widths below, floats finite in float32. So a request that passes here
@@ -20,6 +22,7 @@ from typing import NoReturn
 from dataclasses import dataclass
 
 from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20
 """Largest number of top logprobs a request may ask for per generated token."""
@@ -65,6 +68,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides seen tokens' positive logits, multiplies the others
     min_tokens: int = 0  # EOS and stop_token_ids cannot end the output before this many tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    structured_output: StructuredOutput | None = None  # what the output must match; None: free text
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop, str))
@@ -116,6 +120,14 @@ class SamplingParams:
         _require_int("min_tokens", self.min_tokens)
         if not 0 <= self.min_tokens <= self.max_tokens:
             _bad("min_tokens", self.min_tokens, f"must be in [0, max_tokens={self.max_tokens}]")
+        if self.structured_output is not None:
+            if not isinstance(self.structured_output, StructuredOutput):
+                _bad("structured_output", self.structured_output, "must be a StructuredOutput")
+            # A finished constraint allows only EOS: neither may take that away.
+            if self.ignore_eos:
+                _bad("ignore_eos", self.ignore_eos, "cannot be combined with a structured output")
+            if self.min_tokens:
+                _bad("min_tokens", self.min_tokens, "cannot be combined with a structured output")
 
     @property
     def is_greedy(self) -> bool:

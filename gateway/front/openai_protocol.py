@@ -9,6 +9,10 @@ Refused combinations, where vLLM would need what this server does not compute: `
 `logprobs` (the prompt's own logprobs), `best_of` other than `n` (ranking extra samples), and
 `use_beam_search`.
 
+Structured outputs come as OpenAI's `response_format`, vLLM's `structured_outputs` object or its
+older `guided_json`, `guided_regex`, `guided_choice` and `guided_grammar`, on both endpoints; at
+most one of them per request.
+
 Both endpoints' grammars stay in this one file (a little over 300 lines): they share most field
 rules, and a reader checking what a field means should find every use of it in one place.
 """
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from pdserve.gateway.front.frontend_types import GenerateInput
 from pdserve.protocol.errors import InvalidRequestError, PdserveError
 from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.protocol.structured_output import StructuredOutput
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
@@ -41,9 +46,16 @@ _SAMPLING_FIELDS = (  # OpenAI / vLLM request field -> SamplingParams field, sam
     ("min_tokens", "min_tokens"),
     ("logit_bias", "logit_bias"),
 )
+_GUIDED_FIELDS = (  # vLLM's guided_* field -> StructuredOutput field
+    ("guided_json", "json"),
+    ("guided_regex", "regex"),
+    ("guided_choice", "choice"),
+    ("guided_grammar", "grammar"),
+)
+_STRUCTURED_FIELDS = frozenset({"response_format", "structured_outputs"} | {name for name, _ in _GUIDED_FIELDS})
 _COMMON_FIELDS = frozenset(
     {"model", "n", "stream", "stream_options", "max_tokens", "user", "use_beam_search"}
-    | {name for name, _ in _SAMPLING_FIELDS}
+    | {name for name, _ in _SAMPLING_FIELDS} | _STRUCTURED_FIELDS
 )
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
@@ -317,6 +329,7 @@ def _sampling_params(
     kwargs["max_tokens"] = max_tokens
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
+    kwargs["structured_output"] = _structured_output(body)
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:
@@ -326,6 +339,46 @@ def _sampling_params(
             raise ApiError(400, message) from exc
         param = names.get(field, field)
         raise ApiError(400, param + message[len(field):], param=param) from exc
+
+
+def _structured_output(body: dict) -> StructuredOutput | None:
+    """The one constraint among response_format, structured_outputs and guided_*, or None."""
+    given = sorted(name for name in _STRUCTURED_FIELDS if body.get(name) is not None)
+    if len(given) > 1:
+        raise ApiError(400, f"give at most one of {', '.join(given)}", param=given[1])
+    if not given:
+        return None
+    name, value = given[0], body[given[0]]
+    try:
+        if name == "response_format":
+            return _response_format(value)
+        if name == "structured_outputs":
+            if not isinstance(value, dict):
+                raise ApiError(400, "structured_outputs must be an object", param=name)
+            unknown = sorted(set(value) - {"json", "json_object", "regex", "choice", "grammar"})
+            if unknown:
+                raise ApiError(400, f"structured_outputs.{unknown[0]} is not supported", param=name)
+            return StructuredOutput(**{key: item for key, item in value.items() if item is not None})
+        return StructuredOutput(**{dict(_GUIDED_FIELDS)[name]: value})
+    except InvalidRequestError as exc:
+        raise ApiError(400, f"{name}: {exc}", param=name) from exc
+
+
+def _response_format(value: object) -> StructuredOutput | None:
+    """OpenAI's response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput(json_object=True)
+    if kind != "json_schema":
+        raise ApiError(400, f"response_format={value!r}: type must be text, json_object or json_schema",
+                       param="response_format")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ApiError(400, "response_format.json_schema must be an object with a name", param="response_format")
+    schema = spec.get("schema")
+    return StructuredOutput(json_object=True) if schema is None else StructuredOutput(json=schema)
 
 
 def _parse_logit_bias(logit_bias: object) -> dict[int, object]:

@@ -5,6 +5,10 @@ prompt of a megabyte takes the tokenizer about a second, which on the loop would
 other stream and health check. One thread, as vLLM's front does, because a Hugging Face fast
 tokenizer is not safe to call from several threads at once.
 
+A structured output is compiled here too, on the same thread (the first one builds the
+vocabulary's index, about 0.3 s), so a constraint that does not compile is refused before any
+replica sees the request.
+
 The model's end-of-turn tokens (generation_config.json's `eos_token_id` list beyond the
 tokenizer's EOS) are added as stop tokens, as vLLM does, so chat replies end at the turn.
 """
@@ -19,6 +23,7 @@ from pathlib import Path
 
 from pdserve.gateway.front.frontend_types import GenerateInput
 from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.grammar_compiler import GrammarCompiler
 from pdserve.protocol.request_checks import validate_prompt
 from pdserve.protocol.sampling_params import SamplingParams
 
@@ -32,6 +37,7 @@ class PromptBuilder:
         self.extra_stop_token_ids = tuple(
             sorted(set(_generation_eos_ids(Path(model_dir))) - {self.eos_token_id}))
         self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        self._grammar_compiler: GrammarCompiler | None = None  # built by the first structured output
 
     async def prepare(self, request: GenerateInput, running_ids) -> tuple[str, list[int], SamplingParams]:
         """The request's id (assigned when the client gave none), prompt ids and final parameters."""
@@ -39,7 +45,10 @@ class PromptBuilder:
         if request_id in running_ids:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
         prompt_ids = await self.encode(request)
-        return request_id, prompt_ids, self.params(request, prompt_ids)
+        params = self.params(request, prompt_ids)
+        if params.structured_output is not None:
+            await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, self._check_compiles, params)
+        return request_id, prompt_ids, params
 
     async def encode(self, request: GenerateInput) -> list[int]:
         """`prompt_ids` on the tokenizer's thread."""
@@ -67,6 +76,11 @@ class PromptBuilder:
             stop_ids = tuple(dict.fromkeys(params.stop_token_ids + self.extra_stop_token_ids))
             params = dataclasses.replace(params, stop_token_ids=stop_ids)
         return params
+
+    def _check_compiles(self, params: SamplingParams) -> None:
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_id)
+        self._grammar_compiler.check(params.structured_output)
 
     def _render_chat(self, messages: list[dict]) -> list[int]:
         try:
