@@ -2,7 +2,8 @@
 of a list of strings, or a grammar (Lark, or GBNF as llama.cpp and vLLM take it).
 
 Invariant: a `StructuredOutput` that exists names exactly one constraint and is well-formed as
-data (the schema is a JSON object, the choices are non-empty strings). Whether it compiles
+data (the schema is a JSON object, kept as compact JSON text in its own key order; the choices are
+non-empty strings). Whether it compiles
 against a vocabulary is checked where the tokenizer is known (`protocol/grammar_compiler.py`),
 by the gateway before any KV is reserved and by an engine on admission. The value is hashable
 (the schema is kept as its JSON text), so compiled grammars are cached by it.
@@ -20,15 +21,13 @@ CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
-    json: str | None = None  # a JSON schema as JSON text (a dict is accepted and serialised)
+    json: str | None = None  # a JSON schema as compact JSON text (a dict or any JSON text is accepted)
     json_object: bool = False  # any JSON object
     regex: str | None = None
     choice: tuple[str, ...] = ()  # exactly one of these strings
     grammar: str | None = None  # Lark, or GBNF (told apart by its `::=` rules)
 
     def __post_init__(self) -> None:
-        if isinstance(self.json, dict):
-            object.__setattr__(self, "json", json.dumps(self.json, separators=(",", ":")))
         if isinstance(self.choice, list):
             object.__setattr__(self, "choice", tuple(self.choice))
         given = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False, ())]
@@ -36,7 +35,7 @@ class StructuredOutput:
             raise InvalidRequestError(
                 f"structured output: give exactly one of {', '.join(CONSTRAINTS)} (got {given or 'none'})")
         if self.json is not None:
-            _check_schema(self.json)
+            object.__setattr__(self, "json", json.dumps(_schema(self.json), separators=(",", ":")))
         if self.json_object is not True and self.json_object is not False:
             raise InvalidRequestError(f"structured output: json_object={self.json_object!r}: must be a bool")
         for name in ("regex", "grammar"):
@@ -53,12 +52,14 @@ class StructuredOutput:
         return next(name for name in CONSTRAINTS if getattr(self, name) not in (None, False, ()))
 
 
-def _check_schema(text: object) -> None:
-    if not isinstance(text, str):
-        raise InvalidRequestError(f"structured output: json={text!r}: must be a JSON schema")
-    try:
-        schema = json.loads(text)
-    except ValueError as exc:
-        raise InvalidRequestError(f"structured output: json is not valid JSON: {exc}") from None
+def _schema(value: object) -> dict:
+    """A schema given as a dict or as JSON text, as a dict."""
+    schema = value
+    if isinstance(value, str):
+        try:
+            schema = json.loads(value)
+        except ValueError as exc:
+            raise InvalidRequestError(f"structured output: json is not valid JSON: {exc}") from None
     if not isinstance(schema, dict):
-        raise InvalidRequestError(f"structured output: json={text}: a JSON schema must be an object")
+        raise InvalidRequestError(f"structured output: json={value!r}: must be a JSON schema (an object)")
+    return schema

@@ -9,7 +9,12 @@ import pytest
 from pdserve.engine import SamplingParams
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.protocol.errors import InvalidRequestError
+from pdserve.protocol.structured_output import StructuredOutput
 from pdserve.engine.llm_engine import LLMEngine
+
+
+ITEM = {"type": "object", "properties": {"id": {"type": "integer"}, "label": {"type": "string", "maxLength": 9}},
+        "required": ["id", "label"]}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,8 @@ def run_to_end(engine: LLMEngine, request_id: str) -> list[int]:
     SamplingParams(max_tokens=20, temperature=0.8, top_k=50, ignore_eos=True, presence_penalty=1.0,
                    frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={120: 3.0}),
     SamplingParams(max_tokens=20, temperature=0.8, min_tokens=5, stop_token_ids=[2], logit_bias={2: 100.0}),
-], ids=["greedy", "sampled", "penalised", "min_tokens"])
+    SamplingParams(max_tokens=60, temperature=0.8, structured_output=StructuredOutput(json=ITEM)),
+], ids=["greedy", "sampled", "penalised", "min_tokens", "structured"])
 def test_handoff_equals_an_uninterrupted_run(engines, params):
     prefill, decode, reference = engines
     prompt = list(range(100, 137))
@@ -68,11 +74,12 @@ def test_handoff_equals_an_uninterrupted_run(engines, params):
     SamplingParams(max_tokens=20, temperature=0.8, top_k=50, ignore_eos=True, presence_penalty=1.0,
                    frequency_penalty=0.5, repetition_penalty=1.5, logit_bias={120: 3.0}),
     SamplingParams(max_tokens=20, temperature=0.8, min_tokens=9, stop_token_ids=[2], logit_bias={2: 100.0}),
-], ids=["penalised", "min_tokens"])
+    SamplingParams(max_tokens=60, temperature=0.8, structured_output=StructuredOutput(json=ITEM)),
+], ids=["penalised", "min_tokens", "structured"])
 def test_a_request_resumed_with_its_output_so_far_equals_an_uninterrupted_run(engines, params):
     """What a migration does: prefill computes prompt + the first 6 output tokens as KV, with
     those tokens counted as output (penalties, min_tokens), samples the 7th, and a decode engine
-    carries on from there."""
+    carries on from there (a structured output's grammar replays those tokens on both)."""
     prefill, decode, reference = engines
     prompt = list(range(100, 137))
     seed = 99
