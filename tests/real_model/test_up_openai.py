@@ -2,73 +2,16 @@
 openai client gets what the engine computes: a chat answer that names Paris and ends at the chat
 turn's end, streamed completions and n=2 sampled choices equal to the offline engine's, and
 logprobs within LOGPROB_TOL nats of the engine's."""
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
-
 import pytest
-from openai import OpenAI
 
 from pdserve.checkpoints.default_model import DEFAULT_MODEL_ID
-from pdserve.cluster.ports import free_port
 from pdserve.protocol.sampling_params import SamplingParams
-from tests.helpers import ENGINE_FLAGS
 
 pytestmark = pytest.mark.real_model
 
-STARTUP_TIMEOUT_S = 240.0
-REQUEST_TIMEOUT_S = 120.0
 LOGPROB_TOL = 1e-3  # the same float32 forward on both sides; disaggregation only reorders sums
 PROMPT = "The three most important inventions of the nineteenth century were"
 MAX_TOKENS = 12
-
-
-def wait_for_endpoints(process: subprocess.Popen, timeout_s: float) -> str:
-    """up's stdout up to the line saying it is up (a thread keeps draining the pipe after)."""
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [*map(lines.put, process.stdout), lines.put(None)], daemon=True).start()
-    printed, deadline_s = [], time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        try:
-            line = lines.get(timeout=1.0)
-        except queue.Empty:
-            continue
-        assert line is not None, f"pdserve up exited with {process.wait()} before it was up"
-        printed.append(line)
-        if line.startswith("Ctrl-C stops everything"):
-            return "".join(printed)
-    raise AssertionError(f"pdserve up was not up within {timeout_s} s")
-
-
-@pytest.fixture(scope="module")
-def openai_client(smollm2_dir, tmp_path_factory):
-    """The official client on a `pdserve up` that was given no --model, in float32 as the engine it
-    is compared with."""
-    grpc_port, http_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    log_path = tmp_path_factory.mktemp("up") / "up.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pdserve", "up", *ENGINE_FLAGS,
-             "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
-            stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True)
-    try:
-        endpoints = wait_for_endpoints(process, STARTUP_TIMEOUT_S)
-        assert str(smollm2_dir) in endpoints  # the cached folder: nothing fetched again
-        yield OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        print(Path(log_path).read_text()[-20000:])
 
 
 def engine_text(llm, **params) -> list[str]:
