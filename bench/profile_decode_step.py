@@ -4,6 +4,7 @@
     pdserve bench decode-step --model FILE.gguf --dtype bfloat16 --quantized-weights as-stored --threads 1
     pdserve bench decode-step --dtype bfloat16 --kv-cache-dtype int8 --batch-sizes 32 --context-len 1000
     pdserve bench decode-step --device cuda --model tiny --batch-sizes 1,32,64
+    pdserve bench decode-step --dtype bfloat16 --batch-sizes 16 --structured-output json
 
 `--batch-sizes` sequences of `--context-len` prompt tokens are prefilled, then `--steps` decode
 steps run through `LLMEngine.step`, each part timed by wrapping it on this run's objects (on a
@@ -11,6 +12,10 @@ GPU synchronising around it): Linear layers (LM head apart), decode attention, K
 in the forward" is the rest of it, "step bookkeeping" the step less the runner. The roofline is
 what a step must read once, the weights and every sequence's K and V, divided by the device's
 read bandwidth (`bench.bandwidth`, on the same threads): a step can be no faster.
+
+With `--structured-output json` every sequence answers under LONG_JSON_SCHEMA (a long array of
+small objects, so none ends within the steps), and the token masks its grammar computes each step
+are part of "sampling and input preparation".
 """
 from __future__ import annotations
 
@@ -28,6 +33,15 @@ from pdserve.engine.block_linear import BlockLinear
 from pdserve.engine.cpu_linear import PackedLinear
 from pdserve.engine.engine_config import KV_CACHE_DTYPES, QUANTIZED_WEIGHTS
 from pdserve.engine.llm_engine import LLMEngine
+from pdserve.protocol.structured_output import StructuredOutput
+
+LONG_JSON_SCHEMA = {"type": "array", "minItems": 200, "items": {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 24},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                   "role": {"enum": ["admin", "user", "guest"]}, "active": {"type": "boolean"}},
+    "required": ["name", "age", "role", "active"], "additionalProperties": False}}
+STRUCTURED_OUTPUTS = {"none": None, "json": StructuredOutput(json=LONG_JSON_SCHEMA)}
 
 
 class PartTimer:
@@ -57,12 +71,14 @@ class PartTimer:
             self._undo.pop()()
 
 
-def start_decode_batch(engine: LLMEngine, num_seqs: int, context_len: int, max_tokens: int, tag: str) -> list[str]:
+def start_decode_batch(engine: LLMEngine, num_seqs: int, context_len: int, max_tokens: int, tag: str,
+                       structured_output: StructuredOutput | None = None) -> list[str]:
     """`num_seqs` greedy requests of `context_len` random prompt tokens (seeded by `num_seqs`),
     ids "TAG-I", stepped until every prompt is computed and all of them decode; their ids."""
     generator = torch.Generator().manual_seed(num_seqs)
     request_ids = [f"{tag}-{i}" for i in range(num_seqs)]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = (SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_output=structured_output)
+              if structured_output else SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     for request_id in request_ids:
         prompt = torch.randint(0, engine.model_config.vocab_size, (context_len,), generator=generator).tolist()
         engine.add_request(request_id, prompt, params)
@@ -72,9 +88,10 @@ def start_decode_batch(engine: LLMEngine, num_seqs: int, context_len: int, max_t
     return request_ids
 
 
-def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: float) -> dict:
+def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: float,
+            structured_output: StructuredOutput | None = None) -> dict:
     engine = llm.engine
-    start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}")
+    start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}", structured_output)
     model = engine.runner.model
     timer = PartTimer(engine.device)
     linears = {type(m) for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear, BlockLinear))}
@@ -127,6 +144,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantized-weights", default="dequantized", choices=QUANTIZED_WEIGHTS,
                         help="a GGUF's block weights multiplied as stored, or dequantized at load")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV pool's")
+    parser.add_argument("--structured-output", default="none", choices=STRUCTURED_OUTPUTS,
+                        help="json: every sequence answers under a JSON schema (its token masks timed)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,10 +158,11 @@ def run(args: argparse.Namespace) -> int:
               enable_prefix_caching=False, quantized_weights=args.quantized_weights, kv_cache_dtype=args.kv_cache_dtype)
     gbps = read_gbps(llm.engine.device)
     print(f"{model_dir.name}, {args.dtype} on {args.device}, weights {args.quantized_weights}, "
-          f"KV {args.kv_cache_dtype}, {torch.get_num_threads()} thread(s), "
+          f"KV {args.kv_cache_dtype}, structured output {args.structured_output}, {torch.get_num_threads()} thread(s), "
           f"context {args.context_len}, read bandwidth {gbps:.1f} GB/s")
     for batch_size in map(int, args.batch_sizes.split(",")):
-        result = profile(llm, batch_size, args.context_len, args.steps, gbps)
+        structured_output = STRUCTURED_OUTPUTS[args.structured_output]
+        result = profile(llm, batch_size, args.context_len, args.steps, gbps, structured_output)
         print(f"batch {batch_size}: step {result['step_ms']:.1f} ms; roofline {result['roofline_ms']:.1f} ms "
               f"(weights {result['weight_mb']:.0f} MB + KV {result['kv_mb']:.0f} MB), "
               f"{result['step_ms'] / result['roofline_ms']:.2f}x of it")

@@ -54,9 +54,10 @@ def _mask_disallowed(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tens
     """Step 5 on the constrained rows; a new tensor."""
     rows, vocab_size = inputs.constrained_rows, logits.shape[1]
     words = inputs.token_bitmask.view(rows.numel(), -1)  # [num_constrained, ceil(vocab_size / 32)] int32
-    shifts = torch.arange(32, dtype=torch.int32, device=words.device)  # [32]
-    allowed = ((words[:, :, None] >> shifts) & 1).view(rows.numel(), -1)[:, :vocab_size]  # [num_constrained, vocab_size]
-    return logits.index_copy(0, rows, logits[rows].masked_fill(allowed == 0, float("-inf")))
+    one = torch.ones(32, dtype=torch.int32, device=words.device)
+    bits = one << torch.arange(32, dtype=torch.int32, device=words.device)  # [32], bit 31 is int32's sign
+    disallowed = ((words[:, :, None] & bits) == 0).view(rows.numel(), -1)[:, :vocab_size]  # [num_constrained, vocab]
+    return logits.index_copy(0, rows, logits[rows].masked_fill(disallowed, float("-inf")))
 
 
 def _apply_penalties(z: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:

@@ -9,13 +9,13 @@ sampled.
 Invariant: a step makes two host-to-device copies and, if it samples, one device-to-host
 readback, whatever its batch and whatever its rows' sampling params. In: one staged copy per
 dtype (engine/staging.py) holds the model's inputs, the block-table writes and everything the
-sampler reads (engine/sampling_inputs.py), structured outputs' token bitmasks included, computed
-from each grammar's state while the step is built. Out: the sampled token ids and any logprobs, read back
-together (engine/sampler.py).
+sampler reads (engine/sampling_inputs.py). The one exception, structured outputs' token
+bitmasks, are computed while the forward runs (engine/token_bitmasks.py) and copied after it: a
+third copy in the steps that sample such a row. Out: the sampled token ids and any logprobs,
+read back together (engine/sampler.py).
 """
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,12 +25,12 @@ from pdserve import kernels
 from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.block_table import BlockTable
 from pdserve.engine.model import CausalLM
-from pdserve.engine.request import Request
 from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.sampler import sample
-from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling
+from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling, with_token_bitmask
 from pdserve.engine.scheduler import ScheduledChunk, SchedulerOutput
 from pdserve.engine.staging import stage
+from pdserve.engine.token_bitmasks import TokenBitmasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,7 @@ class ModelRunner:
         self.device = device
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, device)
         self.eos_token_id = eos_token_id  # masked by min_tokens
+        self.token_bitmasks = TokenBitmasks(eos_token_id)
         kernels.prepare(device, model.model.embed_tokens.weight.dtype, kv_cache.dtype)
 
     @torch.inference_mode()
@@ -56,12 +57,16 @@ class ModelRunner:
         if not output.chunks:
             return ModelRunnerOutput({}, {})
         sampling = [chunk for chunk in output.chunks if chunk.samples]
+        grammars = [chunk.request.grammar for chunk in sampling if chunk.request.grammar is not None]
+        token_bitmask = self.token_bitmasks.start(grammars) if grammars else None
         input_ids, positions, last_rows, attn, sampling_inputs = self._prepare(
             output.chunks, output.num_decode_chunks, sampling)
         hidden = self.model(input_ids, positions, self.kv_cache, attn, on_layer_done)  # [num_tokens, hidden]
         if not sampling:
             return ModelRunnerOutput({}, {})
         logits = self.model.compute_logits(hidden[last_rows])  # [num_sampling, vocab_size]
+        if token_bitmask is not None:
+            sampling_inputs = with_token_bitmask(sampling_inputs, token_bitmask.result())
         result = sample(logits, sampling_inputs)
         ids = [chunk.request.request_id for chunk in sampling]
         return ModelRunnerOutput(dict(zip(ids, result.token_ids)), dict(zip(ids, result.logprobs)))
@@ -94,7 +99,6 @@ class ModelRunner:
             prompt_token_ids=[request.prompt_token_ids for request in requests],
             output_token_ids=[request.output_token_ids for request in requests],
             eos_token_id=self.eos_token_id,
-            token_bitmasks=[self._allowed_tokens(request) if request.grammar else None for request in requests],
         )
         # Two copies per step, whatever the batch and its sampling params: one per dtype.
         input_ids_t, positions_t, slots_t, last_rows, table_indices_t, *sampling_int64 = stage(
@@ -114,15 +118,6 @@ class ModelRunner:
             prefill_context_lens=prefill_lens,
         )
         return input_ids_t, positions_t, last_rows, attn, packed.unpack(sampling_int64, sampling_int32)
-
-    def _allowed_tokens(self, request: Request) -> array:
-        """The tokens its grammar allows next, as int32 words. A grammar in error (a limit of the
-        parser reached) allows nothing; then EOS is allowed, so the request ends."""
-        words = array("i", request.grammar.compute_bitmask())
-        if not any(words) and self.eos_token_id is not None:
-            word, bit = divmod(self.eos_token_id, 32)
-            words[word] = (1 << bit) - (1 << 32 if bit == 31 else 0)
-        return words
 
 
 def _width(chunks: list[ScheduledChunk]) -> int:

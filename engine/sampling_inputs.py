@@ -8,15 +8,17 @@ patterns in the int32 list; `PackedSampling.unpack` views the staged tensors bac
 params alone: a per-row list that would hold only its no-op value (top_p 1, min_p 0, ...) is sent
 empty, so the sampler skips that step by the tensor's shape, which it knows without a sync.
 
-A structured output's allowed tokens come as the rows' token bitmasks (bit t of word t // 32 set:
-token t allowed), computed on the host from each request's grammar state before the step and
-staged with the int32 list.
+A structured output's rows are packed here like the rest; their token bitmasks (bit t of word
+t // 32 set: token t allowed) are computed while the forward runs (engine/token_bitmasks.py) and
+join the inputs after it (`with_token_bitmask`): the one copy of a step that is not staged, made
+only when some row is constrained.
 
 Positions in the logits ("slots") are flat, `row * vocab_size + token_id`, over the rows of the
 sub-batch they index (the adjusted rows, the penalised rows), so each adjustment is one index op.
 """
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,7 +59,7 @@ class SamplingInputs:
     logprob_rows: torch.Tensor  # [num_logprob_rows] int64, rows of the batch
     # Structured outputs: the rows with a grammar and, per row, its allowed tokens.
     constrained_rows: torch.Tensor  # [num_constrained] int64, rows of the batch
-    token_bitmask: torch.Tensor  # [num_constrained * ceil(vocab_size / 32)] int32
+    token_bitmask: torch.Tensor  # [num_constrained * ceil(vocab_size / 32)] int32; empty until with_token_bitmask
 
     @property
     def num_rows(self) -> int:
@@ -67,18 +69,22 @@ class SamplingInputs:
 @dataclass(frozen=True, slots=True)
 class PackedSampling:
     int64_parts: list[list[int]]  # in _INT64_FIELDS order
-    int32_parts: list[list[int]]  # float32 bit patterns in _FLOAT32_FIELDS order, then the token bitmask
+    int32_parts: list[list[int]]  # float32 bit patterns, in _FLOAT32_FIELDS order
     num_logprobs: tuple[int | None, ...]  # [num_rows]
 
     def unpack(self, int64_views: Sequence[torch.Tensor], int32_views: Sequence[torch.Tensor]) -> SamplingInputs:
         """The staged `int64_parts` and `int32_parts`, in their order, as device tensors."""
-        *float_views, token_bitmask = int32_views
         return SamplingInputs(
             num_logprobs=self.num_logprobs,
             **dict(zip(_INT64_FIELDS, int64_views, strict=True)),
-            **{name: view.view(torch.float32) for name, view in zip(_FLOAT32_FIELDS, float_views, strict=True)},
-            token_bitmask=token_bitmask,
+            **{name: view.view(torch.float32) for name, view in zip(_FLOAT32_FIELDS, int32_views, strict=True)},
+            token_bitmask=torch.empty(0, dtype=torch.int32, device=int64_views[0].device),
         )
+
+
+def with_token_bitmask(inputs: SamplingInputs, token_bitmask: torch.Tensor) -> SamplingInputs:
+    """`inputs` with the constrained rows' masks ([num_constrained * words] int32, on the host)."""
+    return dataclasses.replace(inputs, token_bitmask=token_bitmask.to(inputs.constrained_rows.device))
 
 
 def pack_sampling(
@@ -89,13 +95,11 @@ def pack_sampling(
     prompt_token_ids: Sequence[Sequence[int]] | None = None,
     output_token_ids: Sequence[Sequence[int]] | None = None,
     eos_token_id: int | None = None,
-    token_bitmasks: Sequence[Sequence[int] | None] | None = None,
 ) -> PackedSampling:
     """Row i samples with params[i], effective seed seeds[i], at absolute position positions[i]
     (prompt then output). prompt_token_ids[i] and output_token_ids[i] are its tokens so far; they
     are required when some row's params adjust its logits (penalties, min_tokens, logit_bias), as
-    is the EOS that min_tokens masks. token_bitmasks[i], when not None, is the row's allowed tokens
-    as ceil(vocab_size / 32) int32 words."""
+    is the EOS that min_tokens masks."""
     if not len(params) == len(seeds) == len(positions):
         raise ValueError(f"got {len(params)} params, {len(seeds)} seeds, {len(positions)} positions")
     ints: dict[str, list[int]] = {}
@@ -105,12 +109,10 @@ def pack_sampling(
         raise ValueError("penalties, min_tokens and logit_bias need prompt_token_ids and output_token_ids")
     _pack_adjustments(ints, floats, params, prompt_token_ids, output_token_ids, eos_token_id, vocab_size)
     ints["logprob_rows"] = [i for i, p in enumerate(params) if p.logprobs is not None]
-    masks = token_bitmasks or ()
-    ints["constrained_rows"] = [i for i, mask in enumerate(masks) if mask is not None]
-    bitmask_words = [word for mask in masks if mask is not None for word in mask]
+    ints["constrained_rows"] = [i for i, p in enumerate(params) if p.structured_output is not None]
     return PackedSampling(
         int64_parts=[ints[name] for name in _INT64_FIELDS],
-        int32_parts=[_float32_bits(floats[name]) for name in _FLOAT32_FIELDS] + [bitmask_words],
+        int32_parts=[_float32_bits(floats[name]) for name in _FLOAT32_FIELDS],
         num_logprobs=tuple(p.logprobs for p in params),
     )
 

@@ -1,18 +1,21 @@
 """Structured outputs in the engine: every kind of constraint holds on a random model, greedy and
 sampled, and ends the output when it is complete (EOS, finish_reason "stop"); a constrained row
 leaves the other rows of its batch alone; a constraint that does not compile, or an output so far
-that breaks it, is refused on admission and holds no block."""
+that breaks it, is refused on admission and holds no block. In the sampler, a row draws only
+what its token bitmask allows."""
 import json
 import re
 
 import jsonschema
 import pytest
+import torch
 
 from pdserve.engine import SamplingParams
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.protocol.structured_output import StructuredOutput
+from tests.engine.sampling_on_cpu import sample
 
 PERSON = {
     "type": "object",
@@ -116,3 +119,23 @@ def test_an_output_so_far_that_breaks_the_constraint_is_refused_on_resumption(en
 def test_what_would_keep_a_complete_output_from_ending_is_refused(field):
     with pytest.raises(InvalidRequestError, match=f"{field}=.*structured output"):
         SamplingParams(structured_output=StructuredOutput(regex="a"), **{field: {"ignore_eos": True}.get(field, 2)})
+
+
+@pytest.mark.parametrize("vocab_size", [64, 100])
+def test_a_row_draws_only_what_its_bitmask_allows_and_reports_the_raw_logprobs(vocab_size):
+    """Bit t of the little-endian int32 words allows token t, bit 31 (int32's sign) and a partial
+    last word included; the other rows are left alone."""
+    logits = torch.arange(vocab_size, dtype=torch.float32).repeat(3, 1)  # the last id is every row's argmax
+    for allowed in ([0], [31], [32, 63], [vocab_size - 1 - 31, 5], list(range(0, vocab_size, 7))):
+        bitmask = bytearray(4 * -(-vocab_size // 32))
+        for token_id in allowed:
+            bitmask[token_id // 8] |= 1 << token_id % 8
+        constrained = StructuredOutput(regex="any: the bitmask decides")
+        params = [SamplingParams(temperature=0, logprobs=0, structured_output=constrained),
+                  SamplingParams(temperature=1.0, structured_output=constrained), SamplingParams(temperature=0)]
+        result = sample(logits, params, seeds=[1, 2, 3], positions=[5, 5, 5],
+                        token_bitmasks=[bytes(bitmask), bytes(bitmask)])
+        assert result.token_ids[0] == max(allowed)
+        assert result.token_ids[1] in allowed
+        assert result.token_ids[2] == vocab_size - 1
+        assert result.logprobs[0].logprob == pytest.approx(logits[0].log_softmax(-1)[max(allowed)].item())
