@@ -6,6 +6,7 @@ import openai
 import pytest
 
 from pdserve.engine import LLM, SamplingParams
+from pdserve.protocol.structured_output import StructuredOutput
 from tests.helpers import ENGINE_FLAGS, ENGINE_OPTIONS, free_port, wait_for_health
 
 pytestmark = pytest.mark.e2e
@@ -64,3 +65,16 @@ def test_penalised_seeded_completion_equals_the_offline_engine(server, e2e_model
     expected = LLM(e2e_model, **ENGINE_OPTIONS).generate(
         ["colocated"], params, use_tqdm=False)[0].outputs[0].text
     assert response.choices[0].text == expected
+
+
+def test_a_structured_completion_equals_the_offline_engine_and_a_bad_one_is_a_400(server, e2e_model):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="unused", max_retries=0, timeout=60)
+    choices = ["alpha", "beta", "gamma"]
+    response = client.completions.create(model="model0", prompt="pick one", max_tokens=8, temperature=0.7, seed=5,
+                                         extra_body={"guided_choice": choices})
+    expected = LLM(e2e_model, **ENGINE_OPTIONS).generate(["pick one"], SamplingParams(
+        max_tokens=8, temperature=0.7, seed=5, structured_output=StructuredOutput(choice=tuple(choices))),
+        use_tqdm=False)[0].outputs[0].text
+    assert response.choices[0].text == expected and expected in choices
+    with pytest.raises(openai.BadRequestError, match="does not compile"):
+        client.completions.create(model="model0", prompt="x", max_tokens=4, extra_body={"guided_grammar": "start: ?"})
