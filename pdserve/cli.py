@@ -23,6 +23,7 @@ from pdserve.cluster.routing_policies import ROUTING_POLICIES
 from pdserve.engine.step_budget import DEFAULT_MAX_STEP_MS
 from pdserve.gateway.disaggregated.prefill_line import ORDERS
 from pdserve.gateway.disaggregated.prefill_placement import PLACEMENTS
+from pdserve.gateway.front.tool_parsers import DEFAULT_TOOL_CALL_PARSER, TOOL_CALL_PARSERS
 from pdserve.protocol.transport_choice import TRANSPORT_NAMES
 
 DEFAULT_GATEWAY_GRPC_PORT = 50051
@@ -132,7 +133,8 @@ def run_up(args: argparse.Namespace) -> int:
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
         prefill_placement=args.prefill_placement, line_order=args.line_order, max_step_ms=args.max_step_ms,
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=args.kv_cache_memory, internal_tls=args.internal_tls)
+        kv_cache_memory_bytes=args.kv_cache_memory, internal_tls=args.internal_tls,
+        tool_call_parser=args.tool_call_parser)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -196,6 +198,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--line-order", choices=ORDERS, default="slo",
                         help="the gateway's: the order of prompts waiting for prefill, those that can still meet "
                              "the TTFT target first (slo), or arrival order (fifo)")
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=DEFAULT_TOOL_CALL_PARSER,
+                        help="the gateway's: how the model writes tool calls, which chat answers are held to and "
+                             f"read in (default {DEFAULT_TOOL_CALL_PARSER})")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the gateway binds (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GATEWAY_GRPC_PORT,

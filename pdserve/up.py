@@ -63,6 +63,7 @@ from pdserve.cpu_placement import cpu_list_arg, split_cpus
 from pdserve.engine.cpu_kv_memory import HostMemory, kv_memory_bytes, read_host_memory
 from pdserve.engine.step_budget import DEFAULT_MAX_STEP_MS
 from pdserve.gateway.front.api_keys import ENV_VAR as API_KEY_ENV_VAR
+from pdserve.gateway.front.tool_parsers import DEFAULT_TOOL_CALL_PARSER
 from pdserve.gpu_placement import PlacementError, place_replicas
 from pdserve.protocol.errors import InvalidConfigError
 from pdserve.redis_process import RedisStartError, start_redis, without_password
@@ -99,6 +100,7 @@ class UpConfig:
     migration_limit: int = 3  # the gateway's
     prefill_placement: str = "auto"  # the gateway's (gateway.disaggregated.prefill_placement)
     line_order: str = "slo"  # the gateway's (gateway.disaggregated.prefill_line)
+    tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER  # the gateway's (gateway.front.tool_parsers)
     max_step_ms: float = DEFAULT_MAX_STEP_MS  # the decode replicas' (engine.step_budget)
     gpu_memory_utilization: float = 0.9  # of each GPU, split between the replicas placed on it
     kv_cache_memory_bytes: int | None = None  # each replica's KV pool; None: see sized_kv_pools
@@ -255,7 +257,7 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
               "--grpc-port", str(config.grpc_port), "--http-port", str(config.http_port),
               "--transport", config.transport, "--routing", config.routing,
               "--migration-limit", str(config.migration_limit), "--prefill-placement", config.prefill_placement,
-              "--line-order", config.line_order),
+              "--line-order", config.line_order, "--tool-call-parser", config.tool_call_parser),
         grpc_target=gateway_target(config),
         http_health_url=f"http://{_reachable(config.host)}:{config.http_port}/health",
         env=gateway_env(env_of("gateway"), config.api_keys))

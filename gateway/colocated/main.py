@@ -53,7 +53,8 @@ async def serve(args: argparse.Namespace) -> None:
     async_engine.on_step = lambda engine: metrics.on_engine_load(engine.load())
     async_engine.start()
     app = create_app(frontend, metrics, max_body_bytes=front.max_request_bytes, api_keys=front.api_keys,
-                     admission=Admission(front.max_pending_requests, metrics.registry, model_name))
+                     admission=Admission(front.max_pending_requests, metrics.registry, model_name),
+                     tool_call_parser=front.tool_call_parser)
     async with serving_http(app, args.host, args.port, front.tls.ssl_context() if front.tls else None):
         log_ready(engine_text, time.monotonic() - started_s, load,
                   f"serving on {'https' if front.tls else 'http'}://{args.host}:{args.port}/v1 "

@@ -117,7 +117,7 @@ async def serve(args: argparse.Namespace) -> None:
                         max_message_bytes=front.max_request_bytes)
     GatewayService(frontend, frontend.store, front.api_keys, admission).add_to_server(server.server)
     app = create_app(frontend, metrics, max_body_bytes=front.max_request_bytes, api_keys=front.api_keys,
-                     admission=admission)
+                     admission=admission, tool_call_parser=front.tool_call_parser)
     async with serving_http(app, args.host, args.http_port, front.tls.ssl_context() if front.tls else None):
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))

@@ -1,6 +1,7 @@
 """What a public front (`pdserve gateway`, `pdserve serve`) is configured with beyond its model:
-who may call it (API keys), whether it speaks TLS, how many requests it holds at once, and the
-largest request it takes (one limit for an HTTP body and a gRPC message).
+who may call it (API keys), whether it speaks TLS, how many requests it holds at once, the
+largest request it takes (one limit for an HTTP body and a gRPC message), and how the model
+writes tool calls (the OpenAI front's `--tool-call-parser`).
 
 The flags are declared here once for both commands. A certificate and key are read when the
 front starts, so a bad path or a key that does not match its certificate stops the start with
@@ -19,6 +20,7 @@ import grpc
 
 from pdserve.gateway.front.admission import DEFAULT_MAX_PENDING_REQUESTS
 from pdserve.gateway.front.api_keys import ENV_VAR, ApiKeys, api_keys_from
+from pdserve.gateway.front.tool_parsers import DEFAULT_TOOL_CALL_PARSER, TOOL_CALL_PARSERS, ToolCallParser
 from pdserve.protocol.errors import InvalidConfigError
 from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
@@ -50,6 +52,7 @@ class FrontConfig:
     tls: TlsFiles | None  # None: plaintext
     max_pending_requests: int
     max_request_bytes: int  # an HTTP body (413 past it) or a gRPC message (RESOURCE_EXHAUSTED)
+    tool_call_parser: ToolCallParser
 
 
 def add_front_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +67,14 @@ def add_front_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-bytes", type=int, default=MAX_MESSAGE_BYTES,
                         help="largest request taken: an HTTP body (413 past it) or a gRPC message (RESOURCE_EXHAUSTED) "
                              f"(default {MAX_MESSAGE_BYTES}, 64 MiB)")
+    add_tool_call_parser_argument(parser)
+
+
+def add_tool_call_parser_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=DEFAULT_TOOL_CALL_PARSER,
+                        help="how the model writes tool calls, which chat answers are held to and read in: hermes "
+                             "(<tool_call>{...}</tool_call>), llama3_json ({\"name\", \"parameters\"}) or mistral "
+                             f"([TOOL_CALLS][...]) (default {DEFAULT_TOOL_CALL_PARSER})")
 
 
 def front_config_from(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> FrontConfig:
@@ -74,4 +85,5 @@ def front_config_from(args: argparse.Namespace, environ: Mapping[str, str] = os.
         tls.ssl_context()
     if args.max_request_bytes < 1:
         raise InvalidConfigError(f"--max-request-bytes must be at least 1, got {args.max_request_bytes}")
-    return FrontConfig(api_keys_from(args.api_key, environ), tls, args.max_pending_requests, args.max_request_bytes)
+    return FrontConfig(api_keys_from(args.api_key, environ), tls, args.max_pending_requests, args.max_request_bytes,
+                       TOOL_CALL_PARSERS[args.tool_call_parser])

@@ -6,6 +6,7 @@ RESOURCE_EXHAUSTED with a `retry-after` trailer).
 """
 from dataclasses import dataclass
 
+from pdserve.gateway.front.tool_prompt import ToolPrompt
 from pdserve.protocol import errors
 from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.protocol.sampling_params import SamplingParams
@@ -45,6 +46,7 @@ class GenerateInput:
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[dict] | None = None  # [{"role": str, "content": str}], rendered with the chat template
+    tool_prompt: ToolPrompt | None = None  # with messages: the tools the chat template is given
     params: SamplingParams = SamplingParams()
     # True when the client gave no max_tokens: the frontend then lowers params.max_tokens to the
     # room left in the context (max_model_len - prompt tokens) instead of rejecting the request.

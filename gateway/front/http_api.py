@@ -42,11 +42,12 @@ from pdserve.gateway.front.frontend import Frontend
 from pdserve.gateway.front.frontend_types import OverloadedError, StreamChunk
 from pdserve.gateway.front.json_body import decode_json_body
 from pdserve.gateway.front.metrics import GatewayMetrics
-from pdserve.gateway.front.openai_protocol import (ApiError, ParsedRequest, parse_chat_request,
-                                                   parse_completion_request, parse_detokenize_request,
-                                                   parse_tokenize_request)
+from pdserve.gateway.front.api_error import ApiError
+from pdserve.gateway.front.openai_protocol import (ParsedRequest, parse_chat_request, parse_completion_request,
+                                                   parse_detokenize_request, parse_tokenize_request)
 from pdserve.gateway.front.openai_shaping import Shaper, create_shaper
 from pdserve.gateway.front.request_ids import check_client_request_id
+from pdserve.gateway.front.tool_parsers import DEFAULT_TOOL_CALL_PARSER, TOOL_CALL_PARSERS, ToolCallParser
 from pdserve.protocol.errors import InvalidRequestError, PdserveError, UnavailableError
 from pdserve.protocol.message_limits import MAX_MESSAGE_BYTES
 
@@ -81,12 +82,14 @@ class IncompleteStreamError(PdserveError):
 def create_app(
     frontend: Frontend, metrics: GatewayMetrics, *, max_body_bytes: int = MAX_MESSAGE_BYTES,
     api_keys: ApiKeys = ApiKeys(()), admission: Admission | None = None,
+    tool_call_parser: ToolCallParser = TOOL_CALL_PARSERS[DEFAULT_TOOL_CALL_PARSER],
 ) -> web.Application:
     """`admission`, when shared with another front, bounds both together; by default this app
     has its own, of DEFAULT_MAX_PENDING_REQUESTS. Bodies carry whole prompts (possibly as token
-    id lists), so `max_body_bytes` is far above aiohttp's 1 MiB; a larger one is a 413."""
+    id lists), so `max_body_bytes` is far above aiohttp's 1 MiB; a larger one is a 413.
+    `tool_call_parser`: the layout chat tool calls are constrained to and read in."""
     admission = admission or Admission(DEFAULT_MAX_PENDING_REQUESTS, metrics.registry, frontend.model_name)
-    api = _OpenAIApi(frontend, metrics, api_keys, admission)
+    api = _OpenAIApi(frontend, metrics, api_keys, admission, tool_call_parser)
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api.errors_and_metrics])
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
@@ -99,11 +102,13 @@ def create_app(
 
 
 class _OpenAIApi:
-    def __init__(self, frontend: Frontend, metrics: GatewayMetrics, api_keys: ApiKeys, admission: Admission) -> None:
+    def __init__(self, frontend: Frontend, metrics: GatewayMetrics, api_keys: ApiKeys, admission: Admission,
+                 tool_call_parser: ToolCallParser) -> None:
         self._frontend = frontend
         self._metrics = metrics
         self._api_keys = api_keys
         self._admission = admission
+        self._tool_call_parser = tool_call_parser
 
     @web.middleware
     async def errors_and_metrics(self, request: web.Request, handler) -> web.StreamResponse:
@@ -137,7 +142,8 @@ class _OpenAIApi:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await _read_json(request)
-        parsed = parse_chat_request(body, self._frontend.model_name, self._frontend.max_model_len)
+        parsed = parse_chat_request(body, self._frontend.model_name, self._frontend.max_model_len,
+                                    self._tool_call_parser)
         return await self._generate(request, parsed)
 
     async def models(self, request: web.Request) -> web.Response:

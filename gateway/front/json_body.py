@@ -10,7 +10,7 @@ pass, and `SamplingParams` refuses them by name wherever a float is expected.
 """
 import json
 
-from pdserve.gateway.front.openai_protocol import ApiError
+from pdserve.gateway.front.api_error import ApiError
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects a body may have; the grammar needs five."""

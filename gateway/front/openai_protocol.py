@@ -11,17 +11,25 @@ Refused combinations, where vLLM would need what this server does not compute: `
 
 Structured outputs come as OpenAI's `response_format`, vLLM's `structured_outputs` object or its
 older `guided_json`, `guided_regex`, `guided_choice` and `guided_grammar`, on both endpoints; at
-most one of them per request.
+most one of them per request. Chat's `tools` (gateway.front.tool_requests) constrain the answer
+too, to the tool calls they allow (gateway.front.tool_grammar), so they take no other constraint
+unless tool_choice is "none". Chat messages are checked in gateway.front.chat_messages.
 
-Both endpoints' grammars stay in this one file (a little over 300 lines): they share most field
+Both endpoints' grammars stay in this one file (under 400 lines): they share most field
 rules, and a reader checking what a field means should find every use of it in one place.
 """
 import dataclasses
 import enum
 from dataclasses import dataclass
 
+from pdserve.gateway.front.api_error import ApiError
+from pdserve.gateway.front.chat_messages import parse_messages
 from pdserve.gateway.front.frontend_types import GenerateInput
-from pdserve.protocol.errors import InvalidRequestError, PdserveError
+from pdserve.gateway.front.tool_grammar import tool_grammar
+from pdserve.gateway.front.tool_parsers import DEFAULT_TOOL_CALL_PARSER, TOOL_CALL_PARSERS, ToolCallParser
+from pdserve.gateway.front.tool_prompt import ToolPrompt
+from pdserve.gateway.front.tool_requests import TOOL_FIELDS, ToolRequest, parse_tool_request
+from pdserve.protocol.errors import InvalidRequestError
 from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.protocol.structured_output import StructuredOutput
 
@@ -58,39 +66,9 @@ _COMMON_FIELDS = frozenset(
     | {name for name, _ in _SAMPLING_FIELDS} | _STRUCTURED_FIELDS
 )
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
-_CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+_CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | TOOL_FIELDS
 _TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages"})
 _DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
-
-
-class ApiError(PdserveError):
-    """A request the HTTP front answers with an error status and OpenAI's error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        error_type: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.error_type = error_type
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 class Endpoint(enum.Enum):
@@ -106,6 +84,7 @@ class ParsedRequest:
     echo: bool  # completions: each choice's text starts with its prompt
     stream: bool
     include_usage: bool  # stream only: finish with a usage event
+    tool_parser: ToolCallParser | None = None  # chat: reads tool calls out of the answers; None: it holds none
 
     @property
     def generate_input(self) -> GenerateInput:
@@ -137,6 +116,7 @@ def parse_completion_request(body: object, model_name: str) -> ParsedRequest:
         max_tokens=COMPLETION_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         logprobs=body.get("logprobs"),
         names={},
+        structured_output=_structured_output(body),
     )
     stream, include_usage = _parse_stream(body)
     inputs = tuple(
@@ -154,11 +134,17 @@ def parse_completion_request(body: object, model_name: str) -> ParsedRequest:
     )
 
 
-def parse_chat_request(body: object, model_name: str, max_model_len: int) -> ParsedRequest:
-    """Without a max_tokens the answer may fill the context (`max_model_len`), as vLLM does."""
+def parse_chat_request(
+    body: object, model_name: str, max_model_len: int,
+    tool_parser: ToolCallParser = TOOL_CALL_PARSERS[DEFAULT_TOOL_CALL_PARSER],
+) -> ParsedRequest:
+    """Without a max_tokens the answer may fill the context (`max_model_len`), as vLLM does.
+    `tool_parser` (--tool-call-parser) is the layout tool calls are constrained to and read in."""
     body = _common_checks(body, _CHAT_FIELDS, model_name)
     n = _parse_n(body)
-    messages = _parse_messages(body.get("messages"))
+    messages = parse_messages(body.get("messages"))
+    tools = parse_tool_request(body)
+    calls_allowed = tools is not None and tools.calls_allowed
     max_tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(max_tokens_name)
     want_logprobs = _optional(body, "logprobs", bool, "a bool")
@@ -170,11 +156,15 @@ def parse_chat_request(body: object, model_name: str, max_model_len: int) -> Par
         max_tokens=max_model_len if max_tokens is None else max_tokens,
         logprobs=(0 if top_logprobs is None else top_logprobs) if want_logprobs else None,
         names={"max_tokens": max_tokens_name, "logprobs": "top_logprobs"},
+        structured_output=_chat_constraint(body, tools, tool_parser),
     )
     stream, include_usage = _parse_stream(body)
-    generate_input = _chat_input(messages, params=params, max_tokens_is_default=max_tokens is None)
+    tool_prompt = None if tools is None else ToolPrompt(tools.specs, tool_parser if calls_allowed else None)
+    generate_input = _chat_input(messages, tool_prompt=tool_prompt, params=params,
+                                 max_tokens_is_default=max_tokens is None)
     return ParsedRequest(
-        endpoint=Endpoint.CHAT, inputs=(generate_input,), n=n, echo=False, stream=stream, include_usage=include_usage
+        endpoint=Endpoint.CHAT, inputs=(generate_input,), n=n, echo=False, stream=stream, include_usage=include_usage,
+        tool_parser=tool_parser if calls_allowed else None,
     )
 
 
@@ -184,7 +174,7 @@ def parse_tokenize_request(body: object, model_name: str) -> GenerateInput:
     if ("prompt" in body) == ("messages" in body):
         raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
     if "messages" in body:
-        return _chat_input(_parse_messages(body["messages"]))
+        return _chat_input(parse_messages(body["messages"]))
     if not isinstance(body["prompt"], str):
         raise ApiError(400, "prompt must be a string", param="prompt")
     return GenerateInput(request_id=None, prompt=body["prompt"])
@@ -273,28 +263,6 @@ def _parse_one_prompt(prompt: object, where: str) -> tuple[str | None, list[int]
     )
 
 
-def _parse_messages(messages: object) -> list[dict]:
-    """Normalises each message to {"role": str, "content": str} (and its "name" when given, for
-    templates that show it); text parts are joined by newlines."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", param="messages")
-    normalised = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise ApiError(400, f"{where} must be an object", param="messages")
-        unknown = sorted(set(message) - {"role", "content", "name"})
-        if unknown:
-            raise ApiError(400, f"{where}.{unknown[0]} is not supported", param="messages")
-        entry = {"role": message.get("role"), "content": _message_text(message.get("content"), where)}
-        if message.get("name") is not None:
-            if not isinstance(message["name"], str):
-                raise ApiError(400, f"{where}.name must be a string", param="messages")
-            entry["name"] = message["name"]
-        normalised.append(entry)
-    return normalised
-
-
 def _chat_input(messages: list[dict], **fields) -> GenerateInput:
     """GenerateInput checks each message's role and content, the same way for both fronts."""
     try:
@@ -303,21 +271,9 @@ def _chat_input(messages: list[dict], **fields) -> GenerateInput:
         raise ApiError(400, str(exc), param="messages") from exc
 
 
-def _message_text(content: object, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise ApiError(400, f"{where}.content: only text parts are supported", param="messages")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise ApiError(400, f"{where}.content must be a string or a list of text parts", param="messages")
-
-
 def _sampling_params(
-    body: dict, *, max_tokens: object, logprobs: object, names: dict[str, str]
+    body: dict, *, max_tokens: object, logprobs: object, names: dict[str, str],
+    structured_output: StructuredOutput | None,
 ) -> SamplingParams:
     """Builds SamplingParams, whose own checks name the bad field; `names` maps its fields back
     to the request's names where they differ."""
@@ -329,7 +285,7 @@ def _sampling_params(
     kwargs["max_tokens"] = max_tokens
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
-    kwargs["structured_output"] = _structured_output(body)
+    kwargs["structured_output"] = structured_output
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:
@@ -339,6 +295,18 @@ def _sampling_params(
             raise ApiError(400, message) from exc
         param = names.get(field, field)
         raise ApiError(400, param + message[len(field):], param=param) from exc
+
+
+def _chat_constraint(body: dict, tools: ToolRequest | None, tool_parser: ToolCallParser) -> StructuredOutput | None:
+    """The tool calls' grammar when tools allow calls, else the request's own structured output."""
+    structured = _structured_output(body)
+    if tools is None or not tools.calls_allowed:
+        return structured
+    if structured is not None:
+        field = next(name for name in sorted(_STRUCTURED_FIELDS) if body.get(name) is not None)
+        raise ApiError(400, f"{field} cannot be combined with tools unless tool_choice is \"none\" "
+                            f"(here {tools.choice.value})", param=field)
+    return StructuredOutput(grammar=tool_grammar(tools, tool_parser))
 
 
 def _structured_output(body: dict) -> StructuredOutput | None:

@@ -6,6 +6,11 @@ OpenAI sends (a chat choice opens with its role) and `usage_event()` makes the o
 one; when not, `response` builds the whole answer from every choice's chunks. Usage counts each
 prompt's tokens once, however many choices it has, and every choice's generated tokens.
 
+A chat request whose tools allow calls (`ParsedRequest.tool_parser`) has each choice's text split
+into content and tool calls (gateway.front.tool_calls): a message gets `tool_calls` (and content
+null when it holds only calls), a stream holds back the calls' text and sends each call whole as
+a `tool_calls` delta, and an answer that ended by itself after calls finishes with "tool_calls".
+
 With `echo`, a completion choice's text starts with its prompt's text (in the first event when
 streaming), as vLLM does. Logprobs follow vLLM: values are clamped to -9999.0 (JSON has no
 -inf), token strings are single-token decodes, and a completions `top_logprobs` entry also holds
@@ -15,6 +20,7 @@ from collections.abc import Callable
 
 from pdserve.gateway.front.frontend_types import StreamChunk
 from pdserve.gateway.front.openai_protocol import Endpoint, ParsedRequest
+from pdserve.gateway.front.tool_calls import ToolCallSplitter, split_answer, tool_finish_reason
 from pdserve.protocol.outputs import TokenLogprobs
 
 MIN_LOGPROB = -9999.0
@@ -160,6 +166,7 @@ class ChatShaper(_Shaper):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._opened: set[int] = set()  # choices whose role event was sent
+        self._splitters: dict[int, ToolCallSplitter] = {}  # with tool calls: each choice's
 
     def _choice_events(self, index: int, chunk: StreamChunk) -> list[dict]:
         events = []
@@ -168,24 +175,54 @@ class ChatShaper(_Shaper):
             opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
             events.append(self._envelope([opening], streaming=True))
             self._opened.add(index)
-        if _has_news(chunk):
-            choice = {
-                "index": index,
-                "delta": {"content": chunk.text} if chunk.text else {},
-                "logprobs": self._logprobs(chunk.logprobs),
-                "finish_reason": chunk.finish_reason,
-                "stop_reason": chunk.stop_reason,
-            }
-            events.append(self._envelope([choice], streaming=True))
+        if not _has_news(chunk):
+            return events
+        delta, finish_reason = self._delta(index, chunk)
+        logprobs = self._logprobs(chunk.logprobs)
+        if "tool_calls" in delta and finish_reason is not None:
+            # The openai client's stream helper closes a call when the next one starts or the choice
+            # finishes, the finish first: the last calls go in an event before the finishing one.
+            events.append(self._streamed_choice(index, delta, logprobs, None, None))
+            delta, logprobs = {}, self._logprobs([])
+        events.append(self._streamed_choice(index, delta, logprobs, finish_reason, chunk.stop_reason))
         return events
+
+    def _streamed_choice(self, index: int, delta: dict, logprobs: dict | None, finish_reason: str | None,
+                         stop_reason: int | str | None) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+                  "stop_reason": stop_reason}
+        return self._envelope([choice], streaming=True)
+
+    def _delta(self, index: int, chunk: StreamChunk) -> tuple[dict, str | None]:
+        """The chunk's delta and finish reason."""
+        parser = self._parsed.tool_parser
+        if parser is None:
+            return ({"content": chunk.text} if chunk.text else {}), chunk.finish_reason
+        splitter = self._splitters.setdefault(index, ToolCallSplitter(parser))
+        content, calls = splitter.feed(chunk.text)
+        if chunk.finish_reason is not None:
+            last_content, last_calls = splitter.finish()
+            content, calls = content + last_content, calls + last_calls
+        delta = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = [call.as_delta() for call in calls]
+        return delta, tool_finish_reason(chunk.finish_reason, splitter.num_calls)
 
     def _whole_choice(self, index: int, chunks: list[StreamChunk]) -> dict:
         last = chunks[-1]
+        text = "".join(chunk.text for chunk in chunks)
+        message = {"role": "assistant", "content": text}
+        finish_reason = last.finish_reason
+        if self._parsed.tool_parser is not None:
+            content, calls = split_answer(self._parsed.tool_parser, text)
+            message = {"role": "assistant", "content": content or (None if calls else ""),
+                       "tool_calls": [call.as_json() for call in calls]}
+            finish_reason = tool_finish_reason(last.finish_reason, len(calls))
         return {
             "index": index,
-            "message": {"role": "assistant", "content": "".join(chunk.text for chunk in chunks)},
+            "message": message,
             "logprobs": self._logprobs([lp for chunk in chunks for lp in chunk.logprobs]),
-            "finish_reason": last.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": last.stop_reason,
         }
 

@@ -9,6 +9,9 @@ A structured output is compiled here too, on the same thread (the first one buil
 vocabulary's index, about 0.3 s), so a constraint that does not compile is refused before any
 replica sees the request.
 
+A chat request's tools are rendered by the chat template, or, when it ignores them, by the
+fallback system message of gateway.front.tool_prompt; on the same thread, as every rendering.
+
 The model's end-of-turn tokens (generation_config.json's `eos_token_id` list beyond the
 tokenizer's EOS) are added as stop tokens, as vLLM does, so chat replies end at the turn.
 """
@@ -22,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pdserve.gateway.front.frontend_types import GenerateInput
+from pdserve.gateway.front.tool_prompt import ToolPrompt
 from pdserve.protocol.errors import InvalidRequestError
 from pdserve.protocol.grammar_compiler import GrammarCompiler
 from pdserve.protocol.request_checks import validate_prompt
@@ -62,7 +66,7 @@ class PromptBuilder:
             return self.tokenizer.encode(request.prompt)
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
-        return self._render_chat(request.messages)
+        return self._render_chat(request.messages, request.tool_prompt)
 
     def params(self, request: GenerateInput, prompt_ids: list[int]) -> SamplingParams:
         """The request's parameters once its prompt is known; raises InvalidRequestError unless
@@ -82,10 +86,20 @@ class PromptBuilder:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_id)
         self._grammar_compiler.check(params.structured_output)
 
-    def _render_chat(self, messages: list[dict]) -> list[int]:
+    def _render_chat(self, messages: list[dict], tool_prompt: ToolPrompt | None) -> list[int]:
+        """With tools, the template's own rendering of them, or the fallback (gateway.front.tool_prompt)
+        when it renders none of them."""
+        tools = None if tool_prompt is None else list(tool_prompt.specs)
+        if tools is not None and tool_prompt.parser is not None:
+            with_tools = self._apply_template(messages, tools, tokenize=False)
+            if with_tools == self._apply_template(messages, None, tokenize=False):
+                messages, tools = tool_prompt.fallback_messages(messages), None
+        return list(self._apply_template(messages, tools, tokenize=True))
+
+    def _apply_template(self, messages: list[dict], tools: list[dict] | None, tokenize: bool):
         try:
-            return list(self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=tokenize, return_dict=False)
         except Exception as exc:  # the template itself rejects the conversation
             raise InvalidRequestError(f"chat template failed: {exc}") from exc
 

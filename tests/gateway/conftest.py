@@ -5,7 +5,8 @@ The fake generates the words of VOCAB in order, one token each, honouring max_to
 stop strings, include_stop_str_in_output, logprobs and seed (a choice's first token is shifted
 by its seed, so choices with different seeds differ). A few prompts change its behaviour:
 SLOW streams forever (until closed), UNAVAILABLE, INVALID and BUSY (a replica at its bound) fail
-before the first token, FAIL_MIDWAY and BUSY_MIDWAY after two tokens. It records every
+before the first token, FAIL_MIDWAY and BUSY_MIDWAY after two tokens. With `script` set, every
+generation streams those texts instead, one chunk each, and stops. It records every
 GenerateInput it received, and every generation that was closed before it finished (what the
 real frontend turns into an abort). `grpc_gateway` serves the gRPC Gateway over the same fake.
 """
@@ -102,6 +103,7 @@ class FakeFrontend:
         self.closed_early: list[str] = []
         self.generation_started = threading.Event()
         self.closed_early_seen = threading.Event()
+        self.script: list[str] | None = None  # texts every generation streams, one chunk each
         self._num_requests = 0
 
     def health(self) -> bool:
@@ -123,6 +125,14 @@ class FakeFrontend:
             raise OverloadedError(BUSY_MESSAGE)
         params = request.params
         prompt_tokens = len(request.prompt_token_ids or request.messages or prompt.split())
+        if self.script is not None:
+            for position, text in enumerate(self.script, start=1):
+                await asyncio.sleep(TOKEN_INTERVAL_S)
+                last = position == len(self.script)
+                yield StreamChunk(request_id=request_id, token_ids=[fake_token_id(position)], text=text, logprobs=[],
+                                  finish_reason="stop" if last else None, stop_reason=None,
+                                  prompt_tokens=prompt_tokens, completion_tokens=position)
+            return
         text, emitted = "", 0
         finished = False
         position = 0

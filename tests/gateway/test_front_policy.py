@@ -76,3 +76,12 @@ def test_one_request_size_limit_for_both_fronts_64_mib_unless_given():
     assert front_config_from(parser.parse_args(["--max-request-bytes", "4096"]), {}).max_request_bytes == 4096
     with pytest.raises(InvalidConfigError, match="--max-request-bytes"):
         front_config_from(parser.parse_args(["--max-request-bytes", "0"]), {})
+
+
+def test_the_tool_call_parser_is_hermes_unless_given():
+    parser = argparse.ArgumentParser()
+    add_front_arguments(parser)
+    assert front_config_from(parser.parse_args([]), {}).tool_call_parser.name == "hermes"
+    assert front_config_from(parser.parse_args(["--tool-call-parser", "mistral"]), {}).tool_call_parser.name == "mistral"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tool-call-parser", "qwen"])

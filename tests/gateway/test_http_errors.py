@@ -6,6 +6,7 @@ import pytest
 
 MODEL = "fake-model"
 CHAT = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
 def post(server, path: str, body: object):
@@ -79,7 +80,12 @@ def test_unknown_model_is_a_404_model_not_found(server):
          "type must be"),
         ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_schema"}}, "response_format",
          "with a name"),
-        ("/v1/chat/completions", {"messages": CHAT, "tools": []}, "tools", "Unrecognized"),
+        ("/v1/chat/completions", {"messages": CHAT, "tools": []}, "tools", "non-empty list"),
+        ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, "tool_choice", "needs tools"),
+        ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "tool_choice": {"type": "function",
+         "function": {"name": "nope"}}}, "tool_choice", "not among the tools"),
+        ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "guided_regex": "a+"}, "guided_regex",
+         "cannot be combined with tools"),
         ("/v1/chat/completions", {"messages": CHAT, "echo": True}, "echo", "Unrecognized"),
         ("/v1/chat/completions", {"messages": CHAT, "n": 0}, "n", "n=0"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a", "name": 3}]}, "messages", ".name"),

@@ -3,9 +3,9 @@ GenerateInputs, and what is refused with which status and param."""
 import pytest
 
 from pdserve.protocol.sampling_params import SamplingParams
+from pdserve.gateway.front.api_error import ApiError
 from pdserve.gateway.front.openai_protocol import (
     MAX_N,
-    ApiError,
     Endpoint,
     parse_chat_request,
     parse_completion_request,
@@ -231,7 +231,16 @@ def test_chat_errors_use_the_request_field_names():
         ([{"content": "hi"}], "messages[0].role"),
         ([{"role": "user", "content": 3}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "only text parts"),
-        ([USER[0], {"role": "tool", "content": "b", "tool_call_id": "1"}], "messages[1].tool_call_id"),
+        ([USER[0], {"role": "tool", "content": "b"}], "messages[1].tool_call_id must be a string"),
+        ([USER[0], {"role": "user", "content": "b", "tool_call_id": "1"}], "messages[1].tool_call_id is not supported"),
+        ([{"role": "assistant", "content": None}], "messages[0].content"),
+        ([{"role": "assistant", "content": None, "tool_calls": []}], "messages[0].tool_calls must be a non-empty"),
+        ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+          "function": {"name": "f", "arguments": "[1]"}}]}], "messages[0].tool_calls[0].function.arguments"),
+        ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+          "function": {"name": "f", "arguments": "{"}}]}], "messages[0].tool_calls[0].function.arguments"),
+        ([{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+         "messages[0].tool_calls[0].id"),
         ([{"role": "user", "content": "hi", "name": 7}], "messages[0].name"),
     ],
 )

@@ -288,3 +288,21 @@ def test_replicas_placed_on_one_gpu_split_its_memory_share(tmp_path):
 
     assert shares(3) == {"prefill-0": ("cuda:0", 0.8), "decode-0": ("cuda:1", 0.8), "decode-1": ("cuda:2", 0.8)}
     assert shares(2) == {"prefill-0": ("cuda:0", 0.4), "decode-0": ("cuda:1", 0.8), "decode-1": ("cuda:0", 0.4)}
+
+
+def test_up_hands_its_tool_call_parser_to_the_gateway(tmp_path):
+    from pdserve.up import UpConfig, child_slots
+
+    args = cli.build_parser().parse_args(["up", "--tool-call-parser", "llama3_json"])
+    assert cli.build_parser().parse_args(["up"]).tool_call_parser == "hermes"
+    config = UpConfig(
+        model=str(tmp_path), num_prefill=1, num_decode=1, redis_url=None, transport=args.transport, device="cpu",
+        dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=1.0, shutdown_timeout_s=1.0, tool_call_parser=args.tool_call_parser)
+    specs = {slot.name: slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")}
+    gateway = specs["gateway"].argv
+    assert gateway[gateway.index("--tool-call-parser") + 1] == "llama3_json"
+    assert "--tool-call-parser" not in specs["decode-0"].argv
+    gateway_args = cli.build_parser().parse_args(
+        ["gateway", *gateway[gateway.index("gateway") + 1:], "--redis-url", "redis://x"])
+    assert gateway_args.tool_call_parser == "llama3_json"
