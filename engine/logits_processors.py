@@ -9,7 +9,7 @@ In order, for a row whose request has `output_token_ids` after `prompt_token_ids
 4. frequency and presence penalties, over output tokens only: l -= frequency * count, then
    l -= presence * (count > 0);
 5. structured output: every token its grammar does not allow now gets -inf (the row's token
-   bitmask, engine/sampling_inputs.py). Last, so no bias can bring back a token the grammar forbids.
+   mask, engine/token_masks.py). Last, so no bias can bring back a token the grammar forbids.
 
 Invariant: a row's result depends only on its own logits, params and tokens so far, never on the
 other rows, so it is the same for a request alone, in any batch, recomputed after a preemption,
@@ -52,12 +52,9 @@ def _adjust(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
 
 def _mask_disallowed(logits: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
     """Step 5 on the constrained rows; a new tensor."""
-    rows, vocab_size = inputs.constrained_rows, logits.shape[1]
-    words = inputs.token_bitmask.view(rows.numel(), -1)  # [num_constrained, ceil(vocab_size / 32)] int32
-    one = torch.ones(32, dtype=torch.int32, device=words.device)
-    bits = one << torch.arange(32, dtype=torch.int32, device=words.device)  # [32], bit 31 is int32's sign
-    disallowed = ((words[:, :, None] & bits) == 0).view(rows.numel(), -1)[:, :vocab_size]  # [num_constrained, vocab]
-    return logits.index_copy(0, rows, logits[rows].masked_fill(disallowed, float("-inf")))
+    rows = inputs.constrained_rows
+    masked = torch.where(inputs.disallowed_tokens, float("-inf"), logits[rows])  # [num_constrained, vocab_size]
+    return logits.index_copy(0, rows, masked)
 
 
 def _apply_penalties(z: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:

@@ -9,9 +9,9 @@ sampled.
 Invariant: a step makes two host-to-device copies and, if it samples, one device-to-host
 readback, whatever its batch and whatever its rows' sampling params. In: one staged copy per
 dtype (engine/staging.py) holds the model's inputs, the block-table writes and everything the
-sampler reads (engine/sampling_inputs.py). The one exception, structured outputs' token
-bitmasks, are computed while the forward runs (engine/token_bitmasks.py) and copied after it: a
-third copy in the steps that sample such a row. Out: the sampled token ids and any logprobs,
+sampler reads (engine/sampling_inputs.py). The one exception, structured outputs' token masks,
+are computed while the forward runs (engine/token_masks.py) and copied after it: a third copy in
+the steps that sample such a row. Out: the sampled token ids and any logprobs,
 read back together (engine/sampler.py).
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ from pdserve.engine.block_table import BlockTable
 from pdserve.engine.model import CausalLM
 from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.sampler import sample
-from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling, with_token_bitmask
+from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling, with_disallowed_tokens
 from pdserve.engine.scheduler import ScheduledChunk, SchedulerOutput
 from pdserve.engine.staging import stage
-from pdserve.engine.token_bitmasks import TokenBitmasks
+from pdserve.engine.token_masks import TokenMasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class ModelRunner:
         self.device = device
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, device)
         self.eos_token_id = eos_token_id  # masked by min_tokens
-        self.token_bitmasks = TokenBitmasks(eos_token_id)
+        self.token_masks = TokenMasks(model.config.vocab_size, eos_token_id)
         kernels.prepare(device, model.model.embed_tokens.weight.dtype, kv_cache.dtype)
 
     @torch.inference_mode()
@@ -57,16 +57,16 @@ class ModelRunner:
         if not output.chunks:
             return ModelRunnerOutput({}, {})
         sampling = [chunk for chunk in output.chunks if chunk.samples]
-        grammars = [chunk.request.grammar for chunk in sampling if chunk.request.grammar is not None]
-        token_bitmask = self.token_bitmasks.start(grammars) if grammars else None
         input_ids, positions, last_rows, attn, sampling_inputs = self._prepare(
             output.chunks, output.num_decode_chunks, sampling)
+        grammars = [chunk.request.grammar for chunk in sampling if chunk.request.grammar is not None]
+        disallowed = self.token_masks.start(grammars) if grammars else None  # beside the forward
         hidden = self.model(input_ids, positions, self.kv_cache, attn, on_layer_done)  # [num_tokens, hidden]
         if not sampling:
             return ModelRunnerOutput({}, {})
         logits = self.model.compute_logits(hidden[last_rows])  # [num_sampling, vocab_size]
-        if token_bitmask is not None:
-            sampling_inputs = with_token_bitmask(sampling_inputs, token_bitmask.result())
+        if disallowed is not None:
+            sampling_inputs = with_disallowed_tokens(sampling_inputs, disallowed.result())
         result = sample(logits, sampling_inputs)
         ids = [chunk.request.request_id for chunk in sampling]
         return ModelRunnerOutput(dict(zip(ids, result.token_ids)), dict(zip(ids, result.logprobs)))

@@ -8,10 +8,9 @@ patterns in the int32 list; `PackedSampling.unpack` views the staged tensors bac
 params alone: a per-row list that would hold only its no-op value (top_p 1, min_p 0, ...) is sent
 empty, so the sampler skips that step by the tensor's shape, which it knows without a sync.
 
-A structured output's rows are packed here like the rest; their token bitmasks (bit t of word
-t // 32 set: token t allowed) are computed while the forward runs (engine/token_bitmasks.py) and
-join the inputs after it (`with_token_bitmask`): the one copy of a step that is not staged, made
-only when some row is constrained.
+A structured output's rows are packed here like the rest; their token masks are computed while
+the forward runs (engine/token_masks.py) and join the inputs after it (`with_disallowed_tokens`):
+the one copy of a step that is not staged, made only when some row is constrained.
 
 Positions in the logits ("slots") are flat, `row * vocab_size + token_id`, over the rows of the
 sub-batch they index (the adjusted rows, the penalised rows), so each adjustment is one index op.
@@ -57,9 +56,9 @@ class SamplingInputs:
     presence_penalty: torch.Tensor  # [num_penalised] float32
     repetition_penalty: torch.Tensor  # [num_penalised] float32; empty when no row uses one
     logprob_rows: torch.Tensor  # [num_logprob_rows] int64, rows of the batch
-    # Structured outputs: the rows with a grammar and, per row, its allowed tokens.
+    # Structured outputs: the rows with a grammar and, per row, the tokens it forbids now.
     constrained_rows: torch.Tensor  # [num_constrained] int64, rows of the batch
-    token_bitmask: torch.Tensor  # [num_constrained * ceil(vocab_size / 32)] int32; empty until with_token_bitmask
+    disallowed_tokens: torch.Tensor  # [num_constrained, vocab_size] bool; empty until with_disallowed_tokens
 
     @property
     def num_rows(self) -> int:
@@ -78,13 +77,13 @@ class PackedSampling:
             num_logprobs=self.num_logprobs,
             **dict(zip(_INT64_FIELDS, int64_views, strict=True)),
             **{name: view.view(torch.float32) for name, view in zip(_FLOAT32_FIELDS, int32_views, strict=True)},
-            token_bitmask=torch.empty(0, dtype=torch.int32, device=int64_views[0].device),
+            disallowed_tokens=torch.empty(0, 0, dtype=torch.bool, device=int64_views[0].device),
         )
 
 
-def with_token_bitmask(inputs: SamplingInputs, token_bitmask: torch.Tensor) -> SamplingInputs:
-    """`inputs` with the constrained rows' masks ([num_constrained * words] int32, on the host)."""
-    return dataclasses.replace(inputs, token_bitmask=token_bitmask.to(inputs.constrained_rows.device))
+def with_disallowed_tokens(inputs: SamplingInputs, disallowed: torch.Tensor) -> SamplingInputs:
+    """`inputs` with the constrained rows' masks ([num_constrained, vocab_size] bool, on the host)."""
+    return dataclasses.replace(inputs, disallowed_tokens=disallowed.to(inputs.constrained_rows.device))
 
 
 def pack_sampling(

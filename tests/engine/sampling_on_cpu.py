@@ -5,9 +5,10 @@ from collections.abc import Sequence
 import torch
 
 from pdserve.engine import sampler
-from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling, with_token_bitmask
+from pdserve.engine.sampling_inputs import SamplingInputs, pack_sampling, with_disallowed_tokens
 from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.engine.staging import stage
+from pdserve.engine.token_masks import disallowed_tokens
 
 CPU = torch.device("cpu")
 
@@ -16,12 +17,13 @@ def staged_inputs(params: Sequence[SamplingParams], seeds: Sequence[int], positi
                   prompt_token_ids: Sequence[Sequence[int]] | None = None,
                   output_token_ids: Sequence[Sequence[int]] | None = None,
                   eos_token_id: int | None = None, token_bitmasks: Sequence[bytes] = ()) -> SamplingInputs:
-    """`token_bitmasks`: the masks of the rows whose params have a structured output, in order."""
+    """`token_bitmasks`: llguidance's bitmasks of the rows whose params have a structured output,
+    in order."""
     packed = pack_sampling(list(params), list(seeds), list(positions), vocab_size, prompt_token_ids,
                            output_token_ids, eos_token_id)
     inputs = packed.unpack(stage(packed.int64_parts, torch.int64, CPU), stage(packed.int32_parts, torch.int32, CPU))
     if token_bitmasks:
-        inputs = with_token_bitmask(inputs, torch.frombuffer(bytearray(b"".join(token_bitmasks)), dtype=torch.int32))
+        inputs = with_disallowed_tokens(inputs, disallowed_tokens(token_bitmasks, vocab_size))
     return inputs
 
 
