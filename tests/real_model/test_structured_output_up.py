@@ -1,6 +1,8 @@
 """Structured outputs on the real model through `pdserve up` (a prefill and a decode replica):
 every answer to fifty JSON schemas parses and validates, greedy and sampled, sent at once as
-agents send them; the openai client's `beta.chat.completions.parse` fills a Pydantic model.
+agents send them; the openai client's `beta.chat.completions.parse` fills a Pydantic model; with
+five tools offered, `tool_choice="required"` gives valid calls to fifty requests and "auto" text
+or valid calls, never a malformed one.
 (A structured stream whose decode replica is killed: tests/real_model/test_decode_migration.py.)"""
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -11,11 +13,13 @@ import pytest
 
 from pdserve.checkpoints.default_model import DEFAULT_MODEL_ID
 from tests.real_model.schemas import fifty_schemas
+from tests.real_model.tools import REQUESTS, TOOLS
 
 pytestmark = pytest.mark.real_model
 
 CONCURRENT_REQUESTS = 16
 MAX_TOKENS = 400
+TOOL_MAX_TOKENS = 120  # a call takes under 100 tokens; a text answer may be cut
 
 
 class Capital(pydantic.BaseModel):
@@ -50,3 +54,41 @@ def test_the_openai_clients_parse_fills_a_pydantic_model(openai_client):
     capital = completion.choices[0].message.parsed
     assert isinstance(capital, Capital)
     assert capital.capital == "Paris"
+
+
+def call_tools(client, request: str, tool_choice: str):
+    """One call at most: offered parallel calls, SmolLM2-135M tends to repeat its call until
+    max_tokens (each call valid, the cut one returned as content)."""
+    return client.chat.completions.create(
+        model=DEFAULT_MODEL_ID, messages=[{"role": "user", "content": request}], tools=TOOLS,
+        tool_choice=tool_choice, parallel_tool_calls=False, max_tokens=TOOL_MAX_TOKENS, temperature=0).choices[0]
+
+
+def assert_valid_calls(choice) -> None:
+    """Every call names an offered function and its arguments validate against its parameters."""
+    parameters = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+    assert choice.finish_reason == "tool_calls", choice
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id
+        jsonschema.validate(json.loads(call.function.arguments), parameters[call.function.name])
+
+
+def test_required_tool_choice_gives_valid_calls_for_all_fifty_requests(openai_client):
+    with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
+        choices = list(pool.map(lambda request: call_tools(openai_client, request, "required"), REQUESTS))
+
+    for choice in choices:
+        assert len(choice.message.tool_calls) == 1, choice
+        assert_valid_calls(choice)
+
+
+def test_auto_tool_choice_gives_text_or_valid_calls_never_a_malformed_one(openai_client):
+    with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
+        choices = list(pool.map(lambda request: call_tools(openai_client, request, "auto"), REQUESTS))
+
+    for choice in choices:
+        if choice.message.tool_calls:
+            assert_valid_calls(choice)
+        else:  # text, which may run to max_tokens but never opens a call
+            assert "<tool_call>" not in choice.message.content
+    print(f"auto: {sum(bool(choice.message.tool_calls) for choice in choices)} of {len(choices)} answers call tools")
