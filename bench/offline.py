@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from pdserve.bench.machine import provenance
+from pdserve.bench.peer_model import peer_model_dir
 from pdserve.bench.report_offline import RESULT_JSON_NAME, write_report
 from pdserve.bench.systems import DTYPES, SystemUnavailable, add_kv_cache_memory_argument, all_cpus, launch, peer_script
 
@@ -41,7 +42,8 @@ def measure(engine: str, dtype: str, spec: dict, args: argparse.Namespace, cpus:
     logs = args.result_dir.resolve() / "logs"
     name = f"{engine}_{dtype}"
     spec_path, result_path, log_path = logs / f"{name}_spec.json", logs / f"{name}.json", logs / f"{name}.log"
-    spec_path.write_text(json.dumps({**spec, "dtype": dtype}))
+    model_dir = Path(spec["model"]) if vllm_script is None else peer_model_dir(Path(spec["model"]), logs)
+    spec_path.write_text(json.dumps({**spec, "model": str(model_dir), "dtype": dtype}))
     result_path.unlink(missing_ok=True)
     # pdserve's as a module: run as a file, bench/'s own modules would shadow others.
     runner = ([sys.executable, "-m", "pdserve.bench.offline_engine"] if vllm_script is None

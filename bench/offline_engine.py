@@ -5,9 +5,10 @@
 
 Reads the spec `bench.offline` writes, generates every prompt once to warm up, then
 `num_timed_runs` times on the clock (greedy, ignoring EOS), and writes seconds per timed run,
-token counts and the last run's output ids. vLLM runs with prefix caching off and the peer
-server's memory settings. In the peer's interpreter pdserve is not installed: this file imports
-only the standard library at its top.
+token counts and the last run's output ids. Both engines run with prefix caching off, since
+every run repeats the warm-up's prompts; vLLM with the peer server's memory settings. In the
+peer's interpreter pdserve is not installed: this file imports only the standard library at its
+top.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def pdserve_engine(spec: dict):
 
     from pdserve.engine import LLM, SamplingParams
 
-    llm = LLM(spec["model"], dtype=spec["dtype"], kv_cache_memory_bytes=spec["kv_cache_memory_bytes"])
+    llm = LLM(spec["model"], dtype=spec["dtype"], kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+              enable_prefix_caching=False)
     params = SamplingParams(max_tokens=spec["output_len"], temperature=0.0, ignore_eos=True)
     return lambda prompts: llm.generate(prompts, params), {"torch_num_threads": torch.get_num_threads()}
 

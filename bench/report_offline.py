@@ -29,7 +29,7 @@ def markdown(combined: dict) -> str:
         f"{model.get('num_hidden_layers')} layers, vocab {model.get('vocab_size')}",
         f"- workload: {workload['dataset']}, {workload['num_prompts']} prompts of {lens['min']}–{lens['max']} tokens "
         f"(mean {lens['mean']:g}, {lens['total']} in all), {workload['output_len']} output tokens each "
-        f"(ignore_eos, greedy), seed {workload['seed']}, passed as token ids; vLLM's prefix caching off",
+        f"(ignore_eos, greedy), seed {workload['seed']}, passed as token ids; prefix caching off in both engines",
         f"- timing: {workload['num_warmup_runs']} warm-up run, then the median of {workload['num_timed_runs']} "
         "timed runs of the whole generate call",
         f"- CPUs {combined['cpus']} with {combined['num_threads']} thread(s) for each engine; machine: "

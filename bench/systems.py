@@ -25,13 +25,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pdserve.bench.errors import BenchConfigError
+from pdserve.bench.peer_model import peer_model_dir
 from pdserve.cluster.health_probe import probe_http
 from pdserve.cluster.ports import free_port
-from pdserve.engine.engine_config import memory_size_arg
+from pdserve.engine.engine_config import QUANTIZATIONS, memory_size_arg
 from pdserve.protocol.errors import PdserveError
 
 LOOPBACK = "127.0.0.1"
@@ -73,6 +74,7 @@ class SystemOptions:
     gguf: Path | None = None
     startup_timeout_s: float = 900.0
     kv_cache_memory_bytes: int | None = None  # each pdserve engine's KV pool; None: pdserve's default
+    quantization: str | None = None  # each pdserve engine's --quantization; None: not quantized
     up_flags: tuple[str, ...] = ()  # more flags of disaggregated's `pdserve up`
 
 
@@ -104,16 +106,18 @@ class SystemSpec:
 def system_spec(name: str, options: SystemOptions) -> SystemSpec:
     """How to launch `name`; raises SystemUnavailable when it cannot run with these options."""
     port, model, dtype = free_port(LOOPBACK), str(options.model_dir), ("--dtype", options.dtype)
-    pool = () if options.kv_cache_memory_bytes is None else ("--kv-cache-memory", str(options.kv_cache_memory_bytes))
+    pool = options.kv_cache_memory_bytes
+    engine_flags = (*(() if pool is None else ("--kv-cache-memory", str(pool))),
+                    *(() if options.quantization is None else ("--quantization", options.quantization)))
     if name == "colocated":
         return SystemSpec(name, (sys.executable, "-m", "pdserve", "serve", "--model", model, "--port", str(port),
-                                 *dtype, *pool), port,
+                                 *dtype, *engine_flags), port,
                           "pdserve serve: one engine, continuous batching with chunked prefill, prefix caching on")
     if name == "disaggregated":
         num_p, num_d, grpc_port = options.num_prefill_replicas, options.num_decode_replicas, free_port(LOOPBACK)
         return SystemSpec(name, (sys.executable, "-m", "pdserve", "up", "--model", model,
                                  "--grpc-port", str(grpc_port), "--http-port", str(port),
-                                 "--startup-timeout-s", str(options.startup_timeout_s), *dtype, *pool,
+                                 "--startup-timeout-s", str(options.startup_timeout_s), *dtype, *engine_flags,
                                  "--prefill", str(num_p), "--decode", str(num_d), *options.up_flags), port,
                           f"pdserve up: gateway + {num_p} prefill + {num_d} decode + Redis, KV over shared memory",
                           grpc_port)
@@ -157,6 +161,8 @@ def started(name: str, options: SystemOptions, log_dir: Path, backend: str = "op
     """`name` running and ready while the block runs, stopped after it (logs/<name>.log).
     Raises SystemUnavailable before starting anything (also when it has no front for
     `backend`), SystemStartError when it never came up."""
+    if name == "vllm":
+        options = replace(options, model_dir=peer_model_dir(options.model_dir, log_dir))
     spec = system_spec(name, options)
     spec.target(backend)
     log_path = log_dir / f"{name}.log"
@@ -223,6 +229,8 @@ def add_system_arguments(parser, model: bool = True) -> None:
     parser.add_argument("--peer-llama-cpp", type=Path, metavar="SCRIPT", help="../shared/peers/llama-cpp")
     parser.add_argument("--gguf", type=Path, metavar="FILE", help="the GGUF file llama-cpp serves")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    parser.add_argument("--quantization", choices=QUANTIZATIONS,
+                        help="every pdserve engine's --quantization (default: none; peers are not quantized)")
     parser.add_argument("--up-flags", type=str.split, default=(), metavar="'FLAGS'",
                         help="more flags of disaggregated's `pdserve up`, e.g. '--line-order fifo'")
     add_kv_cache_memory_argument(parser)
@@ -239,5 +247,6 @@ def options_from(args) -> SystemOptions:
 
     model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
     return SystemOptions(model_dir, args.dtype, args.prefill_replicas, args.decode_replicas, args.peer_vllm,
-                         args.peer_llama_cpp, args.gguf, args.startup_timeout_s, args.kv_cache_memory, tuple(args.up_flags))
+                         args.peer_llama_cpp, args.gguf, args.startup_timeout_s, args.kv_cache_memory,
+                         args.quantization, tuple(args.up_flags))
 
