@@ -3,6 +3,7 @@
     pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,8,32 --threads 1
     pdserve bench decode-step --model FILE.gguf --dtype bfloat16 --quantized-weights as-stored --threads 1
     pdserve bench decode-step --dtype bfloat16 --kv-cache-dtype int8 --batch-sizes 32 --context-len 1000
+    pdserve bench decode-step --dtype bfloat16 --quantization w8a8 --batch-sizes 1,16
     pdserve bench decode-step --device cuda --model tiny --batch-sizes 1,32,64
     pdserve bench decode-step --dtype bfloat16 --batch-sizes 16 --structured-output json
 
@@ -31,7 +32,8 @@ from pdserve.bench.bandwidth import read_gbps, synchronize
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.block_linear import BlockLinear
 from pdserve.engine.cpu_linear import PackedLinear
-from pdserve.engine.engine_config import KV_CACHE_DTYPES, QUANTIZED_WEIGHTS
+from pdserve.engine.engine_config import KV_CACHE_DTYPES, QUANTIZATIONS, QUANTIZED_WEIGHTS
+from pdserve.engine.int8_linear import Int8Linear
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.protocol.structured_output import StructuredOutput
 
@@ -94,7 +96,7 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
     start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}", structured_output)
     model = engine.runner.model
     timer = PartTimer(engine.device)
-    linears = {type(m) for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear, BlockLinear))}
+    linears = {type(m) for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear, BlockLinear, Int8Linear))}
     for owner, attribute, part in ((engine, "step", "step"), (engine.runner, "run", "runner"),
                                    (model, "forward", "forward"), (model, "compute_logits", "LM head"),
                                    (kernels, "decode_attention", "decode attention"),
@@ -120,13 +122,15 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes a step reads: every parameter, each packed Linear weight and each block weight (the
+    """Bytes a step reads: every parameter, each packed Linear weight, each block weight and int8
+    weight (the
     LM head included, even where it shares the embedding's values; the embedding itself is read a
     row per token)."""
     embedding = model.model.embed_tokens.weight
     packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
     total = sum(m.in_features * m.out_features for m in packed) * embedding.element_size()
     total += sum(m.blocks.numel() for m in model.modules() if isinstance(m, BlockLinear))
+    total += sum(m.levels.numel() + 4 * m.scales.numel() for m in model.modules() if isinstance(m, Int8Linear))
     total += sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
     if isinstance(model.lm_head, torch.nn.Linear):  # a tied LM head reads the embedding once
         total += embedding.numel() * embedding.element_size() * model.config.tie_word_embeddings
@@ -143,6 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--quantized-weights", default="dequantized", choices=QUANTIZED_WEIGHTS,
                         help="a GGUF's block weights multiplied as stored, or dequantized at load")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="the engine's --quantization (default: none)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV pool's")
     parser.add_argument("--structured-output", default="none", choices=STRUCTURED_OUTPUTS,
                         help="json: every sequence answers under a JSON schema (its token masks timed)")
@@ -155,9 +160,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model, os.environ).model_dir
     llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, kv_cache_memory_bytes=2 << 30,
-              enable_prefix_caching=False, quantized_weights=args.quantized_weights, kv_cache_dtype=args.kv_cache_dtype)
+              enable_prefix_caching=False, quantized_weights=args.quantized_weights, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype)
     gbps = read_gbps(llm.engine.device)
     print(f"{model_dir.name}, {args.dtype} on {args.device}, weights {args.quantized_weights}, "
+          f"quantization {args.quantization or 'none'}, "
           f"KV {args.kv_cache_dtype}, structured output {args.structured_output}, {torch.get_num_threads()} thread(s), "
           f"context {args.context_len}, read bandwidth {gbps:.1f} GB/s")
     for batch_size in map(int, args.batch_sizes.split(",")):

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdserve.engine.linear_layers import replace_linear_layers
 from pdserve.kernels import block_quant_reference, cpu_block_linear, cpu_kquant_linear, kquant_reference
 
 # Up to this many rows the blocks are multiplied as stored; beyond it, dequantized for the GEMM.
@@ -106,19 +107,13 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
 def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]]) -> int:
     """Replaces, in place, each `nn.Linear` of `model` whose checkpoint weights are all in
     `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them on the
-    layer's device, their rows stacked in the order the layer's parent loads them
-    (`checkpoint_parts`). Returns how many layers were replaced."""
-    replaced = 0
-    for path, module in list(model.named_modules()):
-        prefix = f"{path}." if path else ""
-        parts_of = getattr(module, "checkpoint_parts", {})
-        for name, child in list(module.named_children()):
-            if not isinstance(child, nn.Linear):
-                continue
-            sources = [blocks.get(f"{prefix}{part}.weight") for part in parts_of.get(name, (name,))]
-            if None in sources or len({block_type for block_type, _ in sources}) != 1:
-                continue
-            stacked = torch.cat([values for _, values in sources]).to(child.weight.device)
-            setattr(module, name, BlockLinear(stacked, sources[0][0], child.in_features, child.bias))
-            replaced += 1
-    return replaced
+    layer's device, their rows stacked in the order the layer loads them. Returns how many layers
+    were replaced."""
+    def build(layer: nn.Linear, names: list[str]) -> BlockLinear | None:
+        sources = [blocks.get(name) for name in names]
+        if None in sources or len({block_type for block_type, _ in sources}) != 1:
+            return None
+        stacked = torch.cat([values for _, values in sources]).to(layer.weight.device)
+        return BlockLinear(stacked, sources[0][0], layer.in_features, layer.bias)
+
+    return replace_linear_layers(model, build)

@@ -28,9 +28,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "half the memory; on a CPU, faster decode steps of a few sequences, slower ones of "
                              "many)")
     parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
-                        help="quantize the Linear layers' weights at load, in groups of 32: int8 (Q8_0) or int4 "
-                             "(Q4_1; the head Q8_0), activations in --dtype (default: none); with "
-                             "--quantized-weights as-stored, the layers a .gguf holds in blocks keep them")
+                        help="quantize the Linear layers' weights at load: int8 (Q8_0) or int4 (Q4_1; the head "
+                             "Q8_0), in groups of 32, activations in --dtype; or w8a8: q/k/v and gate/up as int8 "
+                             "weights per output row times int8 activations per token, smoothed at load, the rest "
+                             "in --dtype (default: none); with --quantized-weights as-stored, the layers a .gguf "
+                             "holds in blocks keep them")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the KV pool in --dtype; int8: each token's K and V per kv head as int8 levels "
                              "and a float32 scale (about half of bfloat16's bytes). Prefill and decode replicas "

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZED_WEIGHTS = ("as-stored", "dequantized")
-QUANTIZATIONS = ("int8", "int4")  # engine/quantize_at_load.py
+QUANTIZATIONS = ("int8", "int4", "w8a8")  # engine/quantize_at_load.py
 KV_CACHE_DTYPES = ("auto", "int8")  # int8: kernels/kv_quant.py
 MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _MEMORY_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
@@ -41,7 +41,8 @@ class EngineConfig:
     # GGUF's Q8_0/Q4_0/Q4_1 matrices are multiplied as stored (engine/weights.py).
     quantized_weights: str = "dequantized"
     # None: Linear weights as the checkpoint has them; "int8" or "int4": quantized at load, weight-only,
-    # in groups of 32 (engine/quantize_at_load.py). With "as-stored", layers already in blocks keep them.
+    # in groups of 32; "w8a8": q/k/v and gate/up as int8 weights per output row times int8 activations
+    # per token, smoothed (engine/quantize_at_load.py). With "as-stored", layers already in blocks keep them.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"  # "auto": the dtype's; "int8": levels and a scale per token and head
 

@@ -12,9 +12,11 @@ name). With `quantized_weights` "as-stored", the Linear layers whose checkpoint
 weights are all there multiply those blocks (engine/block_linear.py): their float weights are
 read as usual, then dropped.
 
-With `quantization` "int8" or "int4", the Linear layers still in float are then quantized from
-the checkpoint's tensors as stored, read a second time (engine/quantize_at_load.py): with
+With `quantization` "int8", "int4" or "w8a8", the Linear layers still in float are then quantized
+from the checkpoint's tensors as stored, read a second time (engine/quantize_at_load.py): with
 "as-stored", a GGUF's layers already in blocks keep them, and only the rest are quantized.
+"w8a8" first runs the float model once on a calibration text for its smoothing factors
+(engine/smoothing.py).
 
 The model is built on the meta device and its parameters are the checkpoint's tensors, each
 read, cast to the target dtype and moved to the target device one at a time: no parameter is
@@ -36,8 +38,10 @@ from pdserve.engine.block_linear import serve_blocks_as_stored
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
 from pdserve.engine.model import CausalLM
-from pdserve.engine.quantize_at_load import quantize_linear_layers, weight_names_to_quantize
+from pdserve.engine.quantize_at_load import ROW_QUANTIZATIONS, quantize_linear_layers, weight_names_to_quantize
+from pdserve.engine.smoothing import CALIBRATION_TEXT, smoothing_factors
 from pdserve.protocol.errors import InvalidModelError
+from pdserve.protocol.tokenizer import load_tokenizer
 
 BLOCKS_FORMAT = "gguf-blocks"  # the "format" checkpoints.gguf_convert tags its blocks file with
 
@@ -58,8 +62,11 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     if quantized_weights == "as-stored":
         serve_blocks_as_stored(model, _read_blocks(Path(model_dir), renames))
     if quantization is not None:
+        smoothing = None
+        if quantization in ROW_QUANTIZATIONS:
+            smoothing = smoothing_factors(model, load_tokenizer(model_dir).encode(CALIBRATION_TEXT))
         stored = _stored_tensors(Path(model_dir), renames, weight_names_to_quantize(model))
-        quantize_linear_layers(model, stored, quantization, device)
+        quantize_linear_layers(model, stored, quantization, device, smoothing)
     if packs(dtype, device):
         pack_linear_layers(model)
     return model

@@ -4,7 +4,8 @@ An int8 pool stores, for each token and kv head, `head_dim` int8 levels followed
 scale, so an entry of `k_cache` (or `v_cache`) is `head_dim + KV_SCALE_BYTES` int8 elements:
 
     entry = [q_0, ..., q_{head_dim-1}, the 4 bytes of s]    x_d ~= s * q_d
-    s = max_d |x_d| / 127,  q_d = round(x_d / s) in [-127, 127]  (s = 0 and q = 0 for x = 0)
+
+q and s being the row's int8 levels and scale of kernels/int8_levels.py (0 for a row of zeros).
 
 The scale is per token and head, not per block: a block fills one token at a time during decode,
 and a block-wide scale would re-quantize the tokens before a larger one. Scales are read where
@@ -14,8 +15,9 @@ K/V as the model produced them.
 """
 import torch
 
+from pdserve.kernels.int8_levels import int8_levels
+
 KV_SCALE_BYTES = 4  # one float32 scale after each entry's levels
-KV_LEVELS = 127
 
 
 def kv_entry_size(head_dim: int, dtype: torch.dtype) -> int:
@@ -25,10 +27,8 @@ def kv_entry_size(head_dim: int, dtype: torch.dtype) -> int:
 
 def quantize_entries(x: torch.Tensor) -> torch.Tensor:
     """[..., head_dim] floats -> [..., head_dim + KV_SCALE_BYTES] int8 entries."""
-    x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True) / KV_LEVELS  # [..., 1]
-    levels = torch.where(scale > 0, x / scale, 0.0).round_().clamp_(-KV_LEVELS, KV_LEVELS).to(torch.int8)
-    return torch.cat([levels, scale.view(torch.int8)], dim=-1)
+    levels, scales = int8_levels(x)  # [..., head_dim], [..., 1]
+    return torch.cat([levels, scales.view(torch.int8)], dim=-1)
 
 
 def dequantize_entries(entries: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pdserve.kernels.kv_quant import KV_LEVELS
+from pdserve.kernels.int8_levels import MAX_LEVEL
 
-LEVELS = tl.constexpr(float(KV_LEVELS))
+LEVELS = tl.constexpr(float(MAX_LEVEL))
 # fp32 numbers near 1.5 * 2**23 are whole: (y + it) - it is y rounded half to even for |y| < 2**22.
 ROUNDING_SHIFT = tl.constexpr(1.5 * 2**23)
 

@@ -31,7 +31,7 @@ DEFAULT_GATEWAY_HTTP_PORT = 8000
 CERT_NAMES = ("gateway", "prefill", "decode")  # `pdserve certs`' certificates: one per service
 CERT_SHARED_HOST = "pdserve-internal"  # what they name where replicas' addresses are not known when they are made
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
-QUANTIZATIONS = ("int8", "int4")  # engine.engine_config.QUANTIZATIONS
+QUANTIZATIONS = ("int8", "int4", "w8a8")  # engine.engine_config.QUANTIZATIONS
 KV_CACHE_DTYPES = ("auto", "int8")  # engine.engine_config.KV_CACHE_DTYPES
 
 
@@ -173,8 +173,10 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                              "CPU, faster steps of a few sequences, slower ones of many (default dequantized)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                         help="the replicas': quantize the Linear layers' weights at load, in groups of 32, to int8 "
-                             "(Q8_0) or int4 (Q4_1; the head Q8_0), served by the block kernels (default: none); with "
-                             "--quantized-weights as-stored, the layers a .gguf holds in blocks keep them")
+                             "(Q8_0) or int4 (Q4_1; the head Q8_0), served by the block kernels; or w8a8: q/k/v "
+                             "and gate/up as int8 weights per output row times int8 activations per token, "
+                             "smoothed at load, the rest in --dtype (default: none); with --quantized-weights "
+                             "as-stored, the layers a .gguf holds in blocks keep them")
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                         help="the replicas' KV pools: auto (in --dtype) or int8 (each token's K and V per kv head as "
                              "int8 levels and a float32 scale: about half of bfloat16's bytes, so twice the tokens)")

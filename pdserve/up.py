@@ -94,7 +94,7 @@ class UpConfig:
     api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
     enable_prefix_caching: bool = True
     quantized_weights: str = "dequantized"  # the replicas' (engine.weights)
-    quantization: str | None = None  # the replicas' (engine.quantize_at_load): None, "int8" or "int4"
+    quantization: str | None = None  # the replicas' (engine.quantize_at_load): None, "int8", "int4" or "w8a8"
     kv_cache_dtype: str = "auto"  # the replicas' KV pools: "auto" (their dtype) or "int8"
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's

@@ -15,34 +15,13 @@
  * (within 2 float32 ulp of the quotient), and e^x by a polynomial (within 1e-7 relative).
  */
 #include <math.h>
-#include <stdint.h>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-#include "bfloat16.h"
+#include "elem.h"
 
-#ifdef BFLOAT16
-typedef uint16_t elem_t;
-static inline float load(elem_t x) { return bfloat16_to_float(x); }
-static inline elem_t store(float x) { return float_to_bfloat16(x); }
-#else
-typedef float elem_t;
-static inline float load(elem_t x) { return x; }
-static inline elem_t store(float x) { return x; }
-#endif
 /* A value as the tensor's dtype holds it: what a torch op between two others leaves. */
 static inline float rounded(float x) { return load(store(x)); }
 
 #ifdef __AVX512F__
-static inline __m512 load16(const elem_t *p) {
-#ifdef BFLOAT16
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-#else
-    return _mm512_loadu_ps(p);
-#endif
-}
-
 #ifdef BFLOAT16
 /* Each lane's bfloat16 (to nearest even, NaN kept quiet) in its low 16 bits. */
 static inline __m512i bfloat16_bits(__m512 x) {

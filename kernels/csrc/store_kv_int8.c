@@ -10,25 +10,10 @@
  *   k_cache, v_cache [num_slots, num_kv_heads, head_dim + 4] int8
  *   slot_mapping     [num_tokens] int64 flat slots
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-#include "bfloat16.h"
-
-#ifdef BFLOAT16
-typedef uint16_t elem_t;
-static inline float load(elem_t x) { return bfloat16_to_float(x); }
-#else
-typedef float elem_t;
-static inline float load(elem_t x) { return x; }
-#endif
+#include "int8_levels.h"
 
 static void quantize_entry(int8_t *restrict entry, const elem_t *restrict x, int64_t head_dim) {
-    float max_abs = 0.0f;
-    for (int64_t d = 0; d < head_dim; d++) max_abs = fmaxf(max_abs, fabsf(load(x[d])));
-    const float scale = max_abs / 127.0f;
-    for (int64_t d = 0; d < head_dim; d++) entry[d] = scale > 0.0f ? (int8_t)nearbyintf(load(x[d]) / scale) : 0;
+    const float scale = quantize_row(entry, x, 0, head_dim);
     memcpy(entry + head_dim, &scale, sizeof scale);
 }
 
