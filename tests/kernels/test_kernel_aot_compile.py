@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from pdserve.kernels import aot
 from pdserve.kernels.block_quant_reference import BLOCK_TYPES
 
@@ -22,6 +24,8 @@ KERNEL_NAMES = (
 )
 COMPILED_LINE = re.compile(r"^(\w+) (\w+) d(\d+)( masked)?( int8_pool)?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
 BLOCK_COMPILED_LINE = re.compile(r"^(\w+) (\w+) (q\d_\d)(?: rows(\d+))?: \.target sm_90a?, cubin (\d+) bytes$", re.M)
+
+pytestmark = pytest.mark.packaging  # generated code, and about 40 s of compiling: not the fast tier
 
 
 def test_every_kernel_compiles_to_a_cubin_for_sm_90():
