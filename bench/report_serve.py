@@ -76,6 +76,7 @@ def _server_lines(server: dict) -> list[str]:
     rows = [(f"`{key}` increase", _figure(value)) for key, value in server.get("counters", {}).items() if value]
     rows += [(f"`{key}` mean of {figures['count']:g}", _figure(figures["mean"]))
              for key, figures in server.get("histograms", {}).items() if figures["count"]]
+    rows += [(f"`{key}` after the run", _figure(value)) for key, value in server.get("gauges", {}).items() if value]
     rows += [(f"{key} (GetRequest)", ", ".join(f"{name}: {count}" for name, count in value.items())
               if isinstance(value, dict) else _figure(value)) for key, value in server.get("requests", {}).items()]
     if rows:

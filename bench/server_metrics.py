@@ -2,7 +2,8 @@
 
 Scraped before and after the run: every series named with one of `PREFIXES` (pdserve's, vLLM's,
 llama.cpp's), a counter as its increase, a histogram or summary as the increase of its count and
-sum and the mean observed. A failed scrape is recorded, never raised: the run goes on.
+sum and the mean observed, a gauge as its value after the run (a replica's resident memory, say).
+A failed scrape is recorded, never raised: the run goes on.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Snapshot:
 
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, tuple[float, float]] = field(default_factory=dict)  # -> (count, sum)
+    gauges: dict[str, float] = field(default_factory=dict)
 
 
 def parse_exposition(text: str) -> Snapshot:
@@ -30,8 +32,11 @@ def parse_exposition(text: str) -> Snapshot:
             continue
         for sample in family.samples:
             labels = ",".join(f'{label}="{value}"' for label, value in sorted(sample.labels.items()))
+            key = f"{sample.name}{{{labels}}}" if labels else sample.name
             if family.type == "counter" and sample.name.endswith("_total"):
-                snapshot.counters[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+                snapshot.counters[key] = sample.value
+            elif family.type == "gauge" and not sample.name.endswith("_created"):  # not a counter's start time
+                snapshot.gauges[key] = sample.value
             elif family.type in ("histogram", "summary") and sample.name.endswith(("_count", "_sum")):
                 key = f"{family.name}{{{labels}}}" if labels else family.name
                 count, total = snapshot.histograms.get(key, (0.0, 0.0))
@@ -41,7 +46,8 @@ def parse_exposition(text: str) -> Snapshot:
 
 
 def summarise(before: Snapshot, after: Snapshot) -> dict:
-    """Counter increases and histogram increases (count, sum, mean) from `before` to `after`."""
+    """Counter increases and histogram increases (count, sum, mean) from `before` to `after`, and
+    the gauges of `after`."""
     counters = {key: value - before.counters.get(key, 0.0) for key, value in sorted(after.counters.items())}
     histograms = {}
     for key, (count, total) in sorted(after.histograms.items()):
@@ -49,7 +55,7 @@ def summarise(before: Snapshot, after: Snapshot) -> dict:
         num_observed, observed_sum = count - count_before, total - total_before
         histograms[key] = {"count": num_observed, "sum": observed_sum,
                            "mean": observed_sum / num_observed if num_observed else None}
-    return {"counters": counters, "histograms": histograms}
+    return {"counters": counters, "histograms": histograms, "gauges": dict(sorted(after.gauges.items()))}
 
 
 async def scrape(url: str) -> Snapshot | str:

@@ -57,6 +57,7 @@ class ReplicaInfo:
     prefix_cache_hits: int = 0  # of those, tokens found cached
     weights_bytes: int = 0  # the memory the replica's weights take
     kv_pool_bytes: int = 0  # and its KV pool
+    resident_bytes: int = 0  # the replica process's resident memory (engine/process_memory.py)
     updated_unix_s: float = 0.0  # when the replica last reported its load
     # The entry itself (see the module docstring).
     kv_layout_fingerprint: str = ""
@@ -67,7 +68,7 @@ class ReplicaInfo:
 
 LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs",
                          "used_slots", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
-                         "weights_bytes", "kv_pool_bytes"})
+                         "weights_bytes", "kv_pool_bytes", "resident_bytes"})
 _FIELDS = dataclasses.fields(ReplicaInfo)
 _REQUIRED_FIELDS = tuple(field.name for field in _FIELDS if field.default is dataclasses.MISSING)
 _FIELD_TYPES = {field.name: str if field.name in _REQUIRED_FIELDS else type(field.default) for field in _FIELDS}

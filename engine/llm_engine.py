@@ -24,8 +24,10 @@ the host's available memory (cpu_kv_memory.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import functools
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,19 +41,25 @@ from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.engine.memory_profile import profiled_kv_pool_bytes
 from pdserve.engine.model import CausalLM
 from pdserve.engine.model_runner import ModelRunner, ModelRunnerOutput
+from pdserve.engine.process_memory import resident_bytes
 from pdserve.engine.output_processor import OutputProcessor
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.scheduler import Scheduler, SchedulerOutput
 from pdserve.engine.step_budget import StepBudget
 from pdserve.engine.warm_up import warm_up
 from pdserve.engine.weights import load_model, weights_bytes
+from pdserve.protocol.eos_token import eos_token_id
 from pdserve.protocol.errors import InvalidConfigError, InvalidRequestError
-from pdserve.protocol.grammar_compiler import GrammarCompiler
 from pdserve.protocol.kv_blocks import block_hashes, num_blocks_for
 from pdserve.protocol.outputs import RequestOutput
 from pdserve.protocol.request_checks import draw_seed, validate_prompt
 from pdserve.protocol.sampling_params import SamplingParams
 from pdserve.protocol.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+    from pdserve.protocol.grammar_compiler import GrammarCompiler
 
 KVAllocator = Callable[[KVCacheSpec, int, torch.device], torch.Tensor]
 KVLayerListener = Callable[[str, list[int], int], None]  # (request id, block ids, layer), engine thread
@@ -67,7 +75,6 @@ class LLMEngine:
         bind_thread(self.device)  # the constructing thread loads the weights and allocates the pool
         self.model_config = ModelConfig.from_dir(config.model)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
-        self.tokenizer = load_tokenizer(config.model)
         self.dtype = config.torch_dtype(self.model_config.torch_dtype)
         model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len,
                            config.quantized_weights, config.quantization)
@@ -83,7 +90,7 @@ class LLMEngine:
             self.step_budget = StepBudget(config.max_step_ms / 1e3, config.max_num_batched_tokens)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
-        self.eos_token_id = _eos_token_id(self.tokenizer, self.model_config)
+        self.eos_token_id = _eos_token_id(config.model, self.model_config)
         max_blocks_per_seq = num_blocks_for(self.max_model_len, config.block_size)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, config.max_num_seqs,
                                   max_blocks_per_seq, self.eos_token_id)
@@ -93,12 +100,18 @@ class LLMEngine:
             windows = tuple({layer.self_attn.sliding_window for layer in model.model.layers})
             warm_up(model, self.kv_cache, config.block_size,
                     warm_up_widths(max_blocks_per_seq, config.block_size, windows), self.device)
-        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_id, config.detokenize)
+        self.output_processor = OutputProcessor(self.tokenizer if config.detokenize else None, self.eos_token_id)
         self.kv_layer_listener = kv_layer_listener
         self._requests: dict[str, Request] = {}
         self._hold_kv: set[str] = set()  # requests whose blocks outlive them until release_kv
         self._kv_owners: set[str] = set()  # finished-but-held requests and unused reservations
         self._grammar_compiler: GrammarCompiler | None = None  # built by the first structured output
+
+    @functools.cached_property
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        """Loaded when first used: an engine that leaves text to its caller and is given prompts as
+        ids (a replica behind a gateway) loads it only for a structured output."""
+        return load_tokenizer(self.config.model)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     seed: int | None = None, hold_kv: bool = False,
@@ -198,6 +211,7 @@ class LLMEngine:
             "prefix_cache_hits": self.scheduler.num_prefix_hit_tokens,
             "kv_pool_bytes": self.allocator.num_blocks * self.kv_spec.bytes_per_block,
             "weights_bytes": self.weights_bytes,
+            "resident_bytes": resident_bytes(),
         }
 
     def cached_prefix_hashes(self, limit: int) -> list[bytes]:
@@ -276,6 +290,8 @@ class LLMEngine:
         if params.structured_output is None:
             return None
         if self._grammar_compiler is None:
+            from pdserve.protocol.grammar_compiler import GrammarCompiler  # imports transformers
+
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_id)
         grammar = self._grammar_compiler.matcher(params.structured_output)
         if not grammar.consume_tokens(list(output_token_ids)):
@@ -306,7 +322,8 @@ class LLMEngine:
         return num_blocks
 
 
-def _eos_token_id(tokenizer, config: ModelConfig) -> int | None:
-    if tokenizer.eos_token_id is not None:
-        return tokenizer.eos_token_id
+def _eos_token_id(model_dir: str, config: ModelConfig) -> int | None:
+    token_id = eos_token_id(model_dir)
+    if token_id is not None:
+        return token_id
     return config.eos_token_ids[0] if config.eos_token_ids else None

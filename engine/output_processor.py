@@ -8,11 +8,15 @@ partly streamed and then cut.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pdserve.engine.request import Request
 from pdserve.protocol.detokenizer import IncrementalDetokenizer
 from pdserve.protocol.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from pdserve.protocol.stop import StopDecision, check_stop
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 
 @dataclass(slots=True)
@@ -25,13 +29,13 @@ class _RequestState:
 
 
 class OutputProcessor:
-    """With `detokenize=False` (a decode replica whose gateway turns tokens into text) no text is
-    produced and stop strings are left to the caller; token-based stops still apply."""
+    """Without a tokenizer (a replica whose gateway turns tokens into text) no text is produced
+    and stop strings are left to the caller; token-based stops still apply."""
 
-    def __init__(self, tokenizer, eos_token_id: int | None, detokenize: bool = True):
+    def __init__(self, tokenizer: PreTrainedTokenizerFast | None, eos_token_id: int | None):
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
-        self.detokenize = detokenize
+        self.detokenize = tokenizer is not None
         self._states: dict[str, _RequestState] = {}
 
     def add(self, request: Request) -> None:

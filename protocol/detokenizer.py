@@ -27,9 +27,13 @@ tokenizers the output keeps the leading space the prompt context implies, as vLL
 can differ from decoding the output ids alone by that space. Decoding never applies
 `clean_up_tokenization_spaces`, whose rewrites look across token boundaries.
 """
-from collections.abc import Sequence
+from __future__ import annotations
 
-from transformers import PreTrainedTokenizerFast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 _REPLACEMENT_CHAR = "\ufffd"
 _NUM_PROMPT_CONTEXT_TOKENS = 5

@@ -8,13 +8,17 @@ and with it torch, which the gateway never loads.
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformers import PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
 from pdserve.protocol.errors import InvalidModelError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast  # here: a replica that reads only the eos id never imports it
+
     if not (Path(model_dir) / "tokenizer.json").is_file():
         raise InvalidModelError(f"{model_dir}: needs a fast tokenizer (tokenizer.json)")
     try:

@@ -151,6 +151,8 @@ class GatewayMetrics:
                 ("num_preemptions", "replica_num_preemptions", "Preemptions since the replica started."),
                 ("weights_bytes", "replica_weights_bytes", "Memory a replica's weights take, in bytes."),
                 ("kv_pool_bytes", "replica_kv_pool_bytes", "Memory a replica's KV pool takes, in bytes."),
+                ("resident_bytes", "replica_resident_memory_bytes",
+                 "Resident memory (RSS) of a replica's process, in bytes."),
             )
         }
         self._http_responses = Counter(
@@ -246,7 +248,8 @@ class GatewayMetrics:
             "kv_usage": 1 - replica.free_blocks / replica.total_blocks if replica.total_blocks else 0.0,
             "kv_waste": 1 - replica.used_slots / allocated_slots if allocated_slots else 0.0,
             **{field: getattr(replica, field) for field in ("running_seqs", "waiting_seqs", "queued_tokens",
-                                                            "num_preemptions", "weights_bytes", "kv_pool_bytes")},
+                                                            "num_preemptions", "weights_bytes", "kv_pool_bytes",
+                                                            "resident_bytes")},
         }
         for field, value in values.items():
             self._replica_gauges[field].labels(replica.kind, replica.replica_id).set(value)

@@ -17,6 +17,7 @@ from pdserve.engine.block_linear import BlockLinear
 from pdserve.kernels import block_quant_reference, kquant_reference
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
+from pdserve.protocol.eos_token import eos_token_id
 from pdserve.protocol.sampling_params import SamplingParams
 from tests.checkpoints.conftest import GGUF_VARIANTS
 from tests.checkpoints.tokenizer_texts import CHAT, TEXTS
@@ -67,6 +68,7 @@ def test_tokenizer_and_chat_template_equal_transformers(variant, gguf_file, conv
             == theirs.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False))
     for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
         assert getattr(mine, name) == getattr(theirs, name), name
+    assert eos_token_id(converted(variant)) == mine.eos_token_id
 
 
 def dequantize_reference(blocks: torch.Tensor, block_type: str) -> torch.Tensor:

@@ -13,7 +13,7 @@ from pdserve.gateway.colocated.frontend import stream_chunk
 def step_outputs(token_ids: list[int]):
     """Every step's output of one request, taken as the engine hands them over, then read after
     the last step (as a slow event loop reads them)."""
-    processor = OutputProcessor(tokenizer=None, eos_token_id=None, detokenize=False)
+    processor = OutputProcessor(tokenizer=None, eos_token_id=None)
     request = Request("r", [1, 2, 3], SamplingParams(max_tokens=len(token_ids), logprobs=1), seed=0)
     processor.add(request)
     outputs = []

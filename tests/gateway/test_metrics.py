@@ -83,7 +83,7 @@ def test_requests_waiting_are_those_in_the_live_replicas_queues():
     metrics = GatewayMetrics("m")
     replica = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0,
                    queued_tokens=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0,
-                   weights_bytes=96 << 20, kv_pool_bytes=1 << 30)
+                   weights_bytes=96 << 20, kv_pool_bytes=1 << 30, resident_bytes=500 << 20)
     metrics.on_replica_loads([
         SimpleNamespace(kind="prefill", replica_id="p0", waiting_seqs=3, **replica),
         SimpleNamespace(kind="decode", replica_id="d0", waiting_seqs=2, **replica),
@@ -94,6 +94,7 @@ def test_requests_waiting_are_those_in_the_live_replicas_queues():
     decode = (("kind", "decode"), ("replica", "d0"))
     assert figures[("pdserve:replica_weights_bytes", decode)] == 96 << 20
     assert figures[("pdserve:replica_kv_pool_bytes", decode)] == 1 << 30
+    assert figures[("pdserve:replica_resident_memory_bytes", decode)] == 500 << 20
 
     metrics.on_replica_loads([])
     assert samples(metrics.render().decode())[waiting] == 0
@@ -105,11 +106,12 @@ def test_a_single_engine_publishes_its_load_as_the_engine_replica():
     metrics = GatewayMetrics("m")
     metrics.on_engine_load(dict(total_blocks=10, free_blocks=6, block_size=4, used_slots=12, running_seqs=2,
                                 waiting_seqs=1, num_preemptions=0, prefix_cache_queries=40, prefix_cache_hits=8,
-                                weights_bytes=146 << 20, kv_pool_bytes=1 << 30))
+                                weights_bytes=146 << 20, kv_pool_bytes=1 << 30, resident_bytes=700 << 20))
     figures = samples(metrics.render().decode())
     engine = (("kind", "engine"), ("replica", ""))
     assert figures[("pdserve:replica_weights_bytes", engine)] == 146 << 20
     assert figures[("pdserve:replica_kv_pool_bytes", engine)] == 1 << 30
+    assert figures[("pdserve:replica_resident_memory_bytes", engine)] == 700 << 20
     assert figures[("pdserve:kv_cache_usage_perc", engine)] == pytest.approx(0.4)
     assert figures[("pdserve:kv_cache_waste_perc", engine)] == pytest.approx(0.25)  # 12 of 16 slots hold a token
     assert figures[("pdserve:num_requests_waiting", (("model_name", "m"),))] == 1
@@ -120,7 +122,7 @@ def test_a_single_engine_publishes_its_load_as_the_engine_replica():
 def test_prefix_cache_counters_add_what_each_replica_counted_since_its_last_report():
     metrics = GatewayMetrics("m")
     load = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0, waiting_seqs=0,
-                queued_tokens=0, num_preemptions=0, weights_bytes=0, kv_pool_bytes=0)
+                queued_tokens=0, num_preemptions=0, weights_bytes=0, kv_pool_bytes=0, resident_bytes=0)
 
     def report(**counts):  # replica id -> (queried tokens, hit tokens) since it started
         metrics.on_replica_loads([SimpleNamespace(kind="prefill", replica_id=name, prefix_cache_queries=queries,
