@@ -54,6 +54,7 @@ from torch import nn
 from pdserve.engine.block_experts import expert_weight_names, serve_experts_as_blocks
 from pdserve.engine.block_linear import serve_blocks_as_stored
 from pdserve.engine.int8_linear import serve_int8
+from pdserve.engine.linear_layers import linear_layers
 from pdserve.engine.moe import Experts, SparseMoE
 from pdserve.kernels.block_quant_reference import WEIGHTS_PER_BLOCK, quantize_reference
 from pdserve.kernels.int8_linear import quantize_rows
@@ -74,19 +75,13 @@ def weight_names_to_quantize(model: nn.Module) -> set[str]:
     """The checkpoint names (after the family's renames) of the weights of the Linear layers and
     experts of `model` to quantize: a fused layer's parts (`checkpoint_parts`), a tied head's
     embeddings, each expert's gate, up and down."""
-    names = set()
-    for path, module in model.named_modules():
-        if isinstance(module, Experts):
-            if all(size % WEIGHTS_PER_BLOCK == 0 for size in module.down_proj.shape[1:]):  # hidden, intermediate
-                names.update(expert_weight_names(path, module))
-            continue
-        if isinstance(module, SparseMoE):
-            continue  # its router stays float
-        prefix = f"{path}." if path else ""
-        parts_of = getattr(module, "checkpoint_parts", {})
-        for name, child in module.named_children():
-            if isinstance(child, nn.Linear) and child.in_features % WEIGHTS_PER_BLOCK == 0:
-                names.update(f"{prefix}{part}.weight" for part in parts_of.get(name, (name,)))
+    names = {name for path, module in model.named_modules()
+             if isinstance(module, Experts)
+             and all(size % WEIGHTS_PER_BLOCK == 0 for size in module.down_proj.shape[1:])  # hidden, intermediate
+             for name in expert_weight_names(path, module)}
+    for parent, _, layer, layer_names in linear_layers(model):
+        if not isinstance(parent, SparseMoE) and layer.in_features % WEIGHTS_PER_BLOCK == 0:  # a router stays float
+            names.update(layer_names)
     return names
 
 
@@ -122,13 +117,7 @@ def head_weight_names(model: nn.Module) -> set[str]:
 
 def row_layer_names(model: nn.Module) -> set[str]:
     """The checkpoint names of the weights of `model`'s ROW_LAYERS (a fused layer's parts)."""
-    names = set()
-    for path, module in model.named_modules():
-        parts_of = getattr(module, "checkpoint_parts", {})
-        for name in ROW_LAYERS:
-            if isinstance(getattr(module, name, None), nn.Linear):
-                names.update(f"{path}.{part}.weight" for part in parts_of.get(name, (name,)))
-    return names
+    return {weight_name for _, name, _, names in linear_layers(model) if name in ROW_LAYERS for weight_name in names}
 
 
 def expert_names(model: nn.Module) -> set[str]:

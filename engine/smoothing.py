@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from pdserve.engine.attention_metadata import AttentionMetadata
+from pdserve.engine.linear_layers import linear_layers
 from pdserve.engine.model import CausalLM
 
 ALPHA = 0.5  # SmoothQuant's default migration strength
@@ -47,16 +48,12 @@ CALIBRATION_TEXT = (
 def smoothing_factors(model: CausalLM, token_ids: list[int]) -> dict[str, torch.Tensor]:
     """The checkpoint name of each weight of the decoder layers' Linear layers -> its layer's s,
     float32 [in_features] on the CPU, measured by a prefill of `token_ids` through `model`."""
-    maxima: dict[str, torch.Tensor] = {}  # module path -> largest |x_j| seen
+    maxima: dict[str, torch.Tensor] = {}  # a layer's first checkpoint name -> largest |x_j| seen
     layers: dict[str, tuple[nn.Linear, list[str]]] = {}
     hooks = []
-    for path, module in model.model.layers.named_modules(prefix="model.layers"):
-        parts_of = getattr(module, "checkpoint_parts", {})
-        for name, child in module.named_children():
-            if isinstance(child, nn.Linear):
-                key = f"{path}.{name}"
-                layers[key] = (child, [f"{path}.{part}.weight" for part in parts_of.get(name, (name,))])
-                hooks.append(child.register_forward_pre_hook(_recorder(maxima, key)))
+    for _, _, layer, names in linear_layers(model.model.layers, prefix="model.layers"):
+        layers[names[0]] = (layer, names)
+        hooks.append(layer.register_forward_pre_hook(_recorder(maxima, names[0])))
     try:
         _prefill(model, token_ids)
     finally:
