@@ -126,9 +126,10 @@ def test_up_logs_one_line_per_replica_and_stage_no_probe_and_no_secret(start_up)
         assert len([line for line in lines if line.endswith(f" loading tiny-llama-v2 ({ENGINE_DTYPE} on cpu)")]) == 1, lines
         (ready,) = [match for line in lines if (match := re.search(
             rf" ready in [\d.]+ s: tiny-llama-v2 \({ENGINE_DTYPE} on cpu\), weights 0\.\d\d GiB, "
-            r"KV pool (\d+) blocks x 16 = (\d+) tokens \(0\.50 GiB\); "
+            r"KV pool (\d+) blocks x 16 = (\d+) tokens \(0\.50 GiB\), resident (\d+\.\d\d) GiB; "
             rf"{replica.split('-')[0]} replica {replica} serving on 127\.0\.0\.1:\d+$", line))]
         assert int(ready.group(2)) == int(ready.group(1)) * 16 > 0
+        assert 0.1 < float(ready.group(3)) < 2  # torch alone takes about 0.27 GiB
     assert "/health" not in up_process.log_path.read_text()  # probed many times: up's own and ours
     assert '"POST /v1/completions HTTP/1.1" 200' in console  # requests are still logged
     assert secret not in console and redis_password not in console
