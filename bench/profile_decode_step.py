@@ -126,9 +126,9 @@ def _weight_bytes(model: torch.nn.Module) -> int:
     weight (the
     LM head included, even where it shares the embedding's values; the embedding itself is read a
     row per token)."""
-    embedding = model.model.embed_tokens.weight
+    embedding = getattr(model.model.embed_tokens, "weight", None)  # None: kept in blocks, which the head counts
     packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
-    total = sum(m.in_features * m.out_features for m in packed) * embedding.element_size()
+    total = sum(m.in_features * m.out_features for m in packed) * model.dtype.itemsize
     total += sum(m.blocks.numel() for m in model.modules() if isinstance(m, BlockLinear))
     total += sum(m.levels.numel() + 4 * m.scales.numel() for m in model.modules() if isinstance(m, Int8Linear))
     total += sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)

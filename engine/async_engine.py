@@ -6,7 +6,10 @@ asyncio queue (`open_stream`) or, with other requests of the same client, on an 
 (`join_group`) that gets one put per engine step. The thread steps while any request is
 unfinished and otherwise sleeps on the command queue, so an idle replica burns no CPU.
 `came_round_s` is when the thread last came round its loop: at least every COMMAND_WAIT_S when
-idle, after every step when busy; a watchdog (cluster/engine_watchdog.py) reads it.
+idle, after every step when busy; a watchdog (cluster/engine_watchdog.py) reads it. Idle for
+IDLE_TRIM_S after a step, the thread hands the C heap's free memory back to the system once
+(engine/heap_trim.py): the passing tensors of a long prefill would otherwise keep the process as
+large as at that step's peak.
 
 Invariant: every command's future is resolved (result or exception), and every stream sees its
 request's outputs in order, ending with one that has `finished=True` or with an exception item
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdserve.engine.device_guard import bind_thread
+from pdserve.engine.heap_trim import release_freed_memory
 from pdserve.engine.output_group import GroupEntry, OutputGroup
 from pdserve.engine.thread_name import ENGINE_THREAD_NAME, name_this_thread
 from pdserve.protocol.errors import AbortedError, UnavailableError
@@ -36,6 +40,7 @@ if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gate
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 COMMAND_WAIT_S = 0.5  # an idle engine thread comes round at least this often
+IDLE_TRIM_S = 1.0
 
 
 class EngineDeadError(UnavailableError, RuntimeError):
@@ -108,11 +113,17 @@ class AsyncEngine:
         name_this_thread(ENGINE_THREAD_NAME)
         try:
             bind_thread(self.engine.device)
+            last_step_s, trimmed = time.monotonic(), True
             while not self._stopping.is_set():
                 self.came_round_s = time.monotonic()
                 self._drain_commands(block=not self.engine.has_unfinished_requests())
-                if self.engine.has_unfinished_requests():
+                if not self.engine.has_unfinished_requests():
+                    if not trimmed and time.monotonic() - last_step_s >= IDLE_TRIM_S:
+                        release_freed_memory()
+                        trimmed = True
+                else:
                     outputs = self.engine.step()
+                    last_step_s, trimmed = time.monotonic(), False
                     if self.on_step is not None:
                         self.on_step(self.engine)
                     if outputs:

@@ -39,7 +39,7 @@ class BlockLinear(nn.Module):
     def __init__(self, blocks: torch.Tensor, block_type: str, in_features: int, bias: torch.Tensor | None):
         """blocks: uint8 [out_features, row bytes], each row its blocks back to back."""
         super().__init__()
-        if _reference(block_type).in_features_of(blocks, block_type) != in_features:
+        if block_reference(block_type).in_features_of(blocks, block_type) != in_features:
             raise ValueError(f"{block_type} blocks {list(blocks.shape)} do not hold {in_features} in-features")
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.block_type = block_type
@@ -72,14 +72,14 @@ class BlockLinear(nn.Module):
         if self.blocks.is_cpu and _cpu_kernel(self.block_type).dequantize(self.blocks, self.block_type, dtype,
                                                                           out=weight) is not None:
             return weight
-        weight.copy_(_reference(self.block_type).dequantize_reference(self.blocks, self.block_type))
+        weight.copy_(block_reference(self.block_type).dequantize_reference(self.blocks, self.block_type))
         return weight
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, block_type={self.block_type}"
 
 
-def _reference(block_type: str):
+def block_reference(block_type: str):
     """The torch reference module of `block_type`: the K-quants' or the 32-weight blocks'."""
     return kquant_reference if block_type in kquant_reference.K_BLOCK_TYPES else block_quant_reference
 
@@ -113,7 +113,8 @@ def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.
         sources = [blocks.get(name) for name in names]
         if None in sources or len({block_type for block_type, _ in sources}) != 1:
             return None
-        stacked = torch.cat([values for _, values in sources]).to(layer.weight.device)
+        stacked = sources[0][1] if len(sources) == 1 else torch.cat([values for _, values in sources])
+        stacked = stacked.to(layer.weight.device)  # one source stays the tensor given: a tied head shares it
         return BlockLinear(stacked, sources[0][0], layer.in_features, layer.bias)
 
     return replace_linear_layers(model, build)

@@ -75,6 +75,7 @@ class LLMEngine:
         bind_thread(self.device)  # the constructing thread loads the weights and allocates the pool
         self.model_config = ModelConfig.from_dir(config.model)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.eos_token_id = _eos_token_id(config.model, self.model_config)  # its passing allocations trimmed below
         self.dtype = config.torch_dtype(self.model_config.torch_dtype)
         model = load_model(Path(config.model), self.model_config, self.dtype, self.device, self.max_model_len,
                            config.quantized_weights, config.quantization)
@@ -90,7 +91,6 @@ class LLMEngine:
             self.step_budget = StepBudget(config.max_step_ms / 1e3, config.max_num_batched_tokens)
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
-        self.eos_token_id = _eos_token_id(config.model, self.model_config)
         max_blocks_per_seq = num_blocks_for(self.max_model_len, config.block_size)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, config.max_num_seqs,
                                   max_blocks_per_seq, self.eos_token_id)

@@ -161,7 +161,10 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig, max_model_len: int):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given its table, nn.Embedding skips its random init, whose meta-device form imports
+        # torch._dynamo (and Triton): about 140 MiB of a replica's resident memory.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, layer, max_model_len) for layer in range(config.num_layers))
         self.norm = make_norm(config)
 
@@ -184,6 +187,12 @@ class CausalLM(nn.Module):
             self._tie_head()
             self.register_load_state_dict_pre_hook(self._head_from_embeddings)
             self.register_load_state_dict_post_hook(lambda module, incompatible_keys: module._tie_head())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the activations flow in: the embedding lookup's."""
+        embeddings = self.model.embed_tokens
+        return embeddings.weight.dtype if isinstance(embeddings, nn.Embedding) else embeddings.dtype
 
     def _tie_head(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight

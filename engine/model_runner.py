@@ -49,7 +49,7 @@ class ModelRunner:
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, device)
         self.eos_token_id = eos_token_id  # masked by min_tokens
         self.token_masks = TokenMasks(model.config.vocab_size, eos_token_id)
-        kernels.prepare(device, model.model.embed_tokens.weight.dtype, kv_cache.dtype)
+        kernels.prepare(device, model.dtype, kv_cache.dtype)
 
     @torch.inference_mode()
     def run(self, output: SchedulerOutput, on_layer_done: Callable[[int], None] | None = None) -> ModelRunnerOutput:

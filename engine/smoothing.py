@@ -78,11 +78,10 @@ def _recorder(maxima: dict[str, torch.Tensor], key: str) -> Callable:
 @torch.inference_mode()
 def _prefill(model: CausalLM, token_ids: list[int]) -> None:
     """One prompt of `token_ids` through `model`, over a KV cache of its own."""
-    config, weight = model.config, model.model.embed_tokens.weight
-    num_tokens, device = len(token_ids), weight.device
+    config, device, num_tokens = model.config, model.model.norm.weight.device, len(token_ids)
     num_blocks = -(-num_tokens // BLOCK_SIZE)
     kv_cache = torch.zeros(config.num_layers, 2, num_blocks, BLOCK_SIZE, config.num_kv_heads, config.head_dim,
-                           dtype=weight.dtype, device=device)
+                           dtype=model.dtype, device=device)
     block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)[None]  # [1, num_blocks]
     positions = torch.arange(num_tokens, device=device)
     attn = AttentionMetadata(

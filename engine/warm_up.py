@@ -38,7 +38,7 @@ def warm_up(model: CausalLM, kv_cache: torch.Tensor, block_size: int, widths: li
 def _warm_up_block_linears(model: CausalLM, device: torch.device) -> None:
     from pdserve.kernels.triton_block_linear import ROW_TILES  # imports Triton: CUDA only
 
-    dtype = model.model.embed_tokens.weight.dtype
+    dtype = model.dtype
     for layer in model.modules():
         if isinstance(layer, BlockLinear):
             for rows in ROW_TILES:

@@ -9,8 +9,9 @@ another family, not one to guess at.
 A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices as stored, in a
 safetensors file of format "gguf-blocks" (each tensor's block type in the metadata under its
 name). With `quantized_weights` "as-stored", the Linear layers whose checkpoint
-weights are all there multiply those blocks (engine/block_linear.py): their float weights are
-read as usual, then dropped.
+weights are all there multiply those blocks (engine/block_linear.py), and embeddings stored there
+are looked up in them (engine/block_embedding.py): their float weights are read as usual, then
+dropped.
 
 With `quantization` "int8", "int4" or "w8a8", the Linear layers still in float are then quantized
 from the checkpoint's tensors as stored, read a second time (engine/quantize_at_load.py): with
@@ -34,6 +35,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from pdserve.engine.block_embedding import serve_embeddings_as_stored
 from pdserve.engine.block_linear import serve_blocks_as_stored
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
@@ -60,7 +62,9 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
                                 f"{textwrap.shorten(str(error), 600)}") from None
     model.eval().requires_grad_(False)
     if quantized_weights == "as-stored":
-        serve_blocks_as_stored(model, _read_blocks(Path(model_dir), renames))
+        blocks = _read_blocks(Path(model_dir), renames)
+        serve_blocks_as_stored(model, blocks)
+        serve_embeddings_as_stored(model, blocks)
     if quantization is not None:
         smoothing = None
         if quantization in ROW_QUANTIZATIONS:

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 from pdserve.checkpoints.gguf_convert import BLOCKS_FILE_NAME, ensure_converted, file_sha256, folder_name
 from pdserve.checkpoints.gguf_file import GGUFFile
 from pdserve.checkpoints.gguf_weights import hf_name
+from pdserve.engine.block_embedding import BlockEmbedding
 from pdserve.engine.block_linear import BlockLinear
 from pdserve.kernels import block_quant_reference, kquant_reference
 from pdserve.engine.config import ModelConfig
@@ -99,11 +100,14 @@ def test_the_engine_multiplies_the_matrices_of_one_block_type_as_stored(converte
     layers = {f"model.layers.{i}.{part}" for i in range(model.config.num_layers)
               for part in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
     assert set(served) == layers | {"lm_head"}  # the tied head multiplies the embeddings' Q8_0 blocks
-    assert model.model.embed_tokens.weight.dtype == torch.float32  # looked up, not multiplied
-    assert not any(isinstance(module, BlockLinear) for module in dequantized.runner.model.modules())
-    # Each served layer holds its blocks in place of its float32 weight, and nothing else changes.
+    embeddings = model.model.embed_tokens
+    assert isinstance(embeddings, BlockEmbedding) and embeddings.blocks is model.lm_head.blocks  # looked up in them
+    assert not any(isinstance(module, (BlockLinear, BlockEmbedding)) for module in dequantized.runner.model.modules())
+    # Each served layer holds its blocks in place of its float32 weight (the head in place of its
+    # packed copy), the embeddings no table beside the head's blocks, and nothing else changes.
     saved = sum(layer.out_features * layer.in_features * 4 - layer.blocks.numel() for layer in served.values())
-    assert dequantized.weights_bytes - stored.weights_bytes == saved > 0
+    float_table = model.config.vocab_size * model.config.hidden_size * 4
+    assert dequantized.weights_bytes - stored.weights_bytes == saved + float_table > float_table
     assert stored.load()["weights_bytes"] == stored.weights_bytes
 
 
