@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gate
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 COMMAND_WAIT_S = 0.5  # an idle engine thread comes round at least this often
-IDLE_TRIM_S = 1.0
+IDLE_TRIM_S = 1.0  # this long without a step, the engine thread trims the heap (once)
 
 
 class EngineDeadError(UnavailableError, RuntimeError):

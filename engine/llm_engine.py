@@ -41,8 +41,8 @@ from pdserve.engine.kv_cache import KVCacheSpec
 from pdserve.engine.memory_profile import profiled_kv_pool_bytes
 from pdserve.engine.model import CausalLM
 from pdserve.engine.model_runner import ModelRunner, ModelRunnerOutput
-from pdserve.engine.process_memory import resident_bytes
 from pdserve.engine.output_processor import OutputProcessor
+from pdserve.engine.process_memory import resident_bytes
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.scheduler import Scheduler, SchedulerOutput
 from pdserve.engine.step_budget import StepBudget
