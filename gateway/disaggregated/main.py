@@ -114,7 +114,7 @@ async def serve(args: argparse.Namespace) -> None:
     admission = Admission(front.max_pending_requests, metrics.registry, model_name)
     server = GrpcServer(f"{args.host}:{args.grpc_port}", [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
                         credentials=front.tls.grpc_credentials() if front.tls else None,
-                        max_message_bytes=front.max_request_bytes)
+                        max_message_bytes=front.max_request_bytes, max_pending_calls=front.max_pending_requests)
     GatewayService(frontend, frontend.store, front.api_keys, admission).add_to_server(server.server)
     app = create_app(frontend, metrics, max_body_bytes=front.max_request_bytes, api_keys=front.api_keys,
                      admission=admission, tool_call_parser=front.tool_call_parser)
