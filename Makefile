@@ -25,14 +25,18 @@ up: install
 # The fast tier: every test with no tier marker (the tiers are declared once, as markers in
 # pyproject.toml; --fast is tests/tier_check.py's): policy, engine, kernels, KV transfer, the
 # gateway's HTTP against in-process fakes, bench. No test here starts a replica, a gateway or a
-# Redis (tests/tier_check.py fails one that does without its marker).
-test: install
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --fast
+# Redis (tests/tier_check.py fails one that does without its marker), so its tests run on
+# TEST_WORKERS processes at once (pytest-xdist), a test file to each in turn.
+TEST_WORKERS ?= 2
 
-# Every tier: the fast one, then real processes on loopback (e2e, faults), a real Redis, wheels and
-# generated code, compose and Kubernetes manifests, the real checkpoint. What .ci/run runs.
-test-all: install
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q
+test: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --fast -n $(TEST_WORKERS) --dist loadfile
+
+# Every tier: the fast one, then, one test at a time, real processes on loopback (e2e, faults), a
+# real Redis, wheels and generated code, compose and Kubernetes manifests, the real checkpoint.
+# What .ci/run runs.
+test-all: test
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q --tiered
 
 clean:
 	rm -rf .pytest_cache build *.egg-info

@@ -4,7 +4,9 @@ A tier is a marker of [tool.pytest.ini_options] whose description starts with "(
 faults, redis, packaging, deploy, real_model, gpu); that list is the one place tiers are named.
 
 `pytest --fast` (`make test`) deselects every test that carries a tier marker: what is left is
-the fast tier. A test that starts `pdserve up|serve|prefill|decode|gateway` or a
+the fast tier. `pytest --tiered` keeps only those: `make test-all` runs the fast tier over
+several workers, then the tiers one test at a time, since their processes and timings would
+contend. A test that starts `pdserve up|serve|prefill|decode|gateway` or a
 redis-server / valkey-server without a tier marker would slip a process cluster into it, so this
 plugin (registered by tests/conftest.py) fails such a test at the start, naming the command, in
 every tier.
@@ -67,11 +69,14 @@ _POPEN = subprocess.Popen
 def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true",
                      help="the fast tier: deselect every test with a tier marker (pyproject.toml's markers)")
+    parser.addoption("--tiered", action="store_true", help="the complement of --fast: only tests with a tier marker")
 
 
 def pytest_configure(config):
     if not tiers(config):
         raise pytest.UsageError(f"no marker in pyproject.toml's [tool.pytest.ini_options] is a {TIER_TAG} marker")
+    if config.getoption("fast") and config.getoption("tiered"):
+        raise pytest.UsageError("--fast and --tiered exclude each other")
     subprocess.Popen = _TierCheckedPopen
 
 
@@ -80,13 +85,14 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("fast"):
+    fast, tiered = config.getoption("fast"), config.getoption("tiered")
+    if not (fast or tiered):
         return
     tier_markers = tiers(config)
     kept, deselected = [], []
     for item in items:
-        tiered = any(item.get_closest_marker(tier) for tier in tier_markers)
-        (deselected if tiered else kept).append(item)
+        in_a_tier = any(item.get_closest_marker(tier) for tier in tier_markers)
+        (kept if in_a_tier == tiered else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
