@@ -32,7 +32,10 @@ class CompletionsClient:
 
     async def open(self) -> str:
         # limit=0: the benchmark, not the connection pool, decides how many requests are in flight.
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+        # force_close: a connection a request each, as vLLM's benchmark opens. A kept-alive one can
+        # be closed by the server as the next request is written to it (llama.cpp's server closes
+        # a connection after a few requests), failing a request the server never saw.
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
                                               timeout=aiohttp.ClientTimeout(total=None))
         if self._model is None:
             url = f"{self._base_url}/models"
