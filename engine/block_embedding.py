@@ -34,14 +34,14 @@ class BlockEmbedding(nn.Module):
         return f"{self.blocks.shape[0]}, {self.embedding_dim}, block_type={self.block_type}"
 
 
-def serve_embeddings_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]]) -> bool:
-    """Replaces `model.model.embed_tokens` by a `BlockEmbedding` over its blocks in `blocks` (name ->
-    (block type, uint8 blocks)), the very tensor a tied head's `BlockLinear` holds; False, and
-    nothing replaced, when they are not there."""
+def serve_embeddings_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]],
+                               device: torch.device) -> None:
+    """Replaces `model.model.embed_tokens` by a `BlockEmbedding` on `device` over its blocks in
+    `blocks` (name -> (block type, uint8 blocks)), the very tensor a tied head's `BlockLinear`
+    holds; nothing when they are not there. The table it replaces may be a meta tensor."""
     if EMBEDDINGS not in blocks:
-        return False
+        return
     block_type, table = blocks[EMBEDDINGS]
     embeddings = model.model.embed_tokens
-    model.model.embed_tokens = BlockEmbedding(table.to(embeddings.weight.device), block_type,
-                                              embeddings.embedding_dim, embeddings.weight.dtype)
-    return True
+    model.model.embed_tokens = BlockEmbedding(table.to(device), block_type, embeddings.embedding_dim,
+                                              embeddings.weight.dtype)

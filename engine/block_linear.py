@@ -104,17 +104,17 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return buffer[:numel]
 
 
-def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]]) -> int:
+def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], device: torch.device) -> int:
     """Replaces, in place, each `nn.Linear` of `model` whose checkpoint weights are all in
-    `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them on the
-    layer's device, their rows stacked in the order the layer loads them. Returns how many layers
-    were replaced."""
+    `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them on
+    `device`, their rows stacked in the order the layer loads them; the layer's own weight may be
+    a meta tensor, never read. Returns how many layers were replaced."""
     def build(layer: nn.Linear, names: list[str]) -> BlockLinear | None:
         sources = [blocks.get(name) for name in names]
         if None in sources or len({block_type for block_type, _ in sources}) != 1:
             return None
         stacked = sources[0][1] if len(sources) == 1 else torch.cat([values for _, values in sources])
-        stacked = stacked.to(layer.weight.device)  # one source stays the tensor given: a tied head shares it
+        stacked = stacked.to(device)  # one source stays the tensor given: a tied head shares it
         return BlockLinear(stacked, sources[0][0], layer.in_features, layer.bias)
 
     return replace_linear_layers(model, build)

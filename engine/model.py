@@ -46,9 +46,19 @@ def fuse_on_load(module: nn.Module, fused: str, parts: tuple[str, ...]) -> None:
         for suffix in ("weight", "bias"):
             names = [f"{prefix}{part}.{suffix}" for part in parts]
             if all(name in state_dict for name in names):
-                state_dict[f"{prefix}{fused}.{suffix}"] = torch.cat([state_dict.pop(name) for name in names])
+                state_dict[f"{prefix}{fused}.{suffix}"] = stack_rows([state_dict.pop(name) for name in names])
 
     module.register_load_state_dict_pre_hook(hook)
+
+
+def stack_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(tensors); of meta tensors (weights served as stored, never read:
+    engine/weights.py) a meta tensor made directly, since torch.cat's meta kernel imports torch's
+    symbolic shapes (sympy: about a second and 90 MiB)."""
+    if tensors[0].is_meta:
+        rows = sum(tensor.shape[0] for tensor in tensors)
+        return torch.empty((rows, *tensors[0].shape[1:]), dtype=tensors[0].dtype, device="meta")
+    return torch.cat(tensors)
 
 
 class RMSNorm(nn.Module):

@@ -107,7 +107,8 @@ def quantize_linear_layers(model: nn.Module, weights: Iterable[tuple[str, torch.
             continue
         block_type = HEAD_BLOCK_TYPE if name in head else {**BLOCK_TYPES, **ROW_QUANTIZATIONS}[quantization]
         blocks[name] = (block_type, quantized(weight, block_type).to(device))
-    return serve_int8(model, rows) + serve_blocks_as_stored(model, blocks) + serve_experts_as_blocks(model, blocks)
+    return (serve_int8(model, rows) + serve_blocks_as_stored(model, blocks, device)
+            + serve_experts_as_blocks(model, blocks))
 
 
 def head_weight_names(model: nn.Module) -> set[str]:

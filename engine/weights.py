@@ -10,8 +10,9 @@ A folder converted from a GGUF also holds its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices 
 safetensors file of format "gguf-blocks" (each tensor's block type in the metadata under its
 name). With `quantized_weights` "as-stored", the Linear layers whose checkpoint
 weights are all there multiply those blocks (engine/block_linear.py), and embeddings stored there
-are looked up in them (engine/block_embedding.py): their float weights are read as usual, then
-dropped.
+are looked up in them (engine/block_embedding.py): their float weights are never read (the model
+holds meta tensors of their shapes until the blocks replace them), so loading peaks at the blocks
+and the float weights that stay, not at the whole float checkpoint.
 
 With `quantization` "int8", "int4" or "w8a8", the Linear layers still in float are then quantized
 from the checkpoint's tensors as stored, read a second time (engine/quantize_at_load.py): with
@@ -35,10 +36,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from pdserve.engine.block_embedding import serve_embeddings_as_stored
+from pdserve.engine.block_embedding import EMBEDDINGS, serve_embeddings_as_stored
 from pdserve.engine.block_linear import serve_blocks_as_stored
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
+from pdserve.engine.linear_layers import linear_layers
 from pdserve.engine.model import CausalLM
 from pdserve.engine.quantize_at_load import ROW_QUANTIZATIONS, quantize_linear_layers, weight_names_to_quantize
 from pdserve.engine.smoothing import CALIBRATION_TEXT, smoothing_factors
@@ -52,19 +54,23 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
                max_model_len: int | None = None, quantized_weights: str = "dequantized",
                quantization: str | None = None) -> CausalLM:
     renames = tuple((re.compile(pattern), replacement) for pattern, replacement in config.checkpoint.renames)
-    checkpoint = _read_safetensors(Path(model_dir), renames, dtype, device)
     with torch.device("meta"):
         model = CausalLM(config, device, max_model_len)
+    blocks = _read_blocks(Path(model_dir), renames) if quantized_weights == "as-stored" else {}
+    served_as_stored = names_served_as_stored(model, {name: block_type for name, (block_type, _) in blocks.items()})
+    checkpoint = _read_safetensors(Path(model_dir), renames, dtype, device, served_as_stored)
     try:
         model.load_state_dict(checkpoint, strict=True, assign=True)
     except RuntimeError as error:
         raise InvalidModelError(f"{model_dir}: checkpoint does not match {config.architecture}: "
                                 f"{textwrap.shorten(str(error), 600)}") from None
     model.eval().requires_grad_(False)
-    if quantized_weights == "as-stored":
-        blocks = _read_blocks(Path(model_dir), renames)
-        serve_blocks_as_stored(model, blocks)
-        serve_embeddings_as_stored(model, blocks)
+    if blocks:
+        serve_blocks_as_stored(model, blocks, device)
+        serve_embeddings_as_stored(model, blocks, device)
+        unread = [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
+        if unread:
+            raise RuntimeError(f"{model_dir}: {unread} were neither read nor served as stored")
     if quantization is not None:
         smoothing = None
         if quantization in ROW_QUANTIZATIONS:
@@ -89,15 +95,33 @@ def weights_bytes(model: nn.Module) -> int:
     return sum(tensors.values())
 
 
+def names_served_as_stored(model: nn.Module, block_types: dict[str, str]) -> set[str]:
+    """The checkpoint names whose float weights `model` will not need once the blocks of
+    `block_types` (name -> block type) serve it: the parts of every Linear layer that
+    serve_blocks_as_stored replaces, and the embeddings that serve_embeddings_as_stored does."""
+    served = {EMBEDDINGS} & block_types.keys()
+    for _, _, _, names in linear_layers(model):
+        if all(name in block_types for name in names) and len({block_types[name] for name in names}) == 1:
+            served.update(names)
+    return served
+
+
 def _read_safetensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...], dtype: torch.dtype,
-                      device: torch.device) -> dict[str, torch.Tensor]:
-    return {name: tensor.to(device=device, dtype=dtype) for name, tensor in _stored_tensors(model_dir, renames)}
+                      device: torch.device, unread: set[str]) -> dict[str, torch.Tensor]:
+    """The folder's float tensors in `dtype` on `device`, but a meta tensor of its shape for each
+    name in `unread`."""
+    checkpoint = {}
+    for name, stored in _stored_tensors(model_dir, renames, unread=unread):
+        checkpoint[name] = (torch.empty(stored.get_shape(), dtype=dtype, device="meta") if name in unread
+                            else stored.to(device=device, dtype=dtype))
+    return checkpoint
 
 
-def _stored_tensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...],
-                    names: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def _stored_tensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...], names: set[str] | None = None,
+                    unread: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
     """(name after the renames, tensor as stored, on the CPU) of the folder's float tensors, one
-    at a time; only those in `names` when given."""
+    at a time; only those in `names` when given. For a name in `unread`, its slice (shape and
+    dtype, nothing read) instead of the tensor."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise InvalidModelError(f"{model_dir}: no *.safetensors files")
@@ -108,7 +132,7 @@ def _stored_tensors(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...]
             for name in f.keys():
                 renamed = _renamed(name, renames)
                 if names is None or renamed in names:
-                    yield renamed, f.get_tensor(name)
+                    yield renamed, f.get_slice(name) if renamed in unread else f.get_tensor(name)
 
 
 def _read_blocks(model_dir: Path, renames: tuple[tuple[re.Pattern, str], ...]) -> dict[str, tuple[str, torch.Tensor]]:

@@ -1,7 +1,9 @@
 """A .gguf file becomes an HF folder that is what transformers makes of the same file: the same
 float32 weights bit for bit, the same config, the same token ids, the same greedy tokens; and for
 an unquantized file, the very folder it was written from."""
+import contextlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,16 +15,19 @@ from transformers import PreTrainedTokenizerFast
 from pdserve.checkpoints.gguf_convert import BLOCKS_FILE_NAME, ensure_converted, file_sha256, folder_name
 from pdserve.checkpoints.gguf_file import GGUFFile
 from pdserve.checkpoints.gguf_weights import hf_name
-from pdserve.engine.block_embedding import BlockEmbedding
+from pdserve.engine.block_embedding import EMBEDDINGS, BlockEmbedding
 from pdserve.engine.block_linear import BlockLinear
 from pdserve.kernels import block_quant_reference, kquant_reference
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.llm import LLM
+from pdserve.engine import weights
 from pdserve.protocol.eos_token import eos_token_id
 from pdserve.protocol.sampling_params import SamplingParams
 from tests.checkpoints.conftest import GGUF_VARIANTS
 from tests.checkpoints.tokenizer_texts import CHAT, TEXTS
 from tests.helpers import ENGINE_OPTIONS
+
+CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))
@@ -119,6 +124,48 @@ def test_layers_whose_parts_differ_in_block_type_keep_float_weights(converted):
     assert isinstance(layers["model.layers.1.mlp.gate_up_proj"], BlockLinear)  # q4_1 both
     assert layers["model.layers.0.mlp.down_proj"].block_type == "q6_k"
     assert layers["lm_head"].block_type == "q6_k"
+
+
+def names_served_by_blocks(model: torch.nn.Module) -> set[str]:
+    """The checkpoint names of the weights that `model`'s BlockLinear layers and BlockEmbedding
+    stand for (a fused layer stands for all its parts)."""
+    names = {EMBEDDINGS} if isinstance(model.model.embed_tokens, BlockEmbedding) else set()
+    for path, module in model.named_modules():
+        parts_of = getattr(module, "checkpoint_parts", {})
+        for attr, child in module.named_children():
+            if isinstance(child, BlockLinear):
+                names |= {f"{path}.{part}.weight" if path else f"{part}.weight" for part in parts_of.get(attr, (attr,))}
+    return names
+
+
+@pytest.mark.parametrize("variant", ["mixed", "tied-q8_0"])
+def test_loading_as_stored_reads_every_float_weight_but_those_blocks_serve(variant, converted, monkeypatch):
+    folder = converted(variant)
+    read = []
+
+    class RecordingFile:
+        def __init__(self, path, handle):
+            self._path, self._handle = Path(path), handle
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+        def get_tensor(self, name):
+            read.append((self._path.name, name))
+            return self._handle.get_tensor(name)
+
+    @contextlib.contextmanager
+    def recording_safe_open(path, framework):
+        with safe_open(path, framework=framework) as handle:
+            yield RecordingFile(path, handle)
+
+    monkeypatch.setattr(weights, "safe_open", recording_safe_open)
+    model = weights.load_model(folder, ModelConfig.from_dir(folder), torch.float32, CPU, quantized_weights="as-stored")
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        float_names = set(f.keys())
+    served = names_served_by_blocks(model)
+    assert served and served < float_names
+    assert {name for file, name in read if file == "model.safetensors"} == float_names - served
 
 
 def test_the_k_quant_matrices_of_a_q4_k_m_file_are_multiplied_as_stored(converted):

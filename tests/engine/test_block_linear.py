@@ -16,6 +16,8 @@ from pdserve.kernels import kquant_reference
 from pdserve.kernels.block_quant_reference import dequantize_reference, quantize_reference
 from tests.kernels.test_kernel_cpu_kquant_linear import random_blocks
 
+CPU = torch.device("cpu")
+
 
 def quantized(out_features: int, in_features: int, block_type: str, seed: int = 0) -> torch.Tensor:
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
@@ -56,12 +58,13 @@ def test_either_path_equals_linear_with_the_dequantized_k_quant_weight(dtype, bl
         torch.testing.assert_close(out.float(), expected, atol=tolerance * scale, rtol=tolerance)
 
 
-def test_blocks_go_to_the_device_of_the_layer_they_replace():
+def test_a_layer_never_read_is_replaced_by_blocks_on_the_device_given():
     model = nn.Module()
     with torch.device("meta"):
-        model.proj = nn.Linear(64, 32, bias=False)
-    assert serve_blocks_as_stored(model, {"proj.weight": ("q8_0", quantized(32, 64, "q8_0"))}) == 1
-    assert model.proj.blocks.device.type == "meta"
+        model.proj = nn.Linear(64, 32, bias=False)  # its float weight was never read
+    assert serve_blocks_as_stored(model, {"proj.weight": ("q8_0", quantized(32, 64, "q8_0"))}, CPU) == 1
+    assert model.proj.blocks.device == CPU
+    assert model.proj(torch.randn(2, 64)).shape == (2, 32)
 
 
 def test_blocks_that_do_not_hold_the_in_features_are_refused():
@@ -86,7 +89,7 @@ def test_fused_layers_take_their_parts_blocks_stacked_and_the_rest_stay_float():
     blocks["attn.o_proj.weight"] = ("q8_0", quantized(64, 32, "q8_0"))
     blocks["attn.extra.weight"] = ("q4_0", quantized(64, 64, "q4_0"))
 
-    assert serve_blocks_as_stored(model, blocks) == 3
+    assert serve_blocks_as_stored(model, blocks, CPU) == 3
     assert torch.equal(model.attn.qkv_proj.blocks, torch.cat(list(parts.values())))
     assert model.attn.o_proj.block_type == "q8_0" and model.attn.extra.block_type == "q4_0"
 
@@ -94,5 +97,5 @@ def test_fused_layers_take_their_parts_blocks_stacked_and_the_rest_stay_float():
     mixed.attn = Attention()
     blocks["attn.v_proj.weight"] = ("q8_0", quantized(32, 64, "q8_0"))  # one part of another type
     del blocks["attn.extra.weight"]  # no blocks at all
-    assert serve_blocks_as_stored(mixed, blocks) == 1
+    assert serve_blocks_as_stored(mixed, blocks, CPU) == 1
     assert isinstance(mixed.attn.qkv_proj, nn.Linear) and isinstance(mixed.attn.extra, nn.Linear)
