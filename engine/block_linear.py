@@ -19,6 +19,7 @@ bfloat16, as a bfloat16 model does.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -109,12 +110,22 @@ def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.
     `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them on
     `device`, their rows stacked in the order the layer loads them; the layer's own weight may be
     a meta tensor, never read. Returns how many layers were replaced."""
+    block_types = {name: block_type for name, (block_type, _) in blocks.items()}
+
     def build(layer: nn.Linear, names: list[str]) -> BlockLinear | None:
-        sources = [blocks.get(name) for name in names]
-        if None in sources or len({block_type for block_type, _ in sources}) != 1:
+        block_type = one_block_type(names, block_types)
+        if block_type is None:
             return None
-        stacked = sources[0][1] if len(sources) == 1 else torch.cat([values for _, values in sources])
+        parts = [blocks[name][1] for name in names]
+        stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
         stacked = stacked.to(device)  # one source stays the tensor given: a tied head shares it
-        return BlockLinear(stacked, sources[0][0], layer.in_features, layer.bias)
+        return BlockLinear(stacked, block_type, layer.in_features, layer.bias)
 
     return replace_linear_layers(model, build)
+
+
+def one_block_type(names: list[str], block_types: Mapping[str, str]) -> str | None:
+    """The block type of the checkpoint weights `names` when `block_types` (name -> block type)
+    holds them all, of one type: then serve_blocks_as_stored serves their layer. Else None."""
+    types = {block_types.get(name) for name in names}
+    return next(iter(types)) if len(types) == 1 else None

@@ -37,7 +37,7 @@ from safetensors import safe_open
 from torch import nn
 
 from pdserve.engine.block_embedding import EMBEDDINGS, serve_embeddings_as_stored
-from pdserve.engine.block_linear import serve_blocks_as_stored
+from pdserve.engine.block_linear import one_block_type, serve_blocks_as_stored
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
 from pdserve.engine.linear_layers import linear_layers
@@ -101,7 +101,7 @@ def names_served_as_stored(model: nn.Module, block_types: dict[str, str]) -> set
     serve_blocks_as_stored replaces, and the embeddings that serve_embeddings_as_stored does."""
     served = {EMBEDDINGS} & block_types.keys()
     for _, _, _, names in linear_layers(model):
-        if all(name in block_types for name in names) and len({block_types[name] for name in names}) == 1:
+        if one_block_type(names, block_types) is not None:
             served.update(names)
     return served
 
