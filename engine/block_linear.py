@@ -19,6 +19,7 @@ bfloat16, as a bfloat16 model does.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Mapping
 
 import torch
@@ -26,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdserve.engine.linear_layers import replace_linear_layers
-from pdserve.kernels import block_quant_reference, cpu_block_linear, cpu_kquant_linear, kquant_reference
+from pdserve.kernels import (block_quant_reference, cpu_block_linear, cpu_kquant_linear, cpu_packed_q4_linear,
+                             kquant_reference)
 
 # Up to this many rows the blocks are multiplied as stored; beyond it, dequantized for the GEMM.
 # Measured on a decode step of SmolLM2-135M (Q4_1, a Q8_0 head, cold) on one core of an AMD EPYC
@@ -34,20 +36,33 @@ from pdserve.kernels import block_quant_reference, cpu_block_linear, cpu_kquant_
 # resident bfloat16 weights, 24 ms at 8 rows, 41 at 16 against about 39 dequantized first; in
 # float32 (multiply-adds at half bfloat16's rate) the two meet at about 32 rows.
 MAX_BLOCK_KERNEL_ROWS = {torch.bfloat16: 12, torch.float32: 32}
+# The same for Q4 weights packed for int8 activations (kernels/cpu_packed_q4_linear.py), in either
+# dtype: on that core the 30 layers' projections take 3.1 ms at 1 row, 13 at 16 and 24 at 32,
+# where unpacking, dequantizing and the bfloat16 GEMM take about as long as from 32 rows.
+MAX_PACKED_KERNEL_ROWS = 32
 
 
 class BlockLinear(nn.Module):
-    def __init__(self, blocks: torch.Tensor, block_type: str, in_features: int, bias: torch.Tensor | None):
-        """blocks: uint8 [out_features, row bytes], each row its blocks back to back."""
+    def __init__(self, blocks: torch.Tensor, block_type: str, in_features: int, bias: torch.Tensor | None,
+                 int8_activations: bool = False):
+        """blocks: uint8 [out_features, row bytes], each row its blocks back to back. With
+        `int8_activations`, a Q4 weight on the CPU is packed for the int8 kernel, which then serves
+        a few rows; more rows, and every other weight, are served as without."""
         super().__init__()
         if block_reference(block_type).in_features_of(blocks, block_type) != in_features:
             raise ValueError(f"{block_type} blocks {list(blocks.shape)} do not hold {in_features} in-features")
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.block_type = block_type
-        self.register_buffer("blocks", blocks)
+        self.packed = (int8_activations and blocks.is_cpu and cpu_packed_q4_linear.packs(block_type, blocks.shape[0])
+                       and cpu_packed_q4_linear.load() is not None)
+        self.register_buffer("blocks", cpu_packed_q4_linear.pack(blocks, block_type) if self.packed else blocks)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_rows, in_features]
+        if self.packed and x.shape[0] <= MAX_PACKED_KERNEL_ROWS:
+            out = cpu_packed_q4_linear.linear(x.contiguous(), self.blocks, self.block_type)
+            if out is not None:
+                return out if self.bias is None else out + self.bias
         if x.is_cuda and self.block_type not in kquant_reference.K_BLOCK_TYPES:
             from pdserve.kernels import triton_block_linear
 
@@ -65,6 +80,8 @@ class BlockLinear(nn.Module):
         more in page faults than the dequantizing)."""
         numel = self.out_features * self.in_features
         weight = _scratch(numel, dtype, self.blocks.device).view(self.out_features, self.in_features)
+        if self.packed:
+            return self._dequantized_packed(weight)
         if self.blocks.is_cuda and self.block_type not in kquant_reference.K_BLOCK_TYPES:
             from pdserve.kernels import triton_block_linear
 
@@ -76,8 +93,19 @@ class BlockLinear(nn.Module):
         weight.copy_(block_reference(self.block_type).dequantize_reference(self.blocks, self.block_type))
         return weight
 
+    def _dequantized_packed(self, weight: torch.Tensor) -> torch.Tensor:
+        """`dequantized` of a packed weight: unpacked into this thread's byte buffer, then dequantized."""
+        row_bytes = self.in_features // block_quant_reference.WEIGHTS_PER_BLOCK * \
+            block_quant_reference.BLOCK_TYPES[self.block_type].block_bytes
+        stored = _scratch(self.out_features * row_bytes, torch.uint8, self.blocks.device).view(-1, row_bytes)
+        if (cpu_packed_q4_linear.unpack(self.blocks, self.block_type, out=stored) is None
+                or cpu_block_linear.dequantize(stored, self.block_type, weight.dtype, out=weight) is None):
+            raise RuntimeError("a packed weight's kernels are gone")  # packed only where they load
+        return weight
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, block_type={self.block_type}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, block_type={self.block_type}"
+                + (", packed for int8 activations" if self.packed else ""))
 
 
 def block_reference(block_type: str):
@@ -105,12 +133,16 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return buffer[:numel]
 
 
-def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], device: torch.device) -> int:
+def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], device: torch.device,
+                           int8_activations: bool = False) -> int:
     """Replaces, in place, each `nn.Linear` of `model` whose checkpoint weights are all in
     `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them on
     `device`, their rows stacked in the order the layer loads them; the layer's own weight may be
-    a meta tensor, never read. Returns how many layers were replaced."""
+    a meta tensor, never read. With `int8_activations` the layers pack their Q4 weights for the
+    int8 kernel, but for blocks another name shares (a tied head's), which would be held twice.
+    Returns how many layers were replaced."""
     block_types = {name: block_type for name, (block_type, _) in blocks.items()}
+    holders = Counter(tensor.data_ptr() for _, tensor in blocks.values())
 
     def build(layer: nn.Linear, names: list[str]) -> BlockLinear | None:
         block_type = one_block_type(names, block_types)
@@ -118,8 +150,9 @@ def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.
             return None
         parts = [blocks[name][1] for name in names]
         stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
+        shared = len(parts) == 1 and holders[parts[0].data_ptr()] > 1
         stacked = stacked.to(device)  # one source stays the tensor given: a tied head shares it
-        return BlockLinear(stacked, block_type, layer.in_features, layer.bias)
+        return BlockLinear(stacked, block_type, layer.in_features, layer.bias, int8_activations and not shared)
 
     return replace_linear_layers(model, build)
 

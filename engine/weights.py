@@ -12,7 +12,9 @@ name). With `quantized_weights` "as-stored", the Linear layers whose checkpoint
 weights are all there multiply those blocks (engine/block_linear.py), and embeddings stored there
 are looked up in them (engine/block_embedding.py): their float weights are never read (the model
 holds meta tensors of their shapes until the blocks replace them), so loading peaks at the blocks
-and the float weights that stay, not at the whole float checkpoint.
+and the float weights that stay, not at the whole float checkpoint. "as-stored-int8-activations"
+loads the same and packs the Q4 matrices for the CPU kernel that multiplies them with activations
+quantized to int8.
 
 With `quantization` "int8", "int4" or "w8a8", the Linear layers still in float are then quantized
 from the checkpoint's tensors as stored, read a second time (engine/quantize_at_load.py): with
@@ -56,7 +58,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     renames = tuple((re.compile(pattern), replacement) for pattern, replacement in config.checkpoint.renames)
     with torch.device("meta"):
         model = CausalLM(config, device, max_model_len)
-    blocks = _read_blocks(Path(model_dir), renames) if quantized_weights == "as-stored" else {}
+    blocks = _read_blocks(Path(model_dir), renames) if quantized_weights != "dequantized" else {}
     served_as_stored = names_served_as_stored(model, {name: block_type for name, (block_type, _) in blocks.items()})
     checkpoint = _read_safetensors(Path(model_dir), renames, dtype, device, served_as_stored)
     try:
@@ -66,7 +68,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
                                 f"{textwrap.shorten(str(error), 600)}") from None
     model.eval().requires_grad_(False)
     if blocks:
-        serve_blocks_as_stored(model, blocks, device)
+        serve_blocks_as_stored(model, blocks, device, int8_activations=quantized_weights == "as-stored-int8-activations")
         serve_embeddings_as_stored(model, blocks, device)
         unread = [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
         if unread:

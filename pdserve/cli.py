@@ -33,6 +33,7 @@ CERT_SHARED_HOST = "pdserve-internal"  # what they name where replicas' addresse
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
 QUANTIZATIONS = ("int8", "int4", "w8a8")  # engine.engine_config.QUANTIZATIONS
 KV_CACHE_DTYPES = ("auto", "int8")  # engine.engine_config.KV_CACHE_DTYPES
+QUANTIZED_WEIGHTS = ("dequantized", "as-stored", "as-stored-int8-activations")  # engine.engine_config.QUANTIZED_WEIGHTS
 
 
 class _LazyArgumentParser(argparse.ArgumentParser):
@@ -167,10 +168,13 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
                              "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
-    parser.add_argument("--quantized-weights", choices=("dequantized", "as-stored"), default="dequantized",
+    parser.add_argument("--quantized-weights", choices=QUANTIZED_WEIGHTS, default="dequantized",
                         help="the replicas': widen every weight to --dtype at load, or multiply the matrices a "
                              ".gguf holds in Q8_0, Q4_0 or Q4_1 blocks as stored: under half the memory and, on a "
-                             "CPU, faster steps of a few sequences, slower ones of many (default dequantized)")
+                             "CPU, faster steps of a few sequences, slower ones of many; as-stored-int8-activations: "
+                             "as stored, and on a CPU a decode step's activations quantized to int8 per 32 for the "
+                             "Q4 matrices, as llama.cpp does (faster again, not the dequantized weights' numerics) "
+                             "(default dequantized)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                         help="the replicas': quantize the Linear layers' weights at load, in groups of 32, to int8 "
                              "(Q8_0) or int4 (Q4_1; the head Q8_0), served by the block kernels; or w8a8: q/k/v "

@@ -3,16 +3,23 @@ through the block kernel (a few) or the dequantized GEMM (many), with and withou
 32-weight block types and the K-quants (super-blocks of 256, random bytes: gguf cannot quantize
 them); and
 serve_blocks_as_stored replaces exactly the layers whose checkpoint parts are all blocks of one type,
-its blocks on the replaced layer's device. On CUDA every row count goes through the Triton kernel:
+its blocks on the replaced layer's device. With int8 activations, a Q4 layer packed for the int8
+kernel computes that kernel's reference for a few rows and the dequantized weight's product for
+many; Q8_0 layers and blocks a tied head shares stay unpacked. On CUDA every row count goes through the Triton kernel:
 tests/gpu/test_gpu_block_linear.py."""
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdserve.engine.block_linear import MAX_BLOCK_KERNEL_ROWS, BlockLinear, serve_blocks_as_stored
+from pdserve.engine.block_linear import (
+    MAX_BLOCK_KERNEL_ROWS,
+    MAX_PACKED_KERNEL_ROWS,
+    BlockLinear,
+    serve_blocks_as_stored,
+)
 from pdserve.engine.model import fuse_on_load
-from pdserve.kernels import kquant_reference
+from pdserve.kernels import cpu_packed_q4_linear, kquant_reference
 from pdserve.kernels.block_quant_reference import dequantize_reference, quantize_reference
 from tests.kernels.test_kernel_cpu_kquant_linear import random_blocks
 
@@ -99,3 +106,39 @@ def test_fused_layers_take_their_parts_blocks_stacked_and_the_rest_stay_float():
     del blocks["attn.extra.weight"]  # no blocks at all
     assert serve_blocks_as_stored(mixed, blocks, CPU) == 1
     assert isinstance(mixed.attn.qkv_proj, nn.Linear) and isinstance(mixed.attn.extra, nn.Linear)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_type", ["q4_0", "q4_1"])
+def test_with_int8_activations_a_few_rows_quantize_x_and_many_take_the_dequantized_weight(dtype, block_type):
+    blocks = quantized(48, 96, block_type)
+    bias = torch.randn(48, dtype=dtype)
+    layer = BlockLinear(blocks, block_type, 96, bias, int8_activations=True)
+    if cpu_packed_q4_linear.load() is None:
+        pytest.skip("no C compiler: nothing is packed")
+    assert layer.packed and not torch.equal(layer.blocks.view(-1), blocks.view(-1))
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    for num_rows in (1, MAX_PACKED_KERNEL_ROWS):
+        x = torch.randn(num_rows, 96).to(dtype)
+        expected = cpu_packed_q4_linear.reference(x, blocks, block_type).float() + bias.float()
+        torch.testing.assert_close(layer(x).float(), expected, atol=tolerance, rtol=tolerance)
+    x = torch.randn(MAX_PACKED_KERNEL_ROWS + 1, 96).to(dtype)
+    expected = F.linear(x.float(), dequantize_reference(blocks, block_type), bias.float())
+    torch.testing.assert_close(layer(x).float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_int8_activations_pack_the_q4_layers_but_neither_q8_0_nor_blocks_a_tied_head_shares():
+    model = nn.Module()
+    model.attn = Attention()
+    model.head = nn.Linear(64, 64, bias=False)
+    parts = {name: quantized(32, 64, "q4_1", seed) for seed, name in enumerate(("q_proj", "k_proj", "v_proj"))}
+    blocks = {f"attn.{name}.weight": ("q4_1", values) for name, values in parts.items()}
+    blocks["attn.o_proj.weight"] = ("q8_0", quantized(64, 32, "q8_0"))
+    blocks["attn.extra.weight"] = ("q4_0", quantized(64, 64, "q4_0"))
+    blocks["head.weight"] = blocks["model.embed_tokens.weight"] = ("q4_0", quantized(64, 64, "q4_0", seed=9))
+
+    assert serve_blocks_as_stored(model, blocks, CPU, int8_activations=True) == 4
+    packed = cpu_packed_q4_linear.load() is not None
+    assert (model.attn.qkv_proj.packed, model.attn.extra.packed) == (packed, packed)
+    assert not model.attn.o_proj.packed and not model.head.packed
+    assert model.head.blocks is blocks["head.weight"][1]

@@ -147,29 +147,32 @@ def test_cli_dtype_names_are_the_engines():
     assert ("auto", *cli.DTYPE_NAMES) == DTYPES
 
 
-def test_up_passes_its_quantization_and_kv_cache_dtype_to_every_replica(tmp_path, monkeypatch):
-    from pdserve.engine.engine_config import KV_CACHE_DTYPES, QUANTIZATIONS
+def test_up_passes_its_weights_quantization_and_kv_cache_dtype_to_every_replica(tmp_path, monkeypatch):
+    from pdserve.engine.engine_config import KV_CACHE_DTYPES, QUANTIZATIONS, QUANTIZED_WEIGHTS
     from pdserve.up import UpConfig, child_slots
 
     assert cli.QUANTIZATIONS == QUANTIZATIONS
     assert cli.KV_CACHE_DTYPES == KV_CACHE_DTYPES
+    assert sorted(cli.QUANTIZED_WEIGHTS) == sorted(QUANTIZED_WEIGHTS)
 
     def replica_argvs(*flags: str) -> dict[str, tuple[str, ...]]:
         args = cli.build_parser().parse_args(["up", *flags])
         config = UpConfig(
             model=str(tmp_path), num_prefill=1, num_decode=2, redis_url=None, transport=args.transport,
             device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-            startup_timeout_s=1.0, shutdown_timeout_s=1.0, quantization=args.quantization,
-            kv_cache_dtype=args.kv_cache_dtype)
+            startup_timeout_s=1.0, shutdown_timeout_s=1.0, quantized_weights=args.quantized_weights,
+            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
         specs = [slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret")]
         for name, value in specs[0].env.items():  # where a child finds its Redis URL
             monkeypatch.setenv(name, value)
         return {spec.name: spec.argv for spec in specs}
 
-    quantized = replica_argvs("--quantization", "int4", "--kv-cache-dtype", "int8")
+    quantized = replica_argvs("--quantization", "int4", "--kv-cache-dtype", "int8",
+                              "--quantized-weights", "as-stored-int8-activations")
     for name in ("prefill-0", "decode-0", "decode-1"):
         replica_args = cli.build_parser().parse_args(quantized[name][3:])  # after `python -m pdserve`
         assert (replica_args.quantization, replica_args.kv_cache_dtype) == ("int4", "int8")
+        assert replica_args.quantized_weights == "as-stored-int8-activations"
         assert cli.build_parser().parse_args(replica_argvs()[name][3:]).kv_cache_dtype == "auto"
     assert "--quantization" not in quantized["gateway"]
     assert not any("--quantization" in argv for argv in replica_argvs().values())

@@ -5,7 +5,9 @@ tests/real_model/test_bfloat16.py measures bfloat16, at each of float32's 96 gre
 The float32 model is those very blocks dequantized, so with float32 activations the two differ in
 summation order alone: the kernel's exact float32 weights, summed in another order, move a
 logprob by about 1e-5 nats. With bfloat16 activations the kernel multiplies the weights rounded to
-bfloat16, as a bfloat16 model does, and is held to bfloat16's rule.
+bfloat16, as a bfloat16 model does, and is held to bfloat16's rule. So is
+"as-stored-int8-activations", whose Q4 matrices multiply a decode step's activations quantized to
+int8 per block of 32, as llama.cpp does.
 """
 import pytest
 
@@ -31,5 +33,14 @@ def test_blocks_as_stored_in_bfloat16_agree_with_float32_within_the_bfloat16_rul
     agreement = agreement_with_float32(engine_outputs, greedy_steps(
         smollm2_dir, prompts, engine_outputs, dtype="bfloat16", quantized_weights="as-stored"))
     print(f"\nas stored, bfloat16 vs float32, {agreement}")
+    assert agreement.num_positions == len(prompts) * MAX_TOKENS
+    assert BFLOAT16_RULE.holds(agreement), agreement
+
+
+def test_blocks_with_int8_activations_agree_with_float32_within_the_bfloat16_rule(
+        smollm2_dir, prompts, engine_outputs):
+    agreement = agreement_with_float32(engine_outputs, greedy_steps(
+        smollm2_dir, prompts, engine_outputs, dtype="bfloat16", quantized_weights="as-stored-int8-activations"))
+    print(f"\nas stored with int8 activations, bfloat16 vs float32, {agreement}")
     assert agreement.num_positions == len(prompts) * MAX_TOKENS
     assert BFLOAT16_RULE.holds(agreement), agreement

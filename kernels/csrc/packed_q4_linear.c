@@ -1,0 +1,239 @@
+/* Linear layers on a Q4_0 or Q4_1 weight repacked for integer dot products, times activations
+ * quantized to int8 per block of 32 (llama.cpp's way for a decode step): each output is the sum
+ * over its blocks of d * dx * (q . xq) + m * sum(x), the dot product of 32 4-bit levels with 32
+ * int8 levels exact in integers, so a block costs its scales and a quarter of an instruction a
+ * weight (AVX512-VNNI: vpdpbusd, 64 u8 x s8 products into 16 int32 lanes) instead of unpacking
+ * each weight to a float.
+ *
+ * Layouts (contiguous, little-endian):
+ *   packed  [out_features / 16, (in_features / 32) * group_block_bytes] uint8: per group of 16
+ *           output features, per block of 32 in-features, group_block_bytes =
+ *             fp16 d[16]                    the 16 features' block scales (64 bytes with m)
+ *             fp16 m[16]                    Q4_1 only: their block minimums
+ *             uint8 qs[4][16][4]            qs[k][f] = bytes 4k..4k+3 of feature f's block qs[16]
+ *           so w[f][i] = d[f] * (q - 8) (Q4_0) or d[f] * q + m[f] (Q4_1), q = its nibble as in a
+ *           stored block: low nibble of byte i for i < 16, high nibble of byte i - 16 after.
+ *   x       [num_rows, in_features] float32, or bfloat16 (x_is_bfloat16)
+ *   out     [num_rows, out_features] float32
+ *
+ * Activations: for each row and block, amax = max |x|, dx = amax / 127, xq = round(x * (127 /
+ * amax)) to nearest even (0 where amax is 0), sx = the float32 sum of the block's x in order.
+ * Then out[r][n] = sum over blocks b, in order, of fma(m, sx, fma(float(q . xq), d * dx, acc)),
+ * Q4_0 taking m = -8 d: x's quantization is the only rounding besides float32's.
+ *
+ * Invariant: out[r] depends on x[r] and the weight alone, bit for bit: not on num_rows, on where a
+ * row falls among them, or on num_threads (each output is summed in the order above), so a
+ * sequence's logits do not change with the batch it is decoded in. The portable C computes the
+ * same sums; it may round a fused multiply-add differently from the vector code.
+ *
+ * With AVX512-VNNI a group's block loads its 16 d (and m) as one vector each, and its 256 bytes of
+ * nibbles as four vectors, each split into low and high nibbles: 8 vectors whose int32 lane f holds
+ * 4 consecutive levels of feature f. Each row's 4 int8 levels of x at the same positions are
+ * broadcast to every lane, so 8 vpdpbusd give the block's 16 dot products; a tile of up to 8 rows
+ * shares the unpacked block. Groups are split across threads; every thread reads all of x.
+ *
+ * packed_q4_unpack writes the weight back in its stored layout, [out_features, (in_features / 32) *
+ * block_bytes], as a .gguf file holds it: for a prefill's many rows, which dequantize it whole.
+ *
+ * Both return 0, or 1 for arguments they do not take (a block type other than Q4_0 or Q4_1, in_features
+ * not a multiple of 32, out_features not a multiple of 16, a negative size), or 2 when the scratch
+ * copy of x could not be allocated; nothing is written then.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#include "bfloat16.h"
+#include "fp16.h"
+
+enum { Q4_0 = 2, Q4_1 = 3 };
+#define WEIGHTS_PER_BLOCK 32
+#define FEATURES_PER_GROUP 16
+#define NIBBLE_BYTES 256   /* a group's block of levels: 16 features x 16 bytes */
+#define ROWS_PER_TILE 8    /* rows sharing each unpacked block */
+#define PREFETCH_GROUPS 4  /* a group requests the group this far ahead of it */
+
+/* Bytes of one group's block: the scales, then the levels. */
+static int64_t group_block_bytes(int32_t block_type) {
+    switch (block_type) {
+        case Q4_0: return 2 * FEATURES_PER_GROUP + NIBBLE_BYTES;
+        case Q4_1: return 4 * FEATURES_PER_GROUP + NIBBLE_BYTES;
+        default: return 0;
+    }
+}
+
+/* One row of x quantized per block: levels [num_blocks][32] and scales [num_blocks][2] = (dx, sx). */
+static void quantize_row(const void *x, int32_t x_is_bfloat16, int64_t num_blocks, int8_t *levels, float *scales) {
+    for (int64_t b = 0; b < num_blocks; b++) {
+        float v[WEIGHTS_PER_BLOCK], amax = 0.0f, sum = 0.0f;
+        for (int i = 0; i < WEIGHTS_PER_BLOCK; i++) {
+            const int64_t at = b * WEIGHTS_PER_BLOCK + i;
+            v[i] = x_is_bfloat16 ? bfloat16_to_float(((const uint16_t *)x)[at]) : ((const float *)x)[at];
+            amax = fmaxf(amax, fabsf(v[i]));
+        }
+        for (int i = 0; i < WEIGHTS_PER_BLOCK; i++) sum += v[i];
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < WEIGHTS_PER_BLOCK; i++)
+            levels[b * WEIGHTS_PER_BLOCK + i] = (int8_t)nearbyintf(v[i] * inverse);
+        scales[2 * b] = amax / 127.0f;
+        scales[2 * b + 1] = sum;
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* A cache line requested into L2 ahead of use (as in block_linear.c). */
+static inline void prefetch_line(const uint8_t *p) {
+    __asm__ volatile("prefetcht1 %0" : : "m"(*p));
+}
+
+/* out[r][0..15] = the group's 16 features times rows r < rows (a constant once inlined). */
+static inline __attribute__((always_inline)) void group_tile(const int32_t block_type, const int rows, float *out,
+                                                             int64_t out_stride, const int8_t *levels,
+                                                             const float *scales, int64_t in_features,
+                                                             const uint8_t *group, int64_t num_blocks,
+                                                             const uint8_t *ahead) {
+    const int64_t bytes = group_block_bytes(block_type), num_scales = 2 * num_blocks;
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+    __m512 acc[ROWS_PER_TILE];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; b++) {
+        const uint8_t *block = group + b * bytes;
+        if (ahead != NULL)  /* the same block of the group ahead */
+            for (int64_t line = 0; line < bytes; line += 64) prefetch_line(ahead + b * bytes + line);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        const __m512 m = block_type == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 32)))
+                                            : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+        const uint8_t *qs = block + (block_type == Q4_1 ? 64 : 32);
+        __m512i q[8];  /* q[k] lane f: levels 4k..4k+3 of feature f; q[4 + k]: levels 16 + 4k.. */
+        for (int k = 0; k < 4; k++) {
+            const __m512i packed = _mm512_loadu_si512(qs + 64 * k);
+            q[k] = _mm512_and_si512(packed, low_nibbles);
+            q[4 + k] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int8_t *xq = levels + r * in_features + b * WEIGHTS_PER_BLOCK;
+            int32_t words[8];
+            memcpy(words, xq, sizeof words);
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();  /* two chains */
+            for (int j = 0; j < 8; j += 2) {  /* q[j] pairs with x's levels 4j..4j+3 */
+                even = _mm512_dpbusd_epi32(even, q[j], _mm512_set1_epi32(words[j]));
+                odd = _mm512_dpbusd_epi32(odd, q[j + 1], _mm512_set1_epi32(words[j + 1]));
+            }
+            const float *s = scales + r * num_scales + 2 * b;
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(s[1]),
+                                     _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(s[0])), acc[r]));
+        }
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(out + r * out_stride, acc[r]);
+}
+
+static inline __attribute__((always_inline)) void group_rows(const int32_t block_type, float *out,
+                                                             int64_t out_features, const int8_t *levels,
+                                                             const float *scales, int64_t num_rows,
+                                                             int64_t in_features, const uint8_t *group,
+                                                             const uint8_t *ahead) {
+    const int64_t num_blocks = in_features / WEIGHTS_PER_BLOCK, num_scales = 2 * num_blocks;
+    int64_t r = 0;
+    for (; r + ROWS_PER_TILE <= num_rows; r += ROWS_PER_TILE, ahead = NULL)
+        group_tile(block_type, ROWS_PER_TILE, out + r * out_features, out_features, levels + r * in_features,
+                   scales + r * num_scales, in_features, group, num_blocks, ahead);
+#define TAIL_TILE(n)                                                                                         \
+    if (num_rows - r >= (n)) {                                                                               \
+        group_tile(block_type, (n), out + r * out_features, out_features, levels + r * in_features,          \
+                   scales + r * num_scales, in_features, group, num_blocks, ahead);                          \
+        r += (n);                                                                                            \
+        ahead = NULL;                                                                                        \
+    }
+    TAIL_TILE(4) TAIL_TILE(2) TAIL_TILE(1)
+#undef TAIL_TILE
+}
+#else
+static inline void group_rows(const int32_t block_type, float *out, int64_t out_features, const int8_t *levels,
+                              const float *scales, int64_t num_rows, int64_t in_features, const uint8_t *group,
+                              const uint8_t *ahead) {
+    (void)ahead;
+    const int64_t num_blocks = in_features / WEIGHTS_PER_BLOCK, bytes = group_block_bytes(block_type);
+    for (int64_t r = 0; r < num_rows; r++)
+        for (int f = 0; f < FEATURES_PER_GROUP; f++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < num_blocks; b++) {
+                const uint8_t *block = group + b * bytes;
+                const float d = half_at(block + 2 * f);
+                const float m = block_type == Q4_1 ? half_at(block + 32 + 2 * f) : -8.0f * d;
+                const uint8_t *qs = block + (block_type == Q4_1 ? 64 : 32);
+                const int8_t *xq = levels + r * in_features + b * WEIGHTS_PER_BLOCK;
+                int32_t dot = 0;
+                for (int i = 0; i < 16; i++) {
+                    const uint8_t byte = qs[64 * (i / 4) + 4 * f + i % 4];
+                    dot += (byte & 15) * xq[i] + (byte >> 4) * xq[i + 16];
+                }
+                const float *s = scales + r * 2 * num_blocks + 2 * b;
+                acc = fmaf(m, s[1], fmaf((float)dot, d * s[0], acc));
+            }
+            out[r * out_features + f] = acc;
+        }
+}
+#endif
+
+int64_t packed_q4_linear(float *out, const void *x, const uint8_t *packed, int32_t block_type, int64_t num_rows,
+                         int64_t out_features, int64_t in_features, int32_t x_is_bfloat16, int32_t num_threads) {
+    if (group_block_bytes(block_type) == 0 || num_rows < 0 || out_features < 0 || in_features < 0
+        || in_features % WEIGHTS_PER_BLOCK || out_features % FEATURES_PER_GROUP)
+        return 1;
+    const int64_t num_blocks = in_features / WEIGHTS_PER_BLOCK;
+    const int64_t group_bytes = num_blocks * group_block_bytes(block_type);
+    int8_t *levels = aligned_alloc(64, (size_t)((num_rows * in_features + 63) / 64 * 64 + 64));
+    float *scales = malloc((size_t)(2 * num_rows * num_blocks + 1) * sizeof(float));
+    if (levels == NULL || scales == NULL) {
+        free(levels);
+        free(scales);
+        return 2;
+    }
+    const int64_t x_bytes = x_is_bfloat16 ? 2 : 4;
+    for (int64_t r = 0; r < num_rows; r++)
+        quantize_row((const char *)x + r * in_features * x_bytes, x_is_bfloat16, num_blocks,
+                     levels + r * in_features, scales + 2 * r * num_blocks);
+    const int64_t num_groups = out_features / FEATURES_PER_GROUP;
+    num_threads = num_threads > 1 ? num_threads : 1;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (int64_t g = 0; g < num_groups; g++) {
+        float *group_out = out + g * FEATURES_PER_GROUP;
+        const uint8_t *group = packed + g * group_bytes;
+        const uint8_t *ahead = g + PREFETCH_GROUPS < num_groups ? group + PREFETCH_GROUPS * group_bytes : NULL;
+        if (block_type == Q4_1)
+            group_rows(Q4_1, group_out, out_features, levels, scales, num_rows, in_features, group, ahead);
+        else
+            group_rows(Q4_0, group_out, out_features, levels, scales, num_rows, in_features, group, ahead);
+    }
+    free(levels);
+    free(scales);
+    return 0;
+}
+
+int64_t packed_q4_unpack(uint8_t *blocks, const uint8_t *packed, int32_t block_type, int64_t out_features,
+                         int64_t in_features, int32_t num_threads) {
+    if (group_block_bytes(block_type) == 0 || out_features < 0 || in_features < 0
+        || in_features % WEIGHTS_PER_BLOCK || out_features % FEATURES_PER_GROUP)
+        return 1;
+    const int64_t num_blocks = in_features / WEIGHTS_PER_BLOCK, group_bytes = group_block_bytes(block_type);
+    const int64_t scale_bytes = block_type == Q4_1 ? 4 : 2, block_bytes = scale_bytes + 16;
+    const int64_t num_groups = out_features / FEATURES_PER_GROUP;
+    num_threads = num_threads > 1 ? num_threads : 1;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (int64_t g = 0; g < num_groups; g++)
+        for (int64_t b = 0; b < num_blocks; b++) {
+            const uint8_t *from = packed + (g * num_blocks + b) * group_bytes;
+            for (int f = 0; f < FEATURES_PER_GROUP; f++) {
+                uint8_t *block = blocks + ((g * FEATURES_PER_GROUP + f) * num_blocks + b) * block_bytes;
+                for (int64_t s = 0; s < scale_bytes / 2; s++) memcpy(block + 2 * s, from + 32 * s + 2 * f, 2);
+                for (int k = 0; k < 4; k++) memcpy(block + scale_bytes + 4 * k,
+                           from + FEATURES_PER_GROUP * scale_bytes + 64 * k + 4 * f, 4);
+            }
+        }
+    return 0;
+}
