@@ -9,7 +9,8 @@ unfinished and otherwise sleeps on the command queue, so an idle replica burns n
 idle, after every step when busy; a watchdog (cluster/engine_watchdog.py) reads it. Idle for
 IDLE_TRIM_S after a step, the thread hands the C heap's free memory back to the system once
 (engine/heap_trim.py): the passing tensors of a long prefill would otherwise keep the process as
-large as at that step's peak.
+large as at that step's peak. With a core lease (`cores`), the thread tells it before each step
+and whenever it finds no work (engine/core_lease.py).
 
 Invariant: every command's future is resolved (result or exception), and every stream sees its
 request's outputs in order, ending with one that has `finished=True` or with an exception item
@@ -35,6 +36,7 @@ from pdserve.protocol.errors import AbortedError, UnavailableError
 from pdserve.protocol.outputs import RequestOutput
 
 if TYPE_CHECKING:  # its errors are mapped where torch is never loaded (the gateway's gRPC edge)
+    from pdserve.engine.core_lease import Borrower, Lender
     from pdserve.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class AsyncEngine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=ENGINE_THREAD_NAME, daemon=True)
         self.on_step: Callable[[LLMEngine], None] | None = None  # called on the engine thread
+        self.cores: Lender | Borrower | None = None  # a core lease's side (engine/core_lease.py), if any
         self.came_round_s = time.monotonic()  # written by the engine thread only
 
     def start(self) -> None:
@@ -118,10 +121,14 @@ class AsyncEngine:
                 self.came_round_s = time.monotonic()
                 self._drain_commands(block=not self.engine.has_unfinished_requests())
                 if not self.engine.has_unfinished_requests():
+                    if self.cores is not None:
+                        self.cores.idle()
                     if not trimmed and time.monotonic() - last_step_s >= IDLE_TRIM_S:
                         release_freed_memory()
                         trimmed = True
                 else:
+                    if self.cores is not None:
+                        self.cores.before_step()
                     outputs = self.engine.step()
                     last_step_s, trimmed = time.monotonic(), False
                     if self.on_step is not None:

@@ -11,10 +11,16 @@ in registers tile by tile and feeds the tensor cores. The K-quants have their ow
 (kernels/cpu_kquant_linear.py, super-blocks of 256 weights) and no Triton one: on CUDA their weight
 is dequantized by the torch reference (kernels/kquant_reference.py) for every call.
 
+With `int8_activations` a Q4 weight on the CPU is packed at load for
+kernels/cpu_packed_q4_linear.py: up to MAX_PACKED_KERNEL_ROWS rows are quantized to int8 per block
+of 32 and multiplied in integers (llama.cpp's numerics; on the real model within the bfloat16
+rule, tests/real_model/test_as_stored.py); more are unpacked into a scratch copy of the stored
+layout, then dequantized for the GEMM as above.
+
 Invariant: a `BlockLinear` computes what `nn.Linear` computes with the dequantized weight (gguf's
-float32 dequantization, bit for bit) and the same bias, up to summation order; with bfloat16
-activations the GEMM path on CPU and the tensor cores on CUDA multiply by the weight rounded to
-bfloat16, as a bfloat16 model does.
+float32 dequantization, bit for bit) and the same bias, up to summation order, but for the rows
+of a packed one's int8 kernel; with bfloat16 activations the GEMM path on CPU and the tensor
+cores on CUDA multiply by the weight rounded to bfloat16, as a bfloat16 model does.
 """
 from __future__ import annotations
 

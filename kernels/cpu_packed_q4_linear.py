@@ -7,7 +7,10 @@ output features, [N / 16, (K / 32) * group_block_bytes]: the same bytes, each gr
 by side and its levels in the order the dot products read them. `unpack` is its inverse
 (compiled), for a prefill's many rows, which dequantize the stored layout for a GEMM. The product
 then costs a block its scales and 8 integer dot-product instructions for 16 features,
-where the float kernel (kernels/cpu_block_linear.py) unpacks every weight to bfloat16.
+where the float kernel (kernels/cpu_block_linear.py) unpacks every weight to bfloat16. On one core
+of an AMD EPYC (Zen 4, AVX512-VNNI), SmolLM2-135M's 30 layers of Q4_1 projections, cold as in a
+decode step, bfloat16 x: 3.0-3.1 ms for one row against 5.5-5.7 for the float kernel, 6.8-6.9
+against 10.3-10.6 for 8 rows, 13 against 19 for 16.
 
 Numerics: x is quantized as llama.cpp's Q8_1 activations are (levels round(x * 127 / amax) per
 block of 32; the block's float sum for the Q4_1 minimum), so the product is not the dequantized
@@ -53,7 +56,7 @@ def pack(blocks: torch.Tensor, block_type: str) -> torch.Tensor:
 def unpack(packed: torch.Tensor, block_type: str, *, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """`pack`'s inverse, uint8 [N, num_blocks * block_bytes], written into `out` when given (a
     buffer kept across calls); None when the library cannot serve it."""
-    out_features, in_features = _shape(packed, block_type)
+    out_features, in_features = _shape(packed.shape, packed.dtype, block_type)
     shape = (out_features, in_features // WEIGHTS_PER_BLOCK * BLOCK_TYPES[block_type].block_bytes)
     if out is not None and (out.shape != shape or out.dtype != torch.uint8):
         raise ValueError(f"out {out.dtype} {list(out.shape)} is not uint8 {list(shape)}")
@@ -88,18 +91,18 @@ def linear(x: torch.Tensor, packed: torch.Tensor, block_type: str, *,
            library: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """x [M, K] float32 or bfloat16 times the packed weight [N, K], transposed: [M, N] in x.dtype
     (computed by `library` when given, else by this machine's build)."""
-    out_features, in_features = _shape(packed, block_type)
+    out_features, in_features = _shape(packed.shape, packed.dtype, block_type)
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"x {list(x.shape)} does not match a {block_type} weight of {in_features} in-features")
     library = library or load()
     if (library is None or x.dtype not in (torch.float32, torch.bfloat16) or not (x.is_cpu and packed.is_cpu)
             or not (x.is_contiguous() and packed.is_contiguous())):
         return None
-    out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    out = torch.empty(x.shape[0], out_features, dtype=x.dtype)
     _check(library.packed_q4_linear(out.data_ptr(), x.data_ptr(), packed.data_ptr(), BLOCK_TYPES[block_type].ggml_type,
                                     x.shape[0], out_features, in_features, x.dtype == torch.bfloat16,
                                     torch.get_num_threads()), "packed_q4_linear")
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+    return out
 
 
 def reference(x: torch.Tensor, blocks: torch.Tensor, block_type: str) -> torch.Tensor:
@@ -137,11 +140,12 @@ def _grouping(num_rows: int, row_bytes: int, block_bytes: int) -> tuple[int, int
     return num_rows // FEATURES_PER_GROUP, row_bytes // block_bytes
 
 
-def _shape(packed: torch.Tensor, block_type: str) -> tuple[int, int]:
-    """(N, K) of a packed weight."""
-    group_block_bytes = FEATURES_PER_GROUP * BLOCK_TYPES[block_type].block_bytes
+@functools.cache
+def _shape(shape: torch.Size, dtype: torch.dtype, block_type: str) -> tuple[int, int]:
+    """(N, K) of a packed weight of `shape` and `dtype` (cached: a decode step asks for each layer's)."""
     _num_scales(block_type)
-    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % group_block_bytes:
+    group_block_bytes = FEATURES_PER_GROUP * BLOCK_TYPES[block_type].block_bytes
+    if dtype != torch.uint8 or len(shape) != 2 or shape[1] % group_block_bytes:
         raise ValueError(f"packed {block_type} weights must be uint8 [N / 16, num_blocks * {group_block_bytes}], "
-                         f"not {packed.dtype} {list(packed.shape)}")
-    return packed.shape[0] * FEATURES_PER_GROUP, packed.shape[1] // group_block_bytes * WEIGHTS_PER_BLOCK
+                         f"not {dtype} {list(shape)}")
+    return shape[0] * FEATURES_PER_GROUP, shape[1] // group_block_bytes * WEIGHTS_PER_BLOCK

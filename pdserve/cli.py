@@ -135,7 +135,7 @@ def run_up(args: argparse.Namespace) -> int:
         prefill_placement=args.prefill_placement, line_order=args.line_order, max_step_ms=args.max_step_ms,
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_bytes=args.kv_cache_memory, internal_tls=args.internal_tls,
-        tool_call_parser=args.tool_call_parser)
+        tool_call_parser=args.tool_call_parser, lend_idle_cpus=args.lend_idle_cpus)
     return run_up(config, out=sys.stdout, log=sys.stderr)
 
 
@@ -190,6 +190,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                              "the room in /dev/shm; on CUDA see --gpu-memory-utilization)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="the replicas reuse the KV of prompt prefixes they have seen (default on)")
+    parser.add_argument("--lend-idle-cpus", action=argparse.BooleanOptionalAction, default=True,
+                        help="on CPU: prefill replica i lends its CPUs to decode replica i while it has no work, "
+                             "taking them back before its next step (default on)")
     parser.add_argument("--routing", choices=ROUTING_POLICIES, default="cache-aware",
                         help="the gateway's: weigh the prompt tokens a replica holds cached against its "
                              "load, or load alone (default cache-aware)")

@@ -60,6 +60,7 @@ from pdserve.cluster.internal_tls import TLS_ENV_VARS, InternalTls, InternalTlsF
 from pdserve.cluster.ports import free_port
 from pdserve.cluster.service_args import REDIS_URL_ENV, SECRET_ENV
 from pdserve.cpu_placement import cpu_list_arg, split_cpus
+from pdserve.engine.core_lease import create_lease
 from pdserve.engine.cpu_kv_memory import HostMemory, kv_memory_bytes, read_host_memory
 from pdserve.engine.step_budget import DEFAULT_MAX_STEP_MS
 from pdserve.gateway.front.api_keys import ENV_VAR as API_KEY_ENV_VAR
@@ -93,6 +94,7 @@ class UpConfig:
     shutdown_timeout_s: float
     api_keys: tuple[str, ...] = ()  # the gateway's, beside any in $PDSERVE_API_KEY
     enable_prefix_caching: bool = True
+    lend_idle_cpus: bool = True  # on CPU: prefill replica i lends its CPUs to decode replica i while idle
     quantized_weights: str = "dequantized"  # the replicas' (engine.weights)
     quantization: str | None = None  # the replicas' (engine.quantize_at_load): None, "int8", "int4" or "w8a8"
     kv_cache_dtype: str = "auto"  # the replicas' KV pools: "auto" (their dtype) or "int8"
@@ -137,7 +139,8 @@ def run_up(config: UpConfig, out: TextIO, log: TextIO) -> int:
             url_file = _write_private(run_dir / "redis-url", redis_url)
             redis_shown = f"{without_password(redis_url)}  ({redis.server}; the URL with its password: {url_file})"
         tls = internal_certificates(run_dir / "tls", config) if config.internal_tls else None
-        for slot in child_slots(config, model, redis_url, secrets.token_hex(32), tls):
+        leases = [create_lease(run_dir / f"cores-{i}") for i in range(num_core_leases(config))]
+        for slot in child_slots(config, model, redis_url, secrets.token_hex(32), tls, leases):
             supervisor.start(slot)
         supervisor.wait_ready(time.monotonic() + config.startup_timeout_s, stop)
         model_id = served_model_id(gateway_target(config), _PROBE_TIMEOUT_S, _probe_key(config))
@@ -216,8 +219,16 @@ def replica_names(config: UpConfig) -> list[tuple[str, str]]:
                                                          ("decode", config.num_decode)) for index in range(count)]
 
 
+def num_core_leases(config: UpConfig) -> int:
+    """How many prefill/decode pairs share a core lease: prefill replica i lends to decode replica
+    i, on CPU, where each replica has CPUs of its own."""
+    lending = config.device == "cpu" and config.lend_idle_cpus
+    num_replicas = config.num_prefill + config.num_decode
+    return min(config.num_prefill, config.num_decode) if lending and len(os.sched_getaffinity(0)) >= num_replicas else 0
+
+
 def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal_secret: str,
-                tls: dict[str, InternalTlsFiles] | None = None) -> list[Slot]:
+                tls: dict[str, InternalTlsFiles] | None = None, leases: list[Path] = ()) -> list[Slot]:
     """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...` on
     the model's resolved folder, the Redis URL, the deployment secret and, with `tls`, the child's
     own certificate files in their environment. On CPU each replica gets its own CPUs (see
@@ -244,6 +255,7 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     slots = []
     for i, (kind, name) in enumerate(replicas):
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
+        pinning += _lease_args(kind, i - (config.num_prefill if kind == "decode" else 0), leases, cpu_sets)
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
@@ -263,6 +275,15 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
         env=gateway_env(env_of("gateway"), config.api_keys))
     slots.append(Slot("gateway", lambda: gateway, fatal_if_restart_fails=True))
     return slots
+
+
+def _lease_args(kind: str, index: int, leases: list[Path], cpu_sets: list[list[int]] | None) -> tuple[str, ...]:
+    """The core lease flags of replica `index` of `kind`: prefill i lends, decode i borrows its CPUs."""
+    if index >= len(leases):
+        return ()
+    if kind == "prefill":
+        return ("--core-lease", str(leases[index]))
+    return ("--core-lease", str(leases[index]), "--borrow-cpus", cpu_list_arg(cpu_sets[index]))
 
 
 def gateway_env(env: dict[str, str], api_keys: tuple[str, ...]) -> dict[str, str]:

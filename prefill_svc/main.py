@@ -7,6 +7,7 @@ import asyncio
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.replica_server import serve_replica
 from pdserve.cluster.service_args import add_replica_arguments, run_service, served_model_name
+from pdserve.engine.core_lease import Lender
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
 from pdserve.prefill_svc.replica import PrefillReplica, PrefillReplicaConfig
 from pdserve.prefill_svc.service import PrefillService
@@ -18,6 +19,9 @@ SERVICE_NAMES = [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_replica_arguments(parser, "prefill")
     add_engine_arguments(parser)
+    parser.add_argument("--core-lease", metavar="PATH",
+                        help="a core lease file (engine/core_lease.py, made by `pdserve up`) through which this "
+                             "replica lends its --cpus to the decode replica beside it while it has no work")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,9 +33,12 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
 
     def build(replica_id: str, endpoint: str, auth: InternalAuth) -> PrefillReplica:
-        return PrefillReplica(PrefillReplicaConfig(
+        replica = PrefillReplica(PrefillReplicaConfig(
             engine=engine_config_from(args, detokenize=False), replica_id=replica_id, auth=auth,
             max_waiting_requests=args.max_waiting_requests), loop)
+        if args.core_lease is not None:
+            replica.engine.cores = Lender(args.core_lease)
+        return replica
 
     def add_servicers(replica: PrefillReplica, server) -> None:
         prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillService(replica), server)

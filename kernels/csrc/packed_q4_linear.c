@@ -14,7 +14,8 @@
  *           so w[f][i] = d[f] * (q - 8) (Q4_0) or d[f] * q + m[f] (Q4_1), q = its nibble as in a
  *           stored block: low nibble of byte i for i < 16, high nibble of byte i - 16 after.
  *   x       [num_rows, in_features] float32, or bfloat16 (x_is_bfloat16)
- *   out     [num_rows, out_features] float32
+ *   out     [num_rows, out_features] float32, or bfloat16 with bfloat16 x (summed in float32, then
+ *           rounded to nearest even as torch rounds)
  *
  * Activations: for each row and block, amax = max |x|, dx = amax / 127, xq = round(x * (127 /
  * amax)) to nearest even (0 where amax is 0), sx = the float32 sum of the block's x in order.
@@ -180,7 +181,24 @@ static inline void group_rows(const int32_t block_type, float *out, int64_t out_
 }
 #endif
 
-int64_t packed_q4_linear(float *out, const void *x, const uint8_t *packed, int32_t block_type, int64_t num_rows,
+/* out[i] = in[i] rounded to bfloat16, to nearest even, as torch rounds (NaN kept quiet). */
+static void round_to_bfloat16(uint16_t *out, const float *in, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        const __m512 values = _mm512_loadu_ps(in + i);
+        const __m512i bits = _mm512_castps_si512(values);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+        __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+        const __mmask16 nan = _mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q);
+        rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtepi32_epi16(rounded));
+    }
+#endif
+    for (; i < n; i++) out[i] = float_to_bfloat16(in[i]);
+}
+
+int64_t packed_q4_linear(void *out, const void *x, const uint8_t *packed, int32_t block_type, int64_t num_rows,
                          int64_t out_features, int64_t in_features, int32_t x_is_bfloat16, int32_t num_threads) {
     if (group_block_bytes(block_type) == 0 || num_rows < 0 || out_features < 0 || in_features < 0
         || in_features % WEIGHTS_PER_BLOCK || out_features % FEATURES_PER_GROUP)
@@ -189,9 +207,12 @@ int64_t packed_q4_linear(float *out, const void *x, const uint8_t *packed, int32
     const int64_t group_bytes = num_blocks * group_block_bytes(block_type);
     int8_t *levels = aligned_alloc(64, (size_t)((num_rows * in_features + 63) / 64 * 64 + 64));
     float *scales = malloc((size_t)(2 * num_rows * num_blocks + 1) * sizeof(float));
-    if (levels == NULL || scales == NULL) {
+    /* bfloat16 out is summed into float32 first */
+    float *sums = x_is_bfloat16 ? malloc((size_t)(num_rows * out_features + 1) * sizeof(float)) : out;
+    if (levels == NULL || scales == NULL || (x_is_bfloat16 && sums == NULL)) {
         free(levels);
         free(scales);
+        if (x_is_bfloat16) free(sums);
         return 2;
     }
     const int64_t x_bytes = x_is_bfloat16 ? 2 : 4;
@@ -202,13 +223,17 @@ int64_t packed_q4_linear(float *out, const void *x, const uint8_t *packed, int32
     num_threads = num_threads > 1 ? num_threads : 1;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (int64_t g = 0; g < num_groups; g++) {
-        float *group_out = out + g * FEATURES_PER_GROUP;
+        float *group_out = sums + g * FEATURES_PER_GROUP;
         const uint8_t *group = packed + g * group_bytes;
         const uint8_t *ahead = g + PREFETCH_GROUPS < num_groups ? group + PREFETCH_GROUPS * group_bytes : NULL;
         if (block_type == Q4_1)
             group_rows(Q4_1, group_out, out_features, levels, scales, num_rows, in_features, group, ahead);
         else
             group_rows(Q4_0, group_out, out_features, levels, scales, num_rows, in_features, group, ahead);
+    }
+    if (x_is_bfloat16) {
+        round_to_bfloat16(out, sums, num_rows * out_features);
+        free(sums);
     }
     free(levels);
     free(scales);

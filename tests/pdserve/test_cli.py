@@ -199,6 +199,37 @@ def test_up_on_cpu_pins_each_replica_to_its_own_cpus(tmp_path, monkeypatch):
     assert restarted[restarted.index("--port") + 1] != argv["decode-0"][argv["decode-0"].index("--port") + 1]
     on_gpu = child_slots(dataclasses.replace(config, device="cuda"), folder(tmp_path), "redis://x", "s3cret")
     assert all("--cpus" not in slot.make_spec().argv for slot in on_gpu)
+    assert not any("--core-lease" in args for args in argv.values())
+
+
+def test_up_on_cpu_has_each_prefill_replica_lend_its_cpus_to_a_decode_replica(tmp_path, monkeypatch):
+    from pdserve.up import UpConfig, child_slots, num_core_leases
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    args = cli.build_parser().parse_args(["up"])
+    assert args.lend_idle_cpus
+    config = UpConfig(
+        model=str(tmp_path), num_prefill=1, num_decode=2, redis_url=None, transport=args.transport,
+        device="cpu", dtype=args.dtype, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+        startup_timeout_s=1.0, shutdown_timeout_s=1.0)
+    assert num_core_leases(config) == 1
+    assert num_core_leases(dataclasses.replace(config, num_prefill=2)) == 2
+    assert num_core_leases(dataclasses.replace(config, device="cuda")) == 0
+    assert num_core_leases(dataclasses.replace(config, lend_idle_cpus=False)) == 0
+    assert num_core_leases(dataclasses.replace(config, num_prefill=3, num_decode=3)) == 0  # CPUs shared already
+    lease = tmp_path / "cores-0"
+    specs = [slot.make_spec() for slot in child_slots(config, folder(tmp_path), "redis://x", "s3cret", leases=[lease])]
+    for name, value in specs[0].env.items():  # where a child finds its Redis URL
+        monkeypatch.setenv(name, value)
+    argv = {spec.name: spec.argv for spec in specs}
+    prefill, decode = argv["prefill-0"], argv["decode-0"]
+    assert prefill[prefill.index("--core-lease") + 1] == str(lease) and "--borrow-cpus" not in prefill
+    assert decode[decode.index("--core-lease") + 1] == str(lease)
+    assert decode[decode.index("--borrow-cpus") + 1] == prefill[prefill.index("--cpus") + 1] == "0,1"
+    assert "--core-lease" not in argv["decode-1"] and "--core-lease" not in argv["gateway"]
+    for name in ("prefill-0", "decode-0"):
+        replica_args = cli.build_parser().parse_args(argv[name][3:])
+        assert replica_args.core_lease == str(lease)
 
 
 def test_up_gives_each_api_key_to_the_gateway_only_and_never_on_a_command_line(tmp_path, monkeypatch):
