@@ -232,7 +232,8 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     """Prefill replicas, decode replicas, then the gateway: `python -m pdserve <service> ...` on
     the model's resolved folder, the Redis URL, the deployment secret and, with `tls`, the child's
     own certificate files in their environment. On CPU each replica gets its own CPUs (see
-    cpu_placement), on GPUs the one placement gave it, kept across its restarts, and each the KV
+    cpu_placement), and the pairs `leases` names lend and borrow them (engine/core_lease.py); on
+    GPUs the one placement gave it, kept across its restarts, and each the KV
     pool size `config` holds (sized_kv_pools)."""
     common = ("--model", str(model.model_dir))
     inherited = {name: value for name, value in os.environ.items() if name not in TLS_ENV_VARS}
@@ -255,12 +256,12 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
     slots = []
     for i, (kind, name) in enumerate(replicas):
         pinning = ("--cpus", cpu_list_arg(cpu_sets[i])) if cpu_sets else ()
-        pinning += _lease_args(kind, i - (config.num_prefill if kind == "decode" else 0), leases, cpu_sets)
+        lending = _lease_args(kind, i - (config.num_prefill if kind == "decode" else 0), leases, cpu_sets)
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
                 "--quantized-weights", config.quantized_weights, *quantization, "--kv-cache-dtype", config.kv_cache_dtype,
-                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *pool, *step)
+                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *lending, *pool, *step)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls,
                                                   (config.grpc_port, config.http_port))))
     gateway = ChildSpec(

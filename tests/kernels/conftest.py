@@ -21,8 +21,12 @@ K and V, and a NaN slot is an entry whose scale is NaN.
 
 Kernel inputs live on the CPU under the Triton interpreter (the default set by the root conftest)
 and on the GPU when a run sets TRITON_INTERPRET=0.
+
+The compiled CPU kernels' tests build their library in a cache private to the module
+(`built_in_private_cache`) and set torch's thread count, which the kernels take, with `threads`.
 """
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -30,6 +34,26 @@ import torch
 
 from pdserve.kernels.kv_quant import quantize_entries
 from pdserve.kernels.reference import store_kv_reference
+
+@pytest.fixture
+def threads():
+    """Sets torch's thread count for the test (the compiled kernels take it), restoring it after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def built_in_private_cache(tmp_path_factory, load: Callable) -> Iterator[None]:
+    """The body of a module's fixture: `load`'s library (a functools.cache'd loader) built in a
+    cache private to the module while it runs; the module is skipped without a C compiler."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        load.cache_clear()
+        if load() is None:
+            pytest.skip("no C compiler: the compiled kernel is unavailable")
+        yield
+        load.cache_clear()
+
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 QUERIES_PER_KV = (1, 4, 8)

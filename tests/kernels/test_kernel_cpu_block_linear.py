@@ -22,6 +22,7 @@ from pdserve.kernels.block_quant_reference import (
     dequantize_reference,
     quantize_reference,
 )
+from tests.kernels.conftest import built_in_private_cache
 
 TYPES = list(BLOCK_TYPES)
 GGML_TYPES = {name: gguf.GGMLQuantizationType[name.upper()] for name in TYPES}
@@ -78,13 +79,7 @@ def test_reference_dequantizes_as_gguf_bit_for_bit(block_type, shape):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The wrapper's library, built in a private cache for this module's tests."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        cpu_block_linear.load.cache_clear()
-        if cpu_block_linear.load() is None:
-            pytest.skip("no C compiler: the compiled kernel is unavailable")
-        yield
-        cpu_block_linear.load.cache_clear()
+    yield from built_in_private_cache(tmp_path_factory, cpu_block_linear.load)
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +96,6 @@ def without_bf16(compiled):
     library = cpu_block_linear.build(("-mno-avx512bf16",))
     assert library is not None and not cpu_block_linear.rounds_bfloat16_weights(library)
     return library
-
-
-@pytest.fixture
-def threads():
-    """Sets torch's thread count for the test (the kernels take it), restoring it after."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

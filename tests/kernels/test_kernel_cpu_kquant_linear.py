@@ -17,6 +17,7 @@ import torch
 
 from pdserve.kernels import cpu_kquant_linear
 from pdserve.kernels.kquant_reference import K_BLOCK_TYPES, block_linear_reference, dequantize_reference
+from tests.kernels.conftest import built_in_private_cache
 
 TYPES = list(K_BLOCK_TYPES)
 GGML_TYPES = {name: gguf.GGMLQuantizationType[name.upper()] for name in TYPES}
@@ -55,21 +56,7 @@ def test_reference_dequantizes_as_gguf_bit_for_bit(block_type, shape):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The wrapper's library, built in a private cache for this module's tests."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        cpu_kquant_linear.load.cache_clear()
-        if cpu_kquant_linear.load() is None:
-            pytest.skip("no C compiler: the compiled kernel is unavailable")
-        yield
-        cpu_kquant_linear.load.cache_clear()
-
-
-@pytest.fixture
-def threads():
-    """Sets torch's thread count for the test (the kernels take it), restoring it after."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
+    yield from built_in_private_cache(tmp_path_factory, cpu_kquant_linear.load)
 
 
 @pytest.fixture(scope="module")

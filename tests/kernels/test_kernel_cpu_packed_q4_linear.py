@@ -13,6 +13,7 @@ import torch
 
 from pdserve.kernels import cpu_packed_q4_linear
 from pdserve.kernels.block_quant_reference import dequantize_reference, quantize_reference
+from tests.kernels.conftest import built_in_private_cache
 from tests.kernels.test_kernel_cpu_block_linear import assert_close_to, random_blocks, weight_of
 
 TYPES = list(cpu_packed_q4_linear.PACKED_TYPES)
@@ -24,20 +25,7 @@ SHAPES = [(160, 576), (32, 1536), (16, 32)]
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The wrapper's library, built in a private cache for this module's tests."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        cpu_packed_q4_linear.load.cache_clear()
-        if cpu_packed_q4_linear.load() is None:
-            pytest.skip("no C compiler: the compiled kernel is unavailable")
-        yield
-        cpu_packed_q4_linear.load.cache_clear()
-
-
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
+    yield from built_in_private_cache(tmp_path_factory, cpu_packed_q4_linear.load)
 
 
 @pytest.fixture(scope="module")
