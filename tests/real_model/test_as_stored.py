@@ -29,18 +29,11 @@ def test_blocks_as_stored_in_float32_agree_with_the_dequantized_model_but_for_su
     assert agreement.max_shortfall <= FLOAT32_MAX_LOGPROB_ERROR  # a different argmax only at an exact tie
 
 
-def test_blocks_as_stored_in_bfloat16_agree_with_float32_within_the_bfloat16_rule(smollm2_dir, prompts, engine_outputs):
+@pytest.mark.parametrize("quantized_weights", ["as-stored", "as-stored-int8-activations"])
+def test_blocks_in_bfloat16_agree_with_float32_within_the_bfloat16_rule(smollm2_dir, prompts, engine_outputs,
+                                                                         quantized_weights):
     agreement = agreement_with_float32(engine_outputs, greedy_steps(
-        smollm2_dir, prompts, engine_outputs, dtype="bfloat16", quantized_weights="as-stored"))
-    print(f"\nas stored, bfloat16 vs float32, {agreement}")
-    assert agreement.num_positions == len(prompts) * MAX_TOKENS
-    assert BFLOAT16_RULE.holds(agreement), agreement
-
-
-def test_blocks_with_int8_activations_agree_with_float32_within_the_bfloat16_rule(
-        smollm2_dir, prompts, engine_outputs):
-    agreement = agreement_with_float32(engine_outputs, greedy_steps(
-        smollm2_dir, prompts, engine_outputs, dtype="bfloat16", quantized_weights="as-stored-int8-activations"))
-    print(f"\nas stored with int8 activations, bfloat16 vs float32, {agreement}")
+        smollm2_dir, prompts, engine_outputs, dtype="bfloat16", quantized_weights=quantized_weights))
+    print(f"\n{quantized_weights}, bfloat16 vs float32, {agreement}")
     assert agreement.num_positions == len(prompts) * MAX_TOKENS
     assert BFLOAT16_RULE.holds(agreement), agreement
