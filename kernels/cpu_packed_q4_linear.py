@@ -84,7 +84,6 @@ def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         library.packed_q4_unpack.argtypes = [_POINTER] * 2 + [_INT32] + [_INT64] * 2 + [_INT32]
         library.packed_q4_linear.restype = library.packed_q4_unpack.restype = _INT64
     return library
-    return library
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, block_type: str, *,
