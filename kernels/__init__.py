@@ -3,7 +3,8 @@ never branches on a device.
 
 Attention and KV writes (here): Triton when the tensors are on CUDA; on CPU, when a C compiler is
 at hand, a compiled C kernel for decode attention over a float32, bfloat16 or int8 pool
-(`cpu_decode_attention`) and for writes into an int8 pool (`cpu_store_kv_int8`), pure torch
+(`cpu_decode_attention`), for prefill attention in bfloat16 where the CPU has AVX512-BF16
+(`cpu_prefill_attention`) and for writes into an int8 pool (`cpu_store_kv_int8`), pure torch
 otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
 serve, torch otherwise.
 
@@ -22,7 +23,7 @@ Triton modules are imported on first CUDA call, so importing this package loads 
 """
 import torch
 
-from pdserve.kernels import cpu_decode_attention, cpu_layer_ops, cpu_store_kv_int8
+from pdserve.kernels import cpu_decode_attention, cpu_layer_ops, cpu_prefill_attention, cpu_store_kv_int8
 from pdserve.kernels.layer_ops import add_rms_norm, apply_rope, gelu_tanh_and_mul, rms_norm, silu_and_mul
 from pdserve.kernels.reference import (
     decode_attention_reference,
@@ -40,6 +41,8 @@ def prepare(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> 
     if device.type == "cpu":
         cpu_decode_attention.load(kv_dtype)
         cpu_layer_ops.load(dtype)
+        if dtype == kv_dtype == torch.bfloat16:
+            cpu_prefill_attention.load()
         if kv_dtype == torch.int8:
             cpu_store_kv_int8.load(dtype)
 
@@ -113,6 +116,11 @@ def prefill_attention(
         return triton_prefill_attention.prefill_attention(
             query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **masking
         )
+    if (cpu_prefill_attention.serves(query, k_cache, logit_softcap) and (library := cpu_prefill_attention.load())
+            and cpu_prefill_attention.vectorised(library, query.shape[-1])):
+        return cpu_prefill_attention.prefill_attention(
+            library, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
+            sliding_window=sliding_window)
     return prefill_attention_reference(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **masking
     )

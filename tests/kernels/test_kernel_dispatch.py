@@ -1,5 +1,6 @@
 """The public `kernels` API on CPU tensors: float32 and bfloat16 decode, masked or not, goes to the
-compiled kernel when it builds, everything else to the references; a window below 1 or a softcap
+compiled kernel when it builds; bfloat16 prefill without a softcap to the compiled kernel where it
+runs on AVX512-BF16; everything else to the references; a window below 1 or a softcap
 not above 0 is refused; importing loads no kernel."""
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from pdserve import kernels
-from pdserve.kernels import cpu_decode_attention
+from pdserve.kernels import cpu_decode_attention, cpu_prefill_attention
 from pdserve.kernels.reference import (
     decode_attention_reference,
     prefill_attention_reference,
@@ -52,7 +53,12 @@ def test_cpu_attention_dispatch(kernel_case, masking, paged_batch):
         assert torch.equal(decoded, decode_attention_reference(*decode_args, **masking))
     else:
         assert torch.equal(decoded, cpu_decode_attention.decode_attention(library, *decode_args, **masking))
-    assert torch.equal(prefilled, prefill_attention_reference(*prefill_args, **masking))
+    prefill_library = cpu_prefill_attention.load()
+    if (kernel_case.dtype == torch.bfloat16 and not masking and prefill_library is not None
+            and cpu_prefill_attention.vectorised(prefill_library, kernel_case.head_dim)):
+        assert torch.equal(prefilled, cpu_prefill_attention.prefill_attention(prefill_library, *prefill_args))
+    else:
+        assert torch.equal(prefilled, prefill_attention_reference(*prefill_args, **masking))
 
 
 @pytest.mark.parametrize("masking", [dict(sliding_window=0), dict(logit_softcap=0.0), dict(logit_softcap=-1.0)])
