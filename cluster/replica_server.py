@@ -44,6 +44,7 @@ from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.prefix_digest import MAX_DIGEST_HASHES
 from pdserve.cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
 from pdserve.cluster.service_args import internal_auth_from, replica_id_from
+from pdserve.cluster.gc_heap import freeze_startup_heap
 from pdserve.cluster.startup_log import log_loading, log_ready
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ async def serve_replica(
     heartbeat.update_load(**_load_fields(load))
     await heartbeat.start()
     reporter = asyncio.create_task(_report_load(heartbeat, replica))
+    freeze_startup_heap()
     await server.mark_serving()
     log_ready(model_text, time.monotonic() - started_s, load, f"{kind} replica {replica_id} serving on {endpoint}")
 

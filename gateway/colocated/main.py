@@ -10,6 +10,7 @@ import time
 
 from pdserve.cluster.service_args import (add_model_argument, add_served_model_name_argument, run_service,
                                           served_model_name)
+from pdserve.cluster.gc_heap import freeze_startup_heap
 from pdserve.cluster.startup_log import log_loading, log_ready
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
@@ -55,6 +56,7 @@ async def serve(args: argparse.Namespace) -> None:
     app = create_app(frontend, metrics, max_body_bytes=front.max_request_bytes, api_keys=front.api_keys,
                      admission=Admission(front.max_pending_requests, metrics.registry, model_name),
                      tool_call_parser=front.tool_call_parser)
+    freeze_startup_heap()
     async with serving_http(app, args.host, args.port, front.tls.ssl_context() if front.tls else None):
         log_ready(engine_text, time.monotonic() - started_s, load,
                   f"serving on {'https' if front.tls else 'http'}://{args.host}:{args.port}/v1 "

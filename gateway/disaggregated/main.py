@@ -16,6 +16,7 @@ import contextlib
 import logging
 
 from pdserve.cluster.drain import drain
+from pdserve.cluster.gc_heap import freeze_startup_heap
 from pdserve.cluster.grpc_server import GrpcServer
 from pdserve.cluster.prefix_digest import PrefixDigests
 from pdserve.cluster.redis_client import connect_redis
@@ -122,6 +123,7 @@ async def serve(args: argparse.Namespace) -> None:
         await server.start()
         health = asyncio.create_task(refresh_replicas(frontend))
         records = asyncio.create_task(frontend.keep_records_alive())
+        freeze_startup_heap()
         await server.mark_serving()
         logger.info("gateway serving gRPC%s on %s:%d and HTTP on %s://%s:%d (model %s, %s)",
                     "+TLS" if front.tls else "", args.host, server.port, "https" if front.tls else "http",
