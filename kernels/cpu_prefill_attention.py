@@ -3,11 +3,11 @@ attention over K and V repacked into tiles of 16 keys; the method is its header'
 first use (kernels/cpu_build.py).
 
 It serves a bfloat16 query over a bfloat16 pool, without a logit softcap, where the CPU has
-AVX512-BF16 (`vectorised`): on one core of an AMD EPYC (Zen 4), a 330-token SmolLM2 layer (9
-heads, 3 KV heads, 64 dims) attends in about a quarter of the time of torch's fused attention
-called 64 query rows at a time (kernels/reference.py). Elsewhere its portable C computes the same
-up to summation order and is tested, but torch's kernel is faster, so callers keep the reference.
-Probabilities are rounded to bfloat16 before they weigh the values, as GPU flash attention does.
+AVX512-BF16 (`vectorised`): on an AMD EPYC without AMX, a 330-token SmolLM2 layer (9 heads, 3 KV
+heads, 64 dims) attends in 0.54 ms on two threads and 1.26 ms on one, against 1.56 and 2.43 ms for
+torch's fused attention called 64 query rows at a time (kernels/reference.py). Elsewhere its
+portable C computes the same up to summation order and is tested, but torch's kernel is faster,
+so callers keep the reference.
 
 The library is called through `ctypes`, which releases the GIL for the call; `load()` returns
 None when the kernel cannot be had (no compiler, a failed build, `PDSERVE_CPU_KERNELS=0`).

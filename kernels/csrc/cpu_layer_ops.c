@@ -17,6 +17,7 @@
 #include <math.h>
 
 #include "elem.h"
+#include "exp_poly.h"
 
 /* A value as the tensor's dtype holds it: what a torch op between two others leaves. */
 static inline float rounded(float x) { return load(store(x)); }
@@ -132,23 +133,6 @@ void rotary(elem_t *x, const elem_t *cos, const elem_t *sin, int64_t num_tokens,
 static inline float silu(float g) { return rounded(g / (1.0f + expf(-g))); }
 
 #ifdef __AVX512F__
-/* e^x lane by lane: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6 polynomial, times 2^n.
- * Inputs are clamped to [-87, 88], where e^x is a normal float32. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* silu(g) for 16 lanes: g times the reciprocal of 1 + e^-g, by rcp14 and one Newton step. */
 static inline __m512 silu16(__m512 g) {
     const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));

@@ -52,6 +52,7 @@
 #endif
 #include "avx512_lanes.h"
 #include "bfloat16.h"
+#include "exp_poly.h"
 
 #if defined(KV_BFLOAT16)
 typedef uint16_t kv_t;
@@ -86,25 +87,6 @@ static inline int64_t entry_len(Shape shape) { return shape.head_dim + SCALE_LEN
 
 static int64_t first_key(int64_t context_len, int64_t sliding_window) {
     return sliding_window > 0 && context_len > sliding_window ? context_len - sliding_window : 0;
-}
-
-/* e^x for x <= 0 (a softmax numerator), vectorisable: x = n ln2 + r with |r| <= ln2 / 2, e^r by a
- * degree-6 polynomial, 2^n assembled in the exponent bits. Relative error ~1e-7; inputs below -87
- * (where e^x turns denormal) give e^-87. */
-#pragma omp declare simd
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = floorf(x * 1.44269504089f + 0.5f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const union { int32_t bits; float value; } two_to_n = {.bits = ((int32_t)n + 127) << 23};
-    return p * two_to_n.value;
 }
 
 static float dot(const float *restrict a, const kv_t *restrict b, int64_t n) {

@@ -43,6 +43,7 @@
 #include <immintrin.h>
 #endif
 #include "bfloat16.h"
+#include "exp_poly.h"
 
 #define TILE_KEYS 16
 #define QUERY_ROWS 16  /* new tokens of one work item */
@@ -64,25 +65,6 @@ static inline int64_t v_tile_lanes(Shape shape) { return TILE_KEYS * shape.head_
 
 static inline int64_t window_start(int64_t position, int64_t sliding_window) {
     return sliding_window > 0 && position >= sliding_window ? position - sliding_window + 1 : 0;
-}
-
-/* e^x for x <= 0 (a softmax numerator), vectorisable: x = n ln2 + r with |r| <= ln2 / 2, e^r by a
- * degree-6 polynomial, 2^n assembled in the exponent bits. Relative error ~1e-7; inputs below -87
- * give e^-87. */
-#pragma omp declare simd
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = floorf(x * 1.44269504089f + 0.5f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const union { int32_t bits; float value; } two_to_n = {.bits = ((int32_t)n + 127) << 23};
-    return p * two_to_n.value;
 }
 
 /* Pass 1: sequence seq's keys of kv head h into its tiles; keys before first_key (which the pool
@@ -176,22 +158,6 @@ static void attend_row(uint16_t *restrict out_row, const uint32_t *restrict q_pa
 #define QUERY_BLOCK 4        /* query rows sharing each tile row read, head_dim <= 64 */
 #define MAX_CHUNKS 16        /* head_dim / 16 */
 
-/* exp_nonpositive of 16 lanes. */
-static inline __m512 exp_nonpositive_x16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* Pass 2 for `rows` (<= QUERY_BLOCK) query rows of one kv head at once, head_dim = 16 * chunks,
  * rows * chunks <= 16; inlined with constant rows and chunks. Row r is query head q_pairs[r] at
  * positions[r]; the rows' output accumulates in registers. */
@@ -238,7 +204,7 @@ static inline __attribute__((always_inline)) void attend_rows_x16(
                 for (int c = 0; c < chunks; c++) acc[r * chunks + c] = _mm512_mul_ps(acc[r * chunks + c], rescale);
             }
             const __m512 exps = _mm512_maskz_mov_ps(
-                visible, exp_nonpositive_x16(_mm512_maskz_sub_ps(visible, scores, _mm512_set1_ps(max_score[r]))));
+                visible, exp16(_mm512_maskz_sub_ps(visible, scores, _mm512_set1_ps(max_score[r]))));
             totals[r] = _mm512_add_ps(totals[r], exps);
             _mm512_storeu_ps(probs[r], exps);
         }
@@ -296,9 +262,9 @@ static void attend_item(uint16_t *out, const uint16_t *query, const uint32_t *k_
     const int64_t group_size = shape.num_heads / shape.num_kv_heads;
     const int64_t end_row = first_row + QUERY_ROWS < seq.query_len ? first_row + QUERY_ROWS : seq.query_len;
     const int64_t num_rows = (end_row - first_row) * group_size;  /* (new token, query head of the group) */
-    const int vectorised = prefill_attention_vectorised(shape.head_dim);
     int block = 1;
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+    const int vectorised = prefill_attention_vectorised(shape.head_dim);
     if (vectorised) block = rows_per_block(shape.head_dim / 16);
 #endif
     for (int64_t row = 0; row < num_rows; row += block) {
