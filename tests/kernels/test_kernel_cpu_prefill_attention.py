@@ -27,7 +27,10 @@ def private_cache(tmp_path_factory):
 
 @pytest.fixture(params=list(BUILDS))
 def library(request):
-    return cpu_prefill_attention.load(BUILDS[request.param])
+    library = cpu_prefill_attention.load(BUILDS[request.param])
+    if library is None:  # a compiler that knows no -mno-avx512bf16 (not x86)
+        pytest.skip(f"the {request.param} build is unavailable here")
+    return library
 
 
 def prefill_both(library, batch, sliding_window=None):
