@@ -3,8 +3,8 @@ never branches on a device.
 
 Attention and KV writes (here): Triton when the tensors are on CUDA; on CPU, when a C compiler is
 at hand, a compiled C kernel for decode attention over a float32, bfloat16 or int8 pool
-(`cpu_decode_attention`), for prefill attention in bfloat16 where the CPU has AVX512-BF16
-(`cpu_prefill_attention`) and for writes into an int8 pool (`cpu_store_kv_int8`), pure torch
+(`cpu_decode_attention`), for prefill attention in float32 or bfloat16 where the CPU has AVX-512
+(AVX512-BF16 for bfloat16; `cpu_prefill_attention`) and for writes into an int8 pool (`cpu_store_kv_int8`), pure torch
 otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
 serve, torch otherwise.
 
@@ -41,8 +41,8 @@ def prepare(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> 
     if device.type == "cpu":
         cpu_decode_attention.load(kv_dtype)
         cpu_layer_ops.load(dtype)
-        if dtype == kv_dtype == torch.bfloat16:
-            cpu_prefill_attention.load()
+        if dtype == kv_dtype:
+            cpu_prefill_attention.load(dtype)
         if kv_dtype == torch.int8:
             cpu_store_kv_int8.load(dtype)
 
@@ -116,7 +116,8 @@ def prefill_attention(
         return triton_prefill_attention.prefill_attention(
             query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **masking
         )
-    if (cpu_prefill_attention.serves(query, k_cache, logit_softcap) and (library := cpu_prefill_attention.load())
+    if (cpu_prefill_attention.serves(query, k_cache, logit_softcap)
+            and (library := cpu_prefill_attention.load(query.dtype))
             and cpu_prefill_attention.vectorised(library, query.shape[-1])):
         return cpu_prefill_attention.prefill_attention(
             library, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,

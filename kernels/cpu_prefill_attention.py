@@ -1,13 +1,14 @@
-"""Compiled paged prefill attention for CPU in bfloat16: `csrc/paged_prefill_attention.c` (flash
-attention over K and V repacked into tiles of 16 keys; the method is its header's), built on
-first use (kernels/cpu_build.py).
+"""Compiled paged prefill attention for CPU: `csrc/paged_prefill_attention.c` (flash attention over
+K and V repacked into tiles of 16 keys; the method is its header's), built on first use
+(kernels/cpu_build.py) once per dtype, float32 and bfloat16.
 
-It serves a bfloat16 query over a bfloat16 pool, without a logit softcap, where the CPU has
-AVX512-BF16 (`vectorised`): on an AMD EPYC without AMX, a 330-token SmolLM2 layer (9 heads, 3 KV
-heads, 64 dims) attends in 0.54 ms on two threads and 1.26 ms on one, against 1.56 and 2.43 ms for
-torch's fused attention called 64 query rows at a time (kernels/reference.py). Elsewhere its
-portable C computes the same up to summation order and is tested, but torch's kernel is faster,
-so callers keep the reference.
+It serves a query and a pool of one of those dtypes, without a logit softcap, where the CPU has
+AVX-512 (and AVX512-BF16 for bfloat16: `vectorised`). On an AMD EPYC without AMX, a 330-token
+SmolLM2 layer (9 heads, 3 KV heads, 64 dims) attends in bfloat16 in 0.54 ms on two threads and
+1.26 ms on one, against 1.56 and 2.43 ms for torch's fused attention called 64 query rows at a
+time (kernels/reference.py); in float32 in 0.72 and 1.14 ms against 1.32 and 2.06. Elsewhere its portable C computes the
+same up to summation order and is tested, but torch's kernel is faster, so callers keep the
+reference.
 
 The library is called through `ctypes`, which releases the GIL for the call; `load()` returns
 None when the kernel cannot be had (no compiler, a failed build, `PDSERVE_CPU_KERNELS=0`).
@@ -22,15 +23,16 @@ import torch
 from pdserve.kernels.cpu_build import enabled, load_library
 
 SOURCE_NAME = "paged_prefill_attention.c"
+DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DBFLOAT16",)}
 _POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
 
 
 @functools.cache
-def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    """The kernel, built on first use (`extra_flags` for tests of the portable path)."""
-    if not enabled():
+def load(dtype: torch.dtype = torch.bfloat16, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The kernel for `dtype`, built on first use (`extra_flags` for tests of the portable path)."""
+    if not enabled() or dtype not in DTYPE_FLAGS:
         return None
-    library = load_library(SOURCE_NAME, extra_flags)
+    library = load_library(SOURCE_NAME, DTYPE_FLAGS[dtype] + extra_flags)
     if library is None:
         return None
     library.paged_prefill_attention.restype = _INT64
@@ -41,14 +43,14 @@ def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
 
 
 def serves(query: torch.Tensor, k_cache: torch.Tensor, logit_softcap: float | None) -> bool:
-    """Whether the kernel serves these arguments (either path): bfloat16 CPU tensors, head_dim a
-    multiple of 16, no softcap."""
-    return (query.dtype == k_cache.dtype == torch.bfloat16 and not query.is_cuda and not k_cache.is_cuda
-            and query.shape[-1] % 16 == 0 and logit_softcap is None)
+    """Whether a build serves these arguments (either path): CPU tensors of one of DTYPE_FLAGS'
+    dtypes, head_dim a multiple of 16, no softcap."""
+    return (query.dtype == k_cache.dtype and query.dtype in DTYPE_FLAGS and not query.is_cuda
+            and not k_cache.is_cuda and query.shape[-1] % 16 == 0 and logit_softcap is None)
 
 
 def vectorised(library: ctypes.CDLL, head_dim: int) -> bool:
-    """Whether the build runs on AVX512-BF16 for `head_dim`, where it beats torch's attention."""
+    """Whether the build runs on AVX-512 for `head_dim`, where it beats torch's attention."""
     return bool(library.prefill_attention_vectorised(head_dim))
 
 

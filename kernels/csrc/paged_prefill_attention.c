@@ -1,7 +1,8 @@
-/* Paged prefill attention for CPU in bfloat16: each sequence's new tokens attend causally over its
- * cached prefix and each other, K and V read from the block pool.
+/* Paged prefill attention for CPU: each sequence's new tokens attend causally over its cached
+ * prefix and each other, K and V read from the block pool. Query, pool and output are float32, or
+ * bfloat16 when built with -DBFLOAT16 (elem.h); the arithmetic is float32.
  *
- * Layouts (all contiguous, row-major, bfloat16 unless said):
+ * Layouts (all contiguous, row-major, elem_t unless said):
  *   out, query       [num_tokens, num_heads, head_dim], sequences back to back
  *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]
  *   block_tables     [num_seqs, max_blocks_per_seq] int32; entries of blocks outside what a
@@ -17,19 +18,19 @@
  *
  * Method, flash attention in two passes:
  * 1. per (sequence, kv head), the keys its new tokens see are copied out of the pool into tiles of
- *    16 keys (keys past the context zero): a K tile as [head_dim / 2][16] 32-bit lanes, each one
- *    key's two adjacent dims, in bfloat16; a V tile as [16][head_dim], widened to float32;
+ *    16 keys (keys past the context zero): a K tile as [lanes][16], a lane one key's dim in float32
+ *    or, in bfloat16, two adjacent dims in 32 bits; a V tile as [16][head_dim], in float32;
  * 2. per (sequence, kv head, QUERY_ROWS new tokens), every query head of the group runs an online
  *    softmax over the tiles its rows see: a tile's 16 scores, their running max and sum, and the
  *    output row rescaled and added the tile's probabilities times its values, all in float32 as
- *    the decode kernel computes; the output row is divided by the sum and rounded to bfloat16 at
+ *    the decode kernel computes; the output row is divided by the sum (and rounded to bfloat16) at
  *    the end.
- * A K tile's layout makes 16 keys' scores one fused multiply-add per dim pair against a broadcast
- * query pair, with no horizontal sums (vdpbf16ps where the CPU has AVX512-BF16). Built with it,
- * QUERY_BLOCK query rows at a time share each tile row read; else portable C does the same
- * arithmetic (bfloat16 products are exact in float32) up to summation order. Tiles start at
- * multiples of 16 positions, so a row's result does not depend on how its prompt was chunked.
- * Both passes run their items in parallel under OpenMP.
+ * A K tile's layout makes 16 keys' scores one fused multiply-add per lane against the query's lane
+ * broadcast, with no horizontal sums (vfmadd231ps, or vdpbf16ps for bfloat16 pairs). Built with
+ * AVX-512 (and AVX512-BF16 for bfloat16), QUERY_BLOCK query rows at a time share each tile row
+ * read; else portable C does the same arithmetic (bfloat16 products are exact in float32) up to
+ * summation order. Tiles start at multiples of 16 positions, so a row's result does not depend on
+ * how its prompt was chunked. Both passes run their items in parallel under OpenMP.
  *
  * Returns 0; 1 + the index of the first sequence whose lengths or block ids are out of range
  * (nothing is written then); or -1 when scratch memory could not be allocated (nothing is written).
@@ -42,8 +43,19 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-#include "bfloat16.h"
+#include "elem.h"
 #include "exp_poly.h"
+
+#ifdef BFLOAT16
+typedef uint32_t lane_t;  /* two adjacent dims of one row, bfloat16, the first in the low half */
+#define DIMS_PER_LANE 2
+#else
+typedef float lane_t;
+#define DIMS_PER_LANE 1
+#endif
+#if defined(__AVX512F__) && (defined(__AVX512BF16__) || !defined(BFLOAT16))
+#define VECTORISED 1
+#endif
 
 #define TILE_KEYS 16
 #define QUERY_ROWS 16  /* new tokens of one work item */
@@ -59,34 +71,43 @@ typedef struct {  /* one sequence: its new tokens and the keys they see */
     int64_t num_tiles, first_tile;  /* its tiles, from first_tile on in each kv head's scratch */
 } Sequence;
 
-/* 32-bit lanes of one K tile, and of one V tile. */
-static inline int64_t tile_lanes(Shape shape) { return TILE_KEYS * shape.head_dim / 2; }
+/* Lanes of one K tile, and floats of one V tile. */
+static inline int64_t tile_lanes(Shape shape) { return TILE_KEYS * shape.head_dim / DIMS_PER_LANE; }
 static inline int64_t v_tile_lanes(Shape shape) { return TILE_KEYS * shape.head_dim; }
 
 static inline int64_t window_start(int64_t position, int64_t sliding_window) {
     return sliding_window > 0 && position >= sliding_window ? position - sliding_window + 1 : 0;
 }
 
+/* Lane c of a row: dims c * DIMS_PER_LANE onwards. */
+static inline lane_t row_lane(const elem_t *row, int64_t c) {
+#ifdef BFLOAT16
+    return row[2 * c] | (uint32_t)row[2 * c + 1] << 16;
+#else
+    return row[c];
+#endif
+}
+
 /* Pass 1: sequence seq's keys of kv head h into its tiles; keys before first_key (which the pool
  * may not hold) or past the context are zero. */
-static void pack_tiles(uint32_t *restrict k_tiles, float *restrict v_tiles, const uint16_t *k_cache,
-                       const uint16_t *v_cache, const int32_t *block_table, Sequence seq, int64_t h, Shape shape) {
-    const int64_t pairs = shape.head_dim / 2, token_stride = shape.num_kv_heads * shape.head_dim;
+static void pack_tiles(lane_t *restrict k_tiles, float *restrict v_tiles, const elem_t *k_cache,
+                       const elem_t *v_cache, const int32_t *block_table, Sequence seq, int64_t h, Shape shape) {
+    const int64_t lanes = shape.head_dim / DIMS_PER_LANE, token_stride = shape.num_kv_heads * shape.head_dim;
     for (int64_t tile = 0; tile < seq.num_tiles; tile++) {
-        uint32_t *restrict k_tile = k_tiles + tile * tile_lanes(shape);
+        lane_t *restrict k_tile = k_tiles + tile * tile_lanes(shape);
         for (int64_t i = 0; i < TILE_KEYS; i++) {
             const int64_t key = seq.key_start + tile * TILE_KEYS + i;
             float *restrict v_lanes = v_tiles + (tile * TILE_KEYS + i) * shape.head_dim;
             if (key < seq.first_key || key >= seq.context_len) {
-                for (int64_t c = 0; c < pairs; c++) k_tile[c * TILE_KEYS + i] = 0;
+                for (int64_t c = 0; c < lanes; c++) k_tile[c * TILE_KEYS + i] = 0;
                 memset(v_lanes, 0, shape.head_dim * sizeof *v_lanes);
                 continue;
             }
             const int64_t offset = (int64_t)block_table[key / shape.block_size] * shape.block_size * token_stride
                                    + key % shape.block_size * token_stride + h * shape.head_dim;
-            const uint16_t *k_row = k_cache + offset, *v_row = v_cache + offset;
-            for (int64_t c = 0; c < pairs; c++) k_tile[c * TILE_KEYS + i] = k_row[2 * c] | (uint32_t)k_row[2 * c + 1] << 16;
-            for (int64_t d = 0; d < shape.head_dim; d++) v_lanes[d] = bfloat16_to_float(v_row[d]);
+            const elem_t *k_row = k_cache + offset, *v_row = v_cache + offset;
+            for (int64_t c = 0; c < lanes; c++) k_tile[c * TILE_KEYS + i] = row_lane(k_row, c);
+            for (int64_t d = 0; d < shape.head_dim; d++) v_lanes[d] = load(v_row[d]);
         }
     }
 }
@@ -123,26 +144,30 @@ static inline float softmax_step(float probs[TILE_KEYS], float *max_score, float
     return rescale;
 }
 
-/* A bfloat16 pair's dot product with another, in float32. */
-static inline float pair_dot(uint32_t a, uint32_t b) {
+/* Two lanes' product summed over their dims, in float32 (exact products for bfloat16). */
+static inline float lane_dot(lane_t a, lane_t b) {
+#ifdef BFLOAT16
     return bfloat16_to_float(a & 0xffff) * bfloat16_to_float(b & 0xffff)
            + bfloat16_to_float(a >> 16) * bfloat16_to_float(b >> 16);
+#else
+    return a * b;
+#endif
 }
 
 /* Pass 2, portable: one query row (query head q_row at `position`) over its sequence's tiles. */
-static void attend_row(uint16_t *restrict out_row, const uint32_t *restrict q_pairs, const uint32_t *k_tiles,
+static void attend_row(elem_t *restrict out_row, const lane_t *restrict q_lanes, const lane_t *k_tiles,
                        const float *v_tiles, Sequence seq, int64_t position, Shape shape, float scale,
                        int64_t sliding_window) {
-    const int64_t pairs = shape.head_dim / 2;
+    const int64_t lanes = shape.head_dim / DIMS_PER_LANE;
     float max_score = -INFINITY, total = 0.0f, acc[shape.head_dim];
     memset(acc, 0, sizeof acc);
     const int64_t first_tile = (window_start(position, sliding_window) - seq.key_start) / TILE_KEYS;
     for (int64_t tile = first_tile; tile <= (position - seq.key_start) / TILE_KEYS; tile++) {
-        const uint32_t *k_tile = k_tiles + tile * tile_lanes(shape);
+        const lane_t *k_tile = k_tiles + tile * tile_lanes(shape);
         const float *v_tile = v_tiles + tile * v_tile_lanes(shape);
         float scores[TILE_KEYS] = {0};
-        for (int64_t c = 0; c < pairs; c++)
-            for (int i = 0; i < TILE_KEYS; i++) scores[i] += pair_dot(q_pairs[c], k_tile[c * TILE_KEYS + i]);
+        for (int64_t c = 0; c < lanes; c++)
+            for (int i = 0; i < TILE_KEYS; i++) scores[i] += lane_dot(q_lanes[c], k_tile[c * TILE_KEYS + i]);
         for (int i = 0; i < TILE_KEYS; i++) scores[i] *= scale;
         float probs[TILE_KEYS];
         const float rescale = softmax_step(probs, &max_score, &total, scores,
@@ -151,18 +176,36 @@ static void attend_row(uint16_t *restrict out_row, const uint32_t *restrict q_pa
         for (int i = 0; i < TILE_KEYS; i++)
             for (int64_t d = 0; d < shape.head_dim; d++) acc[d] += probs[i] * v_tile[i * shape.head_dim + d];
     }
-    for (int64_t d = 0; d < shape.head_dim; d++) out_row[d] = float_to_bfloat16(acc[d] / total);
+    for (int64_t d = 0; d < shape.head_dim; d++) out_row[d] = store(acc[d] / total);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef VECTORISED
 #define QUERY_BLOCK 4        /* query rows sharing each tile row read, head_dim <= 64 */
 #define MAX_CHUNKS 16        /* head_dim / 16 */
 
+/* 16 keys' partial scores plus a query lane times a K tile's row of lanes. */
+static inline __m512 lane_fma(__m512 sums, lane_t q_lane, const lane_t *k_row) {
+#ifdef BFLOAT16
+    return _mm512_dpbf16_ps(sums, (__m512bh)_mm512_set1_epi32((int32_t)q_lane), (__m512bh)_mm512_loadu_si512(k_row));
+#else
+    return _mm512_fmadd_ps(_mm512_set1_ps(q_lane), _mm512_loadu_ps(k_row), sums);
+#endif
+}
+
+/* 16 float32 lanes stored as 16 elements. */
+static inline void store16(elem_t *p, __m512 x) {
+#ifdef BFLOAT16
+    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(x));
+#else
+    _mm512_storeu_ps(p, x);
+#endif
+}
+
 /* Pass 2 for `rows` (<= QUERY_BLOCK) query rows of one kv head at once, head_dim = 16 * chunks,
- * rows * chunks <= 16; inlined with constant rows and chunks. Row r is query head q_pairs[r] at
+ * rows * chunks <= 16; inlined with constant rows and chunks. Row r is query head q_lanes[r] at
  * positions[r]; the rows' output accumulates in registers. */
 static inline __attribute__((always_inline)) void attend_rows_x16(
-    uint16_t *out_rows[], const uint32_t *q_pairs[], const int64_t positions[], const uint32_t *k_tiles,
+    elem_t *out_rows[], const lane_t *q_lanes[], const int64_t positions[], const lane_t *k_tiles,
     const float *v_tiles, Sequence seq, Shape shape, float scale, int64_t sliding_window, const int rows,
     const int chunks) {
     __m512 acc[QUERY_BLOCK * MAX_CHUNKS / 4];  /* [rows, chunks] */
@@ -180,15 +223,12 @@ static inline __attribute__((always_inline)) void attend_rows_x16(
     for (int i = 0; i < rows * chunks; i++) acc[i] = _mm512_setzero_ps();
     const __m512 scales = _mm512_set1_ps(scale);
     for (int64_t tile = first_tile; tile <= last_tile; tile++) {
-        const uint32_t *k_tile = k_tiles + tile * tile_lanes(shape);
+        const lane_t *k_tile = k_tiles + tile * tile_lanes(shape);
         const float *v_tile = v_tiles + tile * v_tile_lanes(shape);
         __m512 sums[QUERY_BLOCK];
         for (int r = 0; r < rows; r++) sums[r] = _mm512_setzero_ps();
-        for (int c = 0; c < 8 * chunks; c++) {
-            const __m512bh keys = (__m512bh)_mm512_loadu_si512(k_tile + c * TILE_KEYS);
-            for (int r = 0; r < rows; r++)
-                sums[r] = _mm512_dpbf16_ps(sums[r], (__m512bh)_mm512_set1_epi32((int32_t)q_pairs[r][c]), keys);
-        }
+        for (int c = 0; c < 16 / DIMS_PER_LANE * chunks; c++)
+            for (int r = 0; r < rows; r++) sums[r] = lane_fma(sums[r], q_lanes[r][c], k_tile + c * TILE_KEYS);
         float probs[QUERY_BLOCK][TILE_KEYS];
         const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(seq.key_start + tile * TILE_KEYS)), key_offsets);
         for (int r = 0; r < rows; r++) {
@@ -217,21 +257,19 @@ static inline __attribute__((always_inline)) void attend_rows_x16(
     }
     for (int r = 0; r < rows; r++) {
         const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(totals[r]));
-        for (int c = 0; c < chunks; c++)
-            _mm256_storeu_si256((__m256i *)(out_rows[r] + 16 * c),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[r * chunks + c], inverse)));
+        for (int c = 0; c < chunks; c++) store16(out_rows[r] + 16 * c, _mm512_mul_ps(acc[r * chunks + c], inverse));
     }
 }
 
 /* Rows at a time, keeping rows * chunks accumulators within 16 registers. */
 static int rows_per_block(int64_t chunks) { return chunks <= 4 ? 4 : chunks <= 8 ? 2 : 1; }
 
-static void attend_rows(uint16_t *out_rows[], const uint32_t *q_pairs[], const int64_t positions[], const uint32_t *k_tiles,
+static void attend_rows(elem_t *out_rows[], const lane_t *q_lanes[], const int64_t positions[], const lane_t *k_tiles,
                         const float *v_tiles, Sequence seq, Shape shape, float scale, int64_t sliding_window, int rows) {
     switch (shape.head_dim / 16 * 8 + rows) {  /* chunks, rows: every pair rows_per_block allows */
 #define ATTEND_ROWS(CHUNKS, ROWS)                                                                                  \
     case CHUNKS * 8 + ROWS:                                                                                        \
-        attend_rows_x16(out_rows, q_pairs, positions, k_tiles, v_tiles, seq, shape, scale, sliding_window, ROWS, CHUNKS); \
+        attend_rows_x16(out_rows, q_lanes, positions, k_tiles, v_tiles, seq, shape, scale, sliding_window, ROWS, CHUNKS); \
         return;
         ATTEND_ROWS(1, 1) ATTEND_ROWS(1, 2) ATTEND_ROWS(1, 3) ATTEND_ROWS(1, 4)
         ATTEND_ROWS(2, 1) ATTEND_ROWS(2, 2) ATTEND_ROWS(2, 3) ATTEND_ROWS(2, 4)
@@ -245,9 +283,9 @@ static void attend_rows(uint16_t *out_rows[], const uint32_t *q_pairs[], const i
 }
 #endif
 
-/* 1 when pass 2 runs on AVX512-BF16 for this head_dim, else 0 (portable C). */
+/* 1 when pass 2 runs on AVX-512 for this head_dim, else 0 (portable C). */
 int32_t prefill_attention_vectorised(int64_t head_dim) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef VECTORISED
     return head_dim % 16 == 0 && (head_dim <= 128 || head_dim == 256);
 #else
     (void)head_dim;
@@ -257,35 +295,35 @@ int32_t prefill_attention_vectorised(int64_t head_dim) {
 
 /* Pass 2 for one work item: new tokens first_row..first_row + QUERY_ROWS - 1 of a sequence, every
  * query head of kv head h. */
-static void attend_item(uint16_t *out, const uint16_t *query, const uint32_t *k_tiles, const float *v_tiles,
+static void attend_item(elem_t *out, const elem_t *query, const lane_t *k_tiles, const float *v_tiles,
                         Sequence seq, int64_t h, int64_t first_row, Shape shape, float scale, int64_t sliding_window) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads;
     const int64_t end_row = first_row + QUERY_ROWS < seq.query_len ? first_row + QUERY_ROWS : seq.query_len;
     const int64_t num_rows = (end_row - first_row) * group_size;  /* (new token, query head of the group) */
     int block = 1;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef VECTORISED
     const int vectorised = prefill_attention_vectorised(shape.head_dim);
     if (vectorised) block = rows_per_block(shape.head_dim / 16);
 #endif
     for (int64_t row = 0; row < num_rows; row += block) {
         const int rows = num_rows - row < block ? (int)(num_rows - row) : block;
-        uint16_t *out_rows[4];
-        const uint32_t *q_pairs[4];
+        elem_t *out_rows[4];
+        const lane_t *q_lanes[4];
         int64_t positions[4];
         for (int r = 0; r < rows; r++) {
             const int64_t token = first_row + (row + r) / group_size, head = h * group_size + (row + r) % group_size;
             const int64_t offset = ((seq.query_start + token) * shape.num_heads + head) * shape.head_dim;
             out_rows[r] = out + offset;
-            q_pairs[r] = (const uint32_t *)(query + offset);
+            q_lanes[r] = (const lane_t *)(query + offset);
             positions[r] = seq.prefix_len + token;
         }
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef VECTORISED
         if (vectorised) {
-            attend_rows(out_rows, q_pairs, positions, k_tiles, v_tiles, seq, shape, scale, sliding_window, rows);
+            attend_rows(out_rows, q_lanes, positions, k_tiles, v_tiles, seq, shape, scale, sliding_window, rows);
             continue;
         }
 #endif
-        attend_row(out_rows[0], q_pairs[0], k_tiles, v_tiles, seq, positions[0], shape, scale, sliding_window);
+        attend_row(out_rows[0], q_lanes[0], k_tiles, v_tiles, seq, positions[0], shape, scale, sliding_window);
     }
 }
 
@@ -297,7 +335,7 @@ static int in_range(const int32_t *block_table, Sequence seq, int64_t num_blocks
     return 1;
 }
 
-int64_t paged_prefill_attention(uint16_t *out, const uint16_t *query, const uint16_t *k_cache, const uint16_t *v_cache,
+int64_t paged_prefill_attention(elem_t *out, const elem_t *query, const elem_t *k_cache, const elem_t *v_cache,
                                 const int32_t *block_tables, const int32_t *query_start_loc, const int32_t *context_lens,
                                 int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                 int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq, float scale,
@@ -329,7 +367,7 @@ int64_t paged_prefill_attention(uint16_t *out, const uint16_t *query, const uint
     }
     item_starts[num_seqs] = num_items;
     /* [num_tiles] of each: sequence s's tiles of kv head h from (first_tile + h * num_tiles) on */
-    uint32_t *k_tiles = malloc(num_tiles * tile_lanes(shape) * sizeof *k_tiles);
+    lane_t *k_tiles = malloc(num_tiles * tile_lanes(shape) * sizeof *k_tiles);
     float *v_tiles = malloc(num_tiles * v_tile_lanes(shape) * sizeof *v_tiles);
     const int out_of_memory = k_tiles == NULL || v_tiles == NULL;
     if (!out_of_memory) {

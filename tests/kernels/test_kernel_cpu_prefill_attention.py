@@ -1,6 +1,7 @@
-"""The compiled CPU prefill kernel equals the reference (in float32, on the same bfloat16 inputs)
-within bfloat16's tolerance, in its AVX512-BF16 build and its portable one (built without
-AVX512-BF16; on a CPU without it both builds are portable).
+"""The compiled CPU prefill kernel equals the reference (in float32, on the same inputs) within
+its dtype's tolerance, for float32 and bfloat16, in its AVX-512 builds and its portable ones
+(built without AVX-512F for float32, without AVX512-BF16 for bfloat16; on a CPU without them both
+builds are portable).
 
 Batches pack a one-token prompt, prompts ending mid-block and spanning several 16-row work items
 and 16-key tiles, and chunks after a cached prefix (ending mid-block and on a block edge), in a
@@ -17,7 +18,8 @@ from pdserve.kernels import cpu_prefill_attention
 from pdserve.kernels.reference import prefill_attention_reference
 from tests.kernels.conftest import BLOCK_SIZES, LONG_WINDOW, KernelCase, built_in_private_cache, prefill_lens_around
 
-BUILDS = {"native": (), "portable": ("-mno-avx512bf16",)}
+DTYPES = list(cpu_prefill_attention.DTYPE_FLAGS)
+PORTABLE_FLAGS = {torch.float32: ("-mno-avx512f",), torch.bfloat16: ("-mno-avx512bf16",)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,10 +27,15 @@ def private_cache(tmp_path_factory):
     yield from built_in_private_cache(tmp_path_factory, cpu_prefill_attention.load)
 
 
-@pytest.fixture(params=list(BUILDS))
-def library(request):
-    library = cpu_prefill_attention.load(BUILDS[request.param])
-    if library is None:  # a compiler that knows no -mno-avx512bf16 (not x86)
+@pytest.fixture(params=DTYPES, ids=str)
+def dtype(request):
+    return request.param
+
+
+@pytest.fixture(params=["native", "portable"])
+def library(request, dtype):
+    library = cpu_prefill_attention.load(dtype, PORTABLE_FLAGS[dtype] if request.param == "portable" else ())
+    if library is None:  # a compiler that knows no -mno-avx512* (not x86)
         pytest.skip(f"the {request.param} build is unavailable here")
     return library
 
@@ -49,31 +56,33 @@ def mixed_prefill_lens(block_size):
     return context_lens, query_lens
 
 
-@pytest.mark.parametrize("case", [KernelCase(torch.bfloat16, *axes) for axes in itertools.product(
-    (1, 3, 4, 8), BLOCK_SIZES, (64, 80, 128, 256))], ids=str)
-def test_matches_reference(library, paged_batch, assert_close_for_dtype, case):
-    batch = paged_batch(*mixed_prefill_lens(case.block_size), case, device="cpu")
+@pytest.mark.parametrize("queries_per_kv, block_size, head_dim", list(itertools.product(
+    (1, 3, 4, 8), BLOCK_SIZES, (64, 80, 128, 256))))
+def test_matches_reference(library, dtype, paged_batch, assert_close_for_dtype, queries_per_kv, block_size, head_dim):
+    case = KernelCase(dtype, queries_per_kv, block_size, head_dim)
+    batch = paged_batch(*mixed_prefill_lens(block_size), case, device="cpu")
 
     out, expected = prefill_both(library, batch)
 
-    assert out.shape == batch.query.shape and out.dtype == torch.bfloat16
-    assert_close_for_dtype(out, expected, torch.bfloat16)
+    assert out.shape == batch.query.shape and out.dtype == dtype
+    assert_close_for_dtype(out, expected, dtype)
 
 
 @pytest.mark.parametrize("sliding_window", [3, LONG_WINDOW])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-def test_sliding_window_matches_reference(library, paged_batch, assert_close_for_dtype, block_size, sliding_window):
-    case = KernelCase(torch.bfloat16, 3, block_size, 64)
+def test_sliding_window_matches_reference(library, dtype, paged_batch, assert_close_for_dtype, block_size,
+                                          sliding_window):
+    case = KernelCase(dtype, 3, block_size, 64)
     batch = paged_batch(*prefill_lens_around(sliding_window, block_size), case, device="cpu",
                         sliding_window=sliding_window)
 
     out, expected = prefill_both(library, batch, sliding_window)
 
-    assert_close_for_dtype(out, expected, torch.bfloat16)
+    assert_close_for_dtype(out, expected, dtype)
 
 
-def test_a_row_is_the_same_bits_whatever_the_thread_count(library, paged_batch, threads):
-    batch = paged_batch(*mixed_prefill_lens(16), KernelCase(torch.bfloat16, 3, 16, 64), device="cpu")
+def test_a_row_is_the_same_bits_whatever_the_thread_count(library, dtype, paged_batch, threads):
+    batch = paged_batch(*mixed_prefill_lens(16), KernelCase(dtype, 3, 16, 64), device="cpu")
     outs = []
     for num_threads in (1, 2):
         threads(num_threads)
@@ -82,8 +91,8 @@ def test_a_row_is_the_same_bits_whatever_the_thread_count(library, paged_batch, 
     assert torch.equal(*outs)
 
 
-def test_a_block_id_outside_the_pool_is_refused(library, paged_batch):
-    batch = paged_batch(*mixed_prefill_lens(16), KernelCase(torch.bfloat16, 3, 16, 64), device="cpu")
+def test_a_block_id_outside_the_pool_is_refused(library, dtype, paged_batch):
+    batch = paged_batch(*mixed_prefill_lens(16), KernelCase(dtype, 3, 16, 64), device="cpu")
     batch.block_tables[2, 1] = batch.k_cache.shape[0]
 
     with pytest.raises(ValueError, match="sequence 2"):

@@ -1,6 +1,6 @@
 """The public `kernels` API on CPU tensors: float32 and bfloat16 decode, masked or not, goes to the
-compiled kernel when it builds; bfloat16 prefill without a softcap to the compiled kernel where it
-runs on AVX512-BF16; everything else to the references; a window below 1 or a softcap
+compiled kernel when it builds; float32 and bfloat16 prefill without a softcap to the compiled
+kernel where it runs on AVX-512; everything else to the references; a window below 1 or a softcap
 not above 0 is refused; importing loads no kernel."""
 import subprocess
 import sys
@@ -53,8 +53,8 @@ def test_cpu_attention_dispatch(kernel_case, masking, paged_batch):
         assert torch.equal(decoded, decode_attention_reference(*decode_args, **masking))
     else:
         assert torch.equal(decoded, cpu_decode_attention.decode_attention(library, *decode_args, **masking))
-    prefill_library = cpu_prefill_attention.load()
-    if (kernel_case.dtype == torch.bfloat16 and not masking and prefill_library is not None
+    prefill_library = cpu_prefill_attention.load(kernel_case.dtype)
+    if (not masking and prefill_library is not None
             and cpu_prefill_attention.vectorised(prefill_library, kernel_case.head_dim)):
         assert torch.equal(prefilled, cpu_prefill_attention.prefill_attention(prefill_library, *prefill_args))
     else:
