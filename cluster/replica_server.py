@@ -39,12 +39,12 @@ from redis.exceptions import RedisError
 
 from pdserve.cluster.drain import drain
 from pdserve.cluster.engine_watchdog import watch_engine
+from pdserve.cluster.gc_heap import freeze_startup_heap
 from pdserve.cluster.grpc_server import GrpcServer
 from pdserve.cluster.internal_auth import InternalAuth
 from pdserve.cluster.prefix_digest import MAX_DIGEST_HASHES
 from pdserve.cluster.registry import LOAD_FIELDS, ReplicaHeartbeat, default_host_id
 from pdserve.cluster.service_args import internal_auth_from, replica_id_from
-from pdserve.cluster.gc_heap import freeze_startup_heap
 from pdserve.cluster.startup_log import log_loading, log_ready
 
 logger = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ import argparse
 import asyncio
 import time
 
+from pdserve.cluster.gc_heap import freeze_startup_heap
 from pdserve.cluster.service_args import (add_model_argument, add_served_model_name_argument, run_service,
                                           served_model_name)
-from pdserve.cluster.gc_heap import freeze_startup_heap
 from pdserve.cluster.startup_log import log_loading, log_ready
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine_args import add_engine_arguments, bind_cpus, engine_config_from, model_text
