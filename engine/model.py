@@ -115,17 +115,18 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         kernels.store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
 
-        out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         masking = dict(sliding_window=self.sliding_window, logit_softcap=self.logit_softcap)
         num_decode = attn.num_decode_tokens
+        parts = []  # [num_decode, num_heads, head_dim], then [num_tokens - num_decode, ...]
         if num_decode:
-            out[:num_decode] = kernels.decode_attention(
+            parts.append(kernels.decode_attention(
                 q[:num_decode], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, self.scale,
-                **masking)
+                **masking))
         if num_decode < num_tokens:
-            out[num_decode:] = kernels.prefill_attention(
+            parts.append(kernels.prefill_attention(
                 q[num_decode:], k_cache, v_cache, attn.prefill_block_tables, attn.prefill_query_start_loc,
-                attn.prefill_context_lens, self.scale, **masking)
+                attn.prefill_context_lens, self.scale, **masking))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)  # [num_tokens, num_heads, head_dim]
         return self.o_proj(out.view(num_tokens, self.q_size))
 
 

@@ -6,7 +6,7 @@ The library is called through `ctypes`, which releases the GIL for the call.
 `load(dtype)` returns None when the kernel cannot be had (no compiler, a failed build, an
 unsupported dtype, or `PDSERVE_CPU_KERNELS=0`), and the caller keeps the torch reference: the
 compiled kernel is an optimisation, never a requirement. The query and output cross the call in
-float32 (a copy for bfloat16, small beside the context it reads).
+float32 or bfloat16 as they are; another query dtype is widened to float32 and the output narrowed back.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
     function = library.paged_decode_attention
     function.restype = ctypes.c_int64
     function.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7
-                         + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int32])
+                         + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_int32])
     return library
 
 
@@ -38,17 +38,17 @@ def decode_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables
                      sliding_window: int | None = None, logit_softcap: float | None = None):
     """`kernels.decode_attention` for CPU tensors of the documented layouts, K/V in the dtype that
     `library` was built for, any query dtype. The C kernel takes 0 for no window and for no softcap."""
-    query_f32 = query.float().contiguous()
+    query_in = (query if query.dtype in (torch.float32, torch.bfloat16) else query.float()).contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
     context_lens = context_lens.to(torch.int32).contiguous()
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads = k_cache.shape[:3]
-    out = torch.empty_like(query_f32)  # [num_seqs, num_heads, head_dim]
+    out = torch.empty_like(query_in)  # [num_seqs, num_heads, head_dim]
     status = library.paged_decode_attention(
-        out.data_ptr(), query_f32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        out.data_ptr(), query_in.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         block_tables.data_ptr(), context_lens.data_ptr(),
         num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size, block_tables.shape[1],
-        scale, sliding_window or 0, logit_softcap or 0.0, torch.get_num_threads(),
+        scale, sliding_window or 0, logit_softcap or 0.0, query_in.dtype == torch.bfloat16, torch.get_num_threads(),
     )
     if status == -1:
         raise MemoryError(f"decode attention: no scratch memory for {num_seqs} sequences")

@@ -2,11 +2,11 @@
  * in place from the block pool (no gathered copy, no padding). The pool holds float32, or
  * bfloat16 when built with -DKV_BFLOAT16 (widened to float32 as it is read), or int8 entries
  * when built with -DKV_INT8 (kernels/kv_quant.py: head_dim levels, then their float32 scale; a
- * key's scale multiplies its score, a value's its probability); query, output and all arithmetic
- * are float32.
+ * key's scale multiplies its score, a value's its probability); query and output are float32 or
+ * bfloat16, all arithmetic float32 (a bfloat16 output rounded once, at the end).
  *
  * Layouts (all contiguous, row-major):
- *   out, query       [num_seqs, num_heads, head_dim] float32
+ *   out, query       [num_seqs, num_heads, head_dim] float32, or bfloat16 when query_bfloat16
  *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, entry_len] kv_t, entry_len = head_dim
  *                    (+ 4 for the scale's bytes of an int8 entry)
  *   block_tables     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's last block are
@@ -19,17 +19,22 @@
  * sliding_window), and nothing before key_start is read, neither cache nor block table. Scores are
  * s = scale * q.k, and logit_softcap c > 0 makes them c * tanh(s / c) (0 leaves them as they are).
  *
- * One work item is one sequence, in three passes over its keys: score every query head against
- * each key, softmax each head's scores, weigh each value. K and V are each read once, block by block
- * and within a block front to back (a token's row holds every kv head), so the reads stream. Items
- * run in parallel under OpenMP.
+ * A sequence's keys are split into parts at every multiple of PART_KEYS positions, each computed
+ * alone in three passes over its keys: score every query head against each key, softmax each
+ * head's scores, weigh each value. K and V are each read once, block by block and within a block
+ * front to back (a token's row holds every kv head), so the reads stream. A sequence of several
+ * parts then merges them by each part's share of the softmax's sum. One work item is a run of a
+ * sequence's parts, read in order by one thread: the whole sequence, or a share of it where there
+ * are fewer sequences than threads, so that one long context keeps every thread busy. Items run in
+ * parallel under OpenMP. The parts follow from the sequence alone, so its output is the same bit for
+ * bit whatever batch and thread count it runs in.
  *
  * Built with AVX-512, for a head_dim of 16, 32, 64, 80, 96, 128 or 256 and at most 8 query heads
  * per kv head, the two passes are vectorised by hand: scoring takes 16 keys at a time, scores
  * every query head against them (its row in registers) and sums each head's 16 products in one
  * transposing tree; weighing widens each value row once for its kv head's whole group of query
- * heads. Both request the block two places ahead in the sequence's reading order (K, then V),
- * a part at a time between their arithmetic: without that, a core waits on each block's first
+ * heads. Both request the block two places ahead in the run's reading order (K, then V, by part),
+ * a slice at a time between their arithmetic: without that, a core waits on each block's first
  * lines and reads the pool at half its streaming rate. A bfloat16 pool with
  * AVX512-BF16 multiplies query and key pairs in bfloat16 (the query is bfloat16 before the
  * caller widens it, so nothing is rounded) and sums in float32. Only the summation order differs
@@ -39,7 +44,7 @@
  *
  * Returns 0; 1 + the index of the first sequence whose context length or block ids are out of
  * range (nothing is written then); or -1 when scratch memory could not be allocated (the output
- * is then incomplete).
+ * is then incomplete or unwritten).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -102,6 +107,7 @@ static int64_t block_end(int64_t start, int64_t context_len, int64_t block_size)
     return end < context_len ? end : context_len;
 }
 
+#define PART_KEYS 64  /* keys of a work item at most (see the header) */
 #define PREFETCH_AHEAD 2  /* blocks of a sequence's reading order between a prefetch and its use */
 
 /* A cache line requested ahead of use. GCC deletes a loop of nothing but __builtin_prefetch, so on
@@ -114,22 +120,37 @@ static inline void prefetch_line(const char *p) {
 #endif
 }
 
-/* A sequence is read in one order: its K blocks from key_start's, then its V blocks. This requests
- * part `part` of `parts` of the block PREFETCH_AHEAD places after position start's block of K (or
- * of V when is_value) in that order. */
+/* A run of parts (see paged_decode_attention) is read in one order: a part's K blocks from
+ * key_start's, then its V blocks, then the next part's K blocks up to run_end (context_len when the
+ * part ends its run). This requests slice `slice` of `slices` of the block PREFETCH_AHEAD places
+ * after position start's block of K (or of V when is_value) in that order. */
 static inline void prefetch_ahead(const kv_t *k_cache, const kv_t *v_cache, const int32_t *block_table, int64_t key_start,
-                                  int64_t context_len, int64_t start, int is_value, Shape shape, int64_t part,
-                                  int64_t parts) {
+                                  int64_t context_len, int64_t run_end, int64_t start, int is_value, Shape shape,
+                                  int64_t slice, int64_t slices) {
     const int64_t first = key_start / shape.block_size;
     const int64_t count = (context_len + shape.block_size - 1) / shape.block_size - first;
     const int64_t order = start / shape.block_size - first + is_value * count + PREFETCH_AHEAD;
-    if (order >= 2 * count) return;
+    const int64_t next = context_len / shape.block_size + order - 2 * count;  /* the next part's block */
+    if (order >= 2 * count && next >= (run_end + shape.block_size - 1) / shape.block_size) return;
     const int64_t block_len = shape.block_size * shape.num_kv_heads * entry_len(shape);
-    const kv_t *block = order < count ? k_cache + block_table[first + order] * block_len
-                                      : v_cache + block_table[first + order - count] * block_len;
+    const kv_t *block = order < count       ? k_cache + block_table[first + order] * block_len
+                        : order < 2 * count ? v_cache + block_table[first + order - count] * block_len
+                                            : k_cache + block_table[next] * block_len;
     const int64_t lines = block_len * (int64_t)sizeof(kv_t) / 64;
-    for (int64_t line = part * lines / parts; line < (part + 1) * lines / parts; line++)
+    for (int64_t line = slice * lines / slices; line < (slice + 1) * lines / slices; line++)
         prefetch_line((const char *)block + 64 * line);
+}
+
+/* The first PREFETCH_AHEAD blocks of K from key_start's requested: a run's first, which no
+ * prefetch_ahead has requested. */
+static void prefetch_first(const kv_t *k_cache, const int32_t *block_table, int64_t key_start, int64_t context_len,
+                           Shape shape) {
+    const int64_t first = key_start / shape.block_size;
+    const int64_t count = (context_len + shape.block_size - 1) / shape.block_size - first;
+    const int64_t block_len = shape.block_size * shape.num_kv_heads * entry_len(shape);
+    for (int64_t order = 0; order < PREFETCH_AHEAD && order < count; order++)
+        for (int64_t line = 0; line < block_len * (int64_t)sizeof(kv_t) / 64; line++)
+            prefetch_line((const char *)(k_cache + block_table[first + order] * block_len) + 64 * line);
 }
 
 /* scores[j * num_keys + t - key_start] = the (softcapped) score of query head j against key t, for
@@ -155,8 +176,10 @@ static void score_keys(float *restrict scores, const float *restrict query, cons
     }
 }
 
-/* Each row of scores, in place, becomes its softmax. */
-static void softmax_rows(float *restrict scores, int64_t num_rows, int64_t row_len) {
+/* Each row of scores, in place, becomes its softmax; row_max[j] and row_total[j] keep row j's
+ * largest score and its sum of exp(score - largest), for merging with other parts of the row. */
+static void softmax_rows(float *restrict scores, int64_t num_rows, int64_t row_len, float *restrict row_max,
+                         float *restrict row_total) {
     for (int64_t j = 0; j < num_rows; j++) {
         float *restrict row = scores + j * row_len;
         float max_score = row[0], total = 0.0f;
@@ -170,6 +193,7 @@ static void softmax_rows(float *restrict scores, int64_t num_rows, int64_t row_l
         const float inv_total = 1.0f / total;
 #pragma omp simd
         for (int64_t t = 0; t < row_len; t++) row[t] *= inv_total;
+        row_max[j] = max_score, row_total[j] = total;
     }
 }
 
@@ -232,8 +256,8 @@ static void query_levels(int16_t *restrict levels, float *restrict query_scales,
  * one pass; a head's 16 sums reduce in one transposing tree. */
 static inline __attribute__((always_inline)) void score_keys_x16(
     float *restrict scores, const float *restrict query, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
-    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape, float scale,
-    float logit_softcap, const int64_t chunks) {
+    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, int64_t run_end, Shape shape,
+    float scale, float logit_softcap, const int64_t chunks) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
@@ -251,8 +275,8 @@ static inline __attribute__((always_inline)) void score_keys_x16(
             const int64_t n = end - t < 16 ? end - t : 16;
             const kv_t *tile = block_keys + (t - start) * token_stride;  /* n keys, every kv head */
             for (int64_t j = 0; j < shape.num_heads; j++) {
-                if (t == start)  /* a block ahead, one part per query head */
-                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, start, 0, shape, j,
+                if (t == start)  /* a block ahead, one slice per query head */
+                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, run_end, start, 0, shape, j,
                                    shape.num_heads);
                 const kv_t *head_keys = tile + j / group_size * entry_len(shape);
                 const float *q_row = query + j * head_dim;
@@ -320,7 +344,8 @@ static inline __attribute__((always_inline)) void score_keys_x16(
  * every query head of its group, whose output rows accumulate in sums (registers or L1). */
 static inline __attribute__((always_inline)) void weigh_values_x16(
     float *restrict out, const float *restrict probs, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
-    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, Shape shape, const int64_t chunks) {
+    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, int64_t run_end, Shape shape,
+    const int64_t chunks) {
     const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
     const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
     const int64_t num_keys = context_len - key_start;
@@ -334,7 +359,7 @@ static inline __attribute__((always_inline)) void weigh_values_x16(
             end = block_end(start, context_len, shape.block_size);
             for (int64_t t = start; t < end; t++, value += token_stride) {
                 if (h == 0)  /* a block ahead over the block's keys, on the first kv head's pass */
-                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, start, 1, shape, t - start,
+                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, run_end, start, 1, shape, t - start,
                                    end - start);
                 __m512 row[16];
                 for (int64_t c = 0; c < chunks; c++) row[c] = kv_load16(value + 16 * c);
@@ -351,27 +376,31 @@ static inline __attribute__((always_inline)) void weigh_values_x16(
 }
 #endif
 
-/* One sequence's attention; scores is scratch for [num_heads, context_len - key_start] floats. */
-static void attend(float *restrict out, float *restrict scores, const float *restrict query, const kv_t *restrict k_cache,
-                   const kv_t *restrict v_cache, const int32_t *restrict block_table, int64_t key_start,
-                   int64_t context_len, Shape shape, float scale, float logit_softcap) {
+/* One sequence's attention over its keys key_start..context_len-1 alone: out [num_heads, head_dim],
+ * and each query head's largest score and sum of exp(score - largest) in row_max, row_total
+ * [num_heads]; scores is scratch for [num_heads, context_len - key_start] floats. */
+static void attend(float *restrict out, float *restrict row_max, float *restrict row_total, float *restrict scores,
+                   const float *restrict query, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
+                   const int32_t *restrict block_table, int64_t key_start, int64_t context_len, int64_t run_end,
+                   Shape shape, float scale, float logit_softcap) {
     const int64_t num_keys = context_len - key_start;
 #ifdef __AVX512F__
     const int64_t group_size = shape.num_heads / shape.num_kv_heads;
     switch (shape.head_dim % 16 == 0 && group_size <= MAX_GROUP_X16 ? shape.head_dim / 16 : 0) {
 #define ATTEND_X16(CHUNKS)                                                                                       \
     case CHUNKS:                                                                                                  \
-        score_keys_x16(scores, query, k_cache, v_cache, block_table, key_start, context_len, shape, scale, logit_softcap, \
-                       CHUNKS);                                                                                  \
-        softmax_rows(scores, shape.num_heads, num_keys);                                                         \
-        weigh_values_x16(out, scores, k_cache, v_cache, block_table, key_start, context_len, shape, CHUNKS);              \
+        score_keys_x16(scores, query, k_cache, v_cache, block_table, key_start, context_len, run_end, shape, scale,     \
+                       logit_softcap, CHUNKS);                                                                   \
+        softmax_rows(scores, shape.num_heads, num_keys, row_max, row_total);                                     \
+        weigh_values_x16(out, scores, k_cache, v_cache, block_table, key_start, context_len, run_end, shape, CHUNKS);     \
         return;
         ATTEND_X16(1) ATTEND_X16(2) ATTEND_X16(4) ATTEND_X16(5) ATTEND_X16(6) ATTEND_X16(8) ATTEND_X16(16)
 #undef ATTEND_X16
     }
 #endif
+    (void)run_end;  /* the portable passes request nothing ahead */
     score_keys(scores, query, k_cache, block_table, key_start, context_len, shape, scale, logit_softcap);
-    softmax_rows(scores, shape.num_heads, num_keys);
+    softmax_rows(scores, shape.num_heads, num_keys, row_max, row_total);
     weigh_values(out, scores, v_cache, block_table, key_start, context_len, shape);
 }
 
@@ -383,37 +412,125 @@ static int in_range(const int32_t *block_table, int64_t key_start, int64_t conte
     return 1;
 }
 
-int64_t paged_decode_attention(float *out, const float *query, const kv_t *k_cache, const kv_t *v_cache,
-                                   const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
-                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
-                                   int64_t block_size, int64_t max_blocks_per_seq, float scale,
-                                   int64_t sliding_window, float logit_softcap, int32_t num_threads) {
-    int64_t max_keys = 0;
+/* A sequence's keys split at multiples of PART_KEYS positions: part p of a sequence whose first
+ * key is key_start holds keys max(key_start, (first + p) * PART_KEYS) up to the next multiple, where
+ * first = key_start / PART_KEYS. */
+static int64_t num_parts(int64_t key_start, int64_t context_len) {
+    return (context_len - 1) / PART_KEYS - key_start / PART_KEYS + 1;
+}
+
+typedef struct {
+    int64_t key_start, key_end;
+} Part;
+
+/* Row j of a sequence's merged output from its parts' rows: each part's softmax-weighted mean of
+ * values, weighed by its share sum(exp(score - largest of all parts)) of the whole row's. */
+static void merge_parts(float *restrict out, const float *restrict partials, int64_t count, Shape shape) {
+    const int64_t row_len = shape.num_heads * shape.head_dim, stride = row_len + 2 * shape.num_heads;
+    for (int64_t j = 0; j < shape.num_heads; j++) {
+        float largest = partials[row_len + j];
+        for (int64_t p = 1; p < count; p++) largest = fmaxf(largest, partials[p * stride + row_len + j]);
+        float weights[count], total = 0.0f;
+        for (int64_t p = 0; p < count; p++) {
+            const float *stats = partials + p * stride + row_len;
+            weights[p] = stats[shape.num_heads + j] * exp_nonpositive(stats[j] - largest);
+            total += weights[p];
+        }
+        float *restrict out_row = out + j * shape.head_dim;
+        memset(out_row, 0, shape.head_dim * sizeof(float));
+        for (int64_t p = 0; p < count; p++) {
+            const float weight = weights[p] / total, *restrict part_row = partials + p * stride + j * shape.head_dim;
+#pragma omp simd
+            for (int64_t d = 0; d < shape.head_dim; d++) out_row[d] += weight * part_row[d];
+        }
+    }
+}
+
+/* n floats of row into out, as float32 or (out_bfloat16) bfloat16. */
+static void store_row(void *out, const float *row, int64_t n, int out_bfloat16) {
+    if (!out_bfloat16) {
+        memcpy(out, row, n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = float_to_bfloat16(row[i]);
+}
+
+int64_t paged_decode_attention(void *out, const void *query, const kv_t *k_cache, const kv_t *v_cache,
+                               const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+                               int64_t block_size, int64_t max_blocks_per_seq, float scale, int64_t sliding_window,
+                               float logit_softcap, int32_t query_bfloat16, int32_t num_threads) {
+    int64_t total_parts = 0;
     for (int64_t s = 0; s < num_seqs; s++) {
-        const int64_t key_start = first_key(context_lens[s], sliding_window), num_keys = context_lens[s] - key_start;
+        const int64_t key_start = first_key(context_lens[s], sliding_window);
         if (!in_range(block_tables + s * max_blocks_per_seq, key_start, context_lens[s], num_blocks, block_size,
                       max_blocks_per_seq))
             return s + 1;
-        max_keys = num_keys > max_keys ? num_keys : max_keys;
+        total_parts += num_parts(key_start, context_lens[s]);
     }
     const Shape shape = {num_heads, num_kv_heads, head_dim, block_size};
+    const int64_t row_len = num_heads * head_dim, partial_len = row_len + 2 * num_heads;
+    Part *parts = malloc(total_parts * sizeof(Part));
+    int64_t *first_part = malloc((num_seqs + 1) * sizeof(int64_t));  /* sequence s owns parts first_part[s].. */
+    float *partials = malloc(total_parts * partial_len * sizeof(float));  /* [total_parts, partial_len] */
+    if (parts == NULL || first_part == NULL || partials == NULL) {
+        free(parts), free(first_part), free(partials);
+        return -1;
+    }
+    for (int64_t s = 0, p = 0; s < num_seqs; s++) {
+        const int64_t key_start = first_key(context_lens[s], sliding_window);
+        first_part[s] = p;
+        for (int64_t start = key_start; start < context_lens[s]; p++) {
+            const int64_t end = (start / PART_KEYS + 1) * PART_KEYS;
+            parts[p] = (Part){start, end < context_lens[s] ? end : context_lens[s]};
+            start = parts[p].key_end;
+        }
+        first_part[s + 1] = p;
+    }
+    /* A run is a sequence's parts first_part[s] + r * count / runs up to the next run's, computed
+     * in order by one thread: each sequence in one run, unless there are fewer sequences than
+     * threads. A run's next part's first blocks are requested as its current part begins. */
+    const int64_t runs = (num_threads + num_seqs - 1) / num_seqs;
+    const int64_t in_size = query_bfloat16 ? 2 : 4;
     int out_of_memory = 0;
 
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
     {
-        float *scores = malloc(num_heads * max_keys * sizeof(float));  /* [num_heads, num_keys] */
-        if (scores == NULL) {
+        /* [num_heads, PART_KEYS] scores, then the query widened [num_heads, head_dim], then one row's output */
+        float *scratch = malloc((num_heads * PART_KEYS + 2 * row_len) * sizeof(float));
+        if (scratch == NULL) {
 #pragma omp atomic write
             out_of_memory = 1;
         }
+        float *query_row = scratch + num_heads * PART_KEYS, *out_row = query_row + row_len;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_seqs * runs; item++) {
+            const int64_t s = item / runs, r = item % runs, count = first_part[s + 1] - first_part[s];
+            const int64_t begin = first_part[s] + r * count / runs, end = first_part[s] + (r + 1) * count / runs;
+            if (scratch == NULL || begin == end) continue;
+            const int32_t *block_table = block_tables + s * max_blocks_per_seq;
+            const char *seq_query = (const char *)query + s * row_len * in_size;
+            if (query_bfloat16)
+                for (int64_t i = 0; i < row_len; i++) query_row[i] = bfloat16_to_float(((const uint16_t *)seq_query)[i]);
+            prefetch_first(k_cache, block_table, parts[begin].key_start, parts[begin].key_end, shape);
+            for (int64_t p = begin; p < end; p++) {
+                float *partial = partials + p * partial_len;
+                attend(partial, partial + row_len, partial + row_len + num_heads, scratch,
+                       query_bfloat16 ? query_row : (const float *)seq_query, k_cache, v_cache, block_table,
+                       parts[p].key_start, parts[p].key_end, parts[end - 1].key_end, shape, scale, logit_softcap);
+            }
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < num_seqs; s++) {
-            if (scores == NULL) continue;
-            const int64_t head_offset = s * num_heads * head_dim;
-            attend(out + head_offset, scores, query + head_offset, k_cache, v_cache, block_tables + s * max_blocks_per_seq,
-                   first_key(context_lens[s], sliding_window), context_lens[s], shape, scale, logit_softcap);
+            if (scratch == NULL) continue;
+            const int64_t count = first_part[s + 1] - first_part[s];
+            const float *seq_partials = partials + first_part[s] * partial_len;
+            if (count > 1) merge_parts(out_row, seq_partials, count, shape);
+            store_row((char *)out + s * row_len * in_size, count > 1 ? out_row : seq_partials, row_len,
+                      query_bfloat16);
         }
-        free(scores);
+        free(scratch);
     }
+    free(parts), free(first_part), free(partials);
     return out_of_memory ? -1 : 0;
 }

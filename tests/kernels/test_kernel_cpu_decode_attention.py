@@ -147,6 +147,27 @@ def test_threads_split_sequences_without_changing_results(library, paged_batch):
     assert torch.equal(one_thread, two_threads)
 
 
+def test_a_sequence_split_into_parts_is_the_same_alone_in_a_batch_and_on_any_threads(library, paged_batch):
+    """A context of many 64-key parts, computed by one thread or split among two, alone or beside
+    other sequences, gives the same bits; a window starting mid-part too."""
+    case = KernelCase(torch.float32, 3, 16, 64)
+    batch = paged_batch([1000, 7, 300, 65], [1] * 4, case, device="cpu")
+    alone = dataclasses.replace(batch, query=batch.query[:1], block_tables=batch.block_tables[:1],
+                                context_lens=batch.context_lens[:1])
+    threads = torch.get_num_threads()
+    outputs = []
+    try:
+        for num_threads, which, masking in itertools.product((1, 2), (alone, batch), ({}, {"sliding_window": 517})):
+            torch.set_num_threads(num_threads)
+            out, expected = decode_both(library, which, **masking)
+            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+            outputs.append((masking, out[0]))
+    finally:
+        torch.set_num_threads(threads)
+    for masking, out in outputs:
+        assert torch.equal(out, next(first for m, first in outputs if m == masking))
+
+
 def test_block_id_outside_the_pool_is_an_error(library, paged_batch):
     batch = paged_batch([20, 20], [1, 1], KernelCase(torch.float32, 1, 16, 64), device="cpu")
     batch.block_tables[1, 1] = batch.k_cache.shape[0]
