@@ -1,6 +1,7 @@
 """Where one decode step of the engine spends its time, against the step's memory roofline.
 
     pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,8,32 --threads 1
+    pdserve bench decode-step --dtype bfloat16 --batch-sizes 1,16 --enforce-eager
     pdserve bench decode-step --model FILE.gguf --dtype bfloat16 --quantized-weights as-stored --threads 1
     pdserve bench decode-step --dtype bfloat16 --kv-cache-dtype int8 --batch-sizes 32 --context-len 1000
     pdserve bench decode-step --dtype bfloat16 --quantization w8a8 --batch-sizes 1,16
@@ -10,7 +11,9 @@
 `--batch-sizes` sequences of `--context-len` prompt tokens are prefilled, then `--steps` decode
 steps run through `LLMEngine.step`, each part timed by wrapping it on this run's objects (on a
 GPU synchronising around it): Linear layers (LM head apart), decode attention, KV writes; "other
-in the forward" is the rest of it, "step bookkeeping" the step less the runner. The roofline is
+in the forward" is the rest of it, "step bookkeeping" the step less the runner. Where a CPU runs
+decode steps as plans (engine/cpu_decode_plan.py), which call their kernels directly, the forward
+is timed whole; `--enforce-eager` splits it through the modules. The roofline is
 what a step must read once, the weights and every sequence's K and V, divided by the device's
 read bandwidth (`bench.bandwidth`, on the same threads): a step can be no faster.
 
@@ -94,26 +97,32 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
             structured_output: StructuredOutput | None = None) -> dict:
     engine = llm.engine
     start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}", structured_output)
-    model = engine.runner.model
+    model, plans = engine.runner.model, engine.runner.decode_plans
     timer = PartTimer(engine.device)
     linears = {type(m) for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear, BlockLinear, Int8Linear))}
-    for owner, attribute, part in ((engine, "step", "step"), (engine.runner, "run", "runner"),
-                                   (model, "forward", "forward"), (model, "compute_logits", "LM head"),
-                                   (kernels, "decode_attention", "decode attention"),
-                                   (kernels, "store_kv", "KV writes"),
-                                   *((linear, "forward", "linear") for linear in linears)):
+    parts = [(engine, "step", "step"), (engine.runner, "run", "runner"), (model, "compute_logits", "LM head")]
+    if plans is None:
+        parts += [(model, "forward", "forward"), (kernels, "decode_attention", "decode attention"),
+                  (kernels, "store_kv", "KV writes"), *((linear, "forward", "linear") for linear in linears)]
+    else:  # the plan calls its kernels directly: its forward is one part
+        parts.append((plans, "forward", "forward"))
+    for owner, attribute, part in parts:
         timer.wrap(owner, attribute, part)
     for _ in range(num_steps):
         engine.step()
     timer.undo()
     while engine.has_unfinished_requests():
         engine.step()
-    ms = {part: 1e3 * value / num_steps for part, value in timer.seconds.items()}
-    ms["linear"] -= ms["LM head"]  # the LM head is a Linear layer too
+    ms = defaultdict(float, {part: 1e3 * value / num_steps for part, value in timer.seconds.items()})
     kv_bytes = batch_size * (context_len + num_steps / 2) * engine.kv_spec.bytes_per_block / engine.config.block_size
-    parts_ms = {"linear layers": ms["linear"], "decode attention": ms["decode attention"], "KV writes": ms["KV writes"],
-                "other in the forward": ms["forward"] - ms["linear"] - ms["decode attention"] - ms["KV writes"],
-                "LM head (sampling rows)": ms["LM head"],
+    if plans is None:
+        ms["linear"] -= ms["LM head"]  # the LM head is a Linear layer too
+        forward_ms = {"linear layers": ms["linear"], "decode attention": ms["decode attention"],
+                      "KV writes": ms["KV writes"],
+                      "other in the forward": ms["forward"] - ms["linear"] - ms["decode attention"] - ms["KV writes"]}
+    else:
+        forward_ms = {"forward (decode plan)": ms["forward"]}
+    parts_ms = {**forward_ms, "LM head (sampling rows)": ms["LM head"],
                 "sampling and input preparation": ms["runner"] - ms["forward"] - ms["LM head"],
                 "step bookkeeping": ms["step"] - ms["runner"]}
     return {"batch_size": batch_size, "step_ms": ms["step"], "parts_ms": parts_ms,
@@ -149,6 +158,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a GGUF's block weights multiplied as stored, or dequantized at load")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, help="the engine's --quantization (default: none)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV pool's")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="every step through the modules, each part of the forward timed (default: decode "
+                             "plans where they serve, the forward timed whole)")
     parser.add_argument("--structured-output", default="none", choices=STRUCTURED_OUTPUTS,
                         help="json: every sequence answers under a JSON schema (its token masks timed)")
 
@@ -161,11 +173,12 @@ def run(args: argparse.Namespace) -> int:
     model_dir = resolve_model(args.model, os.environ).model_dir
     llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, kv_cache_memory_bytes=2 << 30,
               enable_prefix_caching=False, quantized_weights=args.quantized_weights, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype)
+              kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager)
     gbps = read_gbps(llm.engine.device)
     print(f"{model_dir.name}, {args.dtype} on {args.device}, weights {args.quantized_weights}, "
           f"quantization {args.quantization or 'none'}, "
-          f"KV {args.kv_cache_dtype}, structured output {args.structured_output}, {torch.get_num_threads()} thread(s), "
+          f"KV {args.kv_cache_dtype}, structured output {args.structured_output}, "
+          f"{'eager' if llm.engine.runner.decode_plans is None else 'decode plans'}, {torch.get_num_threads()} thread(s), "
           f"context {args.context_len}, read bandwidth {gbps:.1f} GB/s")
     for batch_size in map(int, args.batch_sizes.split(",")):
         structured_output = STRUCTURED_OUTPUTS[args.structured_output]

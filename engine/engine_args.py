@@ -52,6 +52,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "--num-gpu-blocks is given (default 0.9)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV of full blocks of prompts seen before")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="run every step through the model's modules; by default a CPU runs decode steps as "
+                             "plans of compiled calls bound once per batch size, with the same results")
     parser.add_argument("--cpus", type=parse_cpu_list, default=None, metavar="LIST",
                         help="pin to these CPUs (e.g. 0-3,6) and run as many torch threads")
 
@@ -80,7 +83,8 @@ def engine_config_from(args: argparse.Namespace, detokenize: bool) -> EngineConf
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         detokenize=detokenize, enable_prefix_caching=args.enable_prefix_caching,
-        quantized_weights=args.quantized_weights, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+        quantized_weights=args.quantized_weights, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        enforce_eager=args.enforce_eager)
 
 
 def model_text(args: argparse.Namespace, served_name: str) -> str:

@@ -47,6 +47,9 @@ class EngineConfig:
     # per token, smoothed (engine/quantize_at_load.py). With "as-stored", layers already in blocks keep them.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"  # "auto": the dtype's; "int8": levels and a scale per token and head
+    # True: every step through the model's modules; False: on CPU, decode steps run as bound plans
+    # (engine/cpu_decode_plan.py), as vLLM replays CUDA graphs unless told to enforce eager mode.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

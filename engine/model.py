@@ -221,11 +221,7 @@ class CausalLM(nn.Module):
         while later layers compute). Returns hidden states [num_tokens, hidden]."""
         # input_ids, positions: [num_tokens]
         parts = self.config.parts
-        x = self.model.embed_tokens(input_ids)  # [num_tokens, hidden]
-        if parts.scale_embeddings:  # by sqrt(hidden) rounded to the dtype, as Hugging Face rounds it
-            x = x * torch.tensor(self.config.hidden_size ** 0.5).to(x.dtype)
-        rope = self.rotary(positions, x.dtype)  # cos, sin: [num_tokens, 1, rotary_dim] each
-        local_rope = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
+        x, rope, local_rope = self.embed(input_ids, positions)
         residual = None
         for i, layer in enumerate(self.model.layers):
             cos, sin = local_rope if i in parts.sliding_layers else rope
@@ -233,6 +229,15 @@ class CausalLM(nn.Module):
             if on_layer_done is not None:
                 on_layer_done(i)
         return self.model.norm(x, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """The first layer's input x [num_tokens, hidden], and the (cos, sin) of global-attention
+        layers and of sliding-window ones, each [num_tokens, 1, rotary_dim]."""
+        x = self.model.embed_tokens(input_ids)  # [num_tokens, hidden]
+        if self.config.parts.scale_embeddings:  # by sqrt(hidden) rounded to the dtype, as Hugging Face rounds it
+            x = x * torch.tensor(self.config.hidden_size ** 0.5).to(x.dtype)
+        rope = self.rotary(positions, x.dtype)
+        return x, rope, rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()  # [num_rows, vocab_size]

@@ -4,8 +4,8 @@ never branches on a device.
 Attention and KV writes (here): Triton when the tensors are on CUDA; on CPU, when a C compiler is
 at hand, a compiled C kernel for decode attention over a float32, bfloat16 or int8 pool
 (`cpu_decode_attention`), for prefill attention in float32 or bfloat16 where the CPU has AVX-512
-(AVX512-BF16 for bfloat16; `cpu_prefill_attention`) and for writes into an int8 pool (`cpu_store_kv_int8`), pure torch
-otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
+(AVX512-BF16 for bfloat16; `cpu_prefill_attention`) and for writes into a float pool
+(`cpu_layer_ops`) or an int8 one (`cpu_store_kv_int8`), pure torch otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
 serve, torch otherwise.
 
 KV cache layout, per layer: `k_cache` and `v_cache` are each
@@ -59,8 +59,10 @@ def store_kv(
         from pdserve.kernels import triton_store_kv
 
         triton_store_kv.store_kv(key, value, k_cache, v_cache, slot_mapping)
-    elif k_cache.dtype != torch.int8 or not cpu_store_kv_int8.store_kv_int8(key, value, k_cache, v_cache,
-                                                                           slot_mapping):
+    elif k_cache.dtype == torch.int8:
+        if not cpu_store_kv_int8.store_kv_int8(key, value, k_cache, v_cache, slot_mapping):
+            store_kv_reference(key, value, k_cache, v_cache, slot_mapping)
+    elif not cpu_layer_ops.store_kv(key, value, k_cache, v_cache, slot_mapping):
         store_kv_reference(key, value, k_cache, v_cache, slot_mapping)
 
 
@@ -116,8 +118,8 @@ def prefill_attention(
         return triton_prefill_attention.prefill_attention(
             query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, **masking
         )
-    if (cpu_prefill_attention.serves(query, k_cache, logit_softcap)
-            and (library := cpu_prefill_attention.load(query.dtype))
+    if (cpu_prefill_attention.serves(query, k_cache, logit_softcap) and k_cache.is_contiguous()
+            and v_cache.is_contiguous() and (library := cpu_prefill_attention.load(query.dtype))
             and cpu_prefill_attention.vectorised(library, query.shape[-1])):
         return cpu_prefill_attention.prefill_attention(
             library, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,

@@ -30,7 +30,8 @@ def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
     function = library.paged_decode_attention
     function.restype = ctypes.c_int64
     function.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7
-                         + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_int32])
+                         + [ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_int32,
+                            ctypes.c_int32])
     return library
 
 
@@ -38,17 +39,20 @@ def decode_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables
                      sliding_window: int | None = None, logit_softcap: float | None = None):
     """`kernels.decode_attention` for CPU tensors of the documented layouts, K/V in the dtype that
     `library` was built for, any query dtype. The C kernel takes 0 for no window and for no softcap."""
-    query_in = (query if query.dtype in (torch.float32, torch.bfloat16) else query.float()).contiguous()
+    num_seqs, num_heads, head_dim = query.shape
+    query_in = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
+    if query_in.stride(2) != 1 or query_in.stride(1) != head_dim:  # rows apart will do, heads must be contiguous
+        query_in = query_in.contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
     context_lens = context_lens.to(torch.int32).contiguous()
-    num_seqs, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads = k_cache.shape[:3]
-    out = torch.empty_like(query_in)  # [num_seqs, num_heads, head_dim]
+    out = torch.empty(query.shape, dtype=query_in.dtype)  # [num_seqs, num_heads, head_dim]
     status = library.paged_decode_attention(
         out.data_ptr(), query_in.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         block_tables.data_ptr(), context_lens.data_ptr(),
         num_seqs, num_heads, num_kv_heads, head_dim, num_blocks, block_size, block_tables.shape[1],
-        scale, sliding_window or 0, logit_softcap or 0.0, query_in.dtype == torch.bfloat16, torch.get_num_threads(),
+        scale, sliding_window or 0, logit_softcap or 0.0, query_in.stride(0), query_in.dtype == torch.bfloat16,
+        torch.get_num_threads(),
     )
     if status == -1:
         raise MemoryError(f"decode attention: no scratch memory for {num_seqs} sequences")

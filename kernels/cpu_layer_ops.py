@@ -1,7 +1,7 @@
 """A decoder layer's elementwise ops on CPU, compiled: `csrc/cpu_layer_ops.c` (RMSNorm, alone or
 after the residual add; the rotary embedding; SiLU-and-multiply), one pass over memory each where
-torch takes two to six. Built on first use (kernels/cpu_build.py) once per dtype, float32 and
-bfloat16.
+torch takes two to six, and the copy of new tokens' K and V into a float pool. Built on first use
+(kernels/cpu_build.py) once per dtype, float32 and bfloat16.
 
 On one core of a 2-vCPU Xeon, SmolLM2's shapes: a 400-token RMSNorm takes ~0.6 ms in torch and
 its rope ~1 ms in float32; across 30 layers that is a quarter of a prefill. In bfloat16, torch's
@@ -34,8 +34,10 @@ def load(dtype: torch.dtype) -> ctypes.CDLL | None:
     library.add_rms_norm.argtypes = [_POINTER] * 4 + [_INT64] * 2 + [ctypes.c_float, ctypes.c_int32]
     library.rotary.argtypes = [_POINTER] * 3 + [_INT64] * 5
     library.silu_and_mul.argtypes = [_POINTER] * 2 + [_INT64] * 2
+    library.store_kv.argtypes = [_POINTER] * 5 + [_INT64] * 5
     for function in (library.rms_norm, library.add_rms_norm, library.rotary, library.silu_and_mul):
         function.restype = None
+    library.store_kv.restype = _INT64
     return library
 
 
@@ -91,3 +93,28 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     library.rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), num_tokens, x.stride(0), num_heads, head_dim,
                    cos.shape[-1])
     return x
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> bool:
+    """`kernels.store_kv` into a float pool of the keys' dtype; False when it cannot serve them
+    (nothing written), True once written."""
+    library = _library(k_cache, v_cache)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if (library is None or not k_cache.is_contiguous() or key.device.type != "cpu"
+            or any(x.dtype != k_cache.dtype or x.shape != key.shape or x.stride(2) != 1 or x.stride(1) != head_dim
+                   for x in (key, value))
+            or k_cache.shape[-2:] != key.shape[1:] or v_cache.shape != k_cache.shape):
+        return False
+    slot_mapping = slot_mapping.to(torch.int64).contiguous()
+    num_slots = k_cache.numel() // (num_kv_heads * head_dim)
+    _check_slots(library.store_kv(k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
+                                  slot_mapping.data_ptr(), num_tokens, num_kv_heads * head_dim, key.stride(0),
+                                  value.stride(0), num_slots), slot_mapping, num_slots)
+    return True
+
+
+def _check_slots(status: int, slot_mapping: torch.Tensor, num_slots: int) -> None:
+    """Raises for store_kv's status naming a token whose slot is outside the pool."""
+    if status:
+        raise IndexError(f"store_kv: slot {int(slot_mapping[status - 1])} is outside the pool of {num_slots} slots")

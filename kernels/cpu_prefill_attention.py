@@ -56,9 +56,8 @@ def vectorised(library: ctypes.CDLL, head_dim: int) -> bool:
 
 def prefill_attention(library: ctypes.CDLL, query, k_cache, v_cache, block_tables, query_start_loc, context_lens,
                       scale: float, *, sliding_window: int | None = None) -> torch.Tensor:
-    """`kernels.prefill_attention` for arguments `serves` accepts."""
+    """`kernels.prefill_attention` for arguments `serves` accepts, K and V contiguous (read in place)."""
     query = query.contiguous()
-    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
     query_start_loc = query_start_loc.to(torch.int32).contiguous()
     context_lens = context_lens.to(torch.int32).contiguous()

@@ -128,7 +128,7 @@ def run_up(args: argparse.Namespace) -> int:
         model=args.model, num_prefill=args.prefill, num_decode=args.decode,
         redis_url=args.redis_url, transport=args.transport, device=args.device, dtype=args.dtype,
         quantized_weights=args.quantized_weights, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        host=args.host,
+        enforce_eager=args.enforce_eager, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port, api_keys=tuple(args.api_key or ()),
         startup_timeout_s=args.startup_timeout_s, shutdown_timeout_s=args.shutdown_timeout_s,
         enable_prefix_caching=args.enable_prefix_caching, routing=args.routing, migration_limit=args.migration_limit,
@@ -168,6 +168,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPE_NAMES),
                         help="the replicas' dtype (default auto: on a CPU, bfloat16 where it has AVX512-BF16 "
                              "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="the replicas run every step through the model's modules (default: on a CPU, decode "
+                             "steps as plans of compiled calls bound once per batch size, with the same results)")
     parser.add_argument("--quantized-weights", choices=QUANTIZED_WEIGHTS, default="dequantized",
                         help="the replicas': widen every weight to --dtype at load, or multiply the matrices a "
                              ".gguf holds in Q8_0, Q4_0 or Q4_1 blocks as stored: under half the memory and, on a "

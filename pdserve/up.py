@@ -98,6 +98,7 @@ class UpConfig:
     quantized_weights: str = "dequantized"  # the replicas' (engine.weights)
     quantization: str | None = None  # the replicas' (engine.quantize_at_load): None, "int8", "int4" or "w8a8"
     kv_cache_dtype: str = "auto"  # the replicas' KV pools: "auto" (their dtype) or "int8"
+    enforce_eager: bool = False  # the replicas' (engine.cpu_decode_plan)
     routing: str = "cache-aware"  # the gateway's (cluster.routing_policies)
     migration_limit: int = 3  # the gateway's
     prefill_placement: str = "auto"  # the gateway's (gateway.disaggregated.prefill_placement)
@@ -259,9 +260,10 @@ def child_slots(config: UpConfig, model: ResolvedModel, redis_url: str, internal
         lending = _lease_args(kind, i - (config.num_prefill if kind == "decode" else 0), leases, cpu_sets)
         step = ("--max-step-ms", f"{config.max_step_ms:g}") if kind == "decode" else ()
         caching = "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
+        eager = ("--enforce-eager",) if config.enforce_eager else ()
         argv = (*_PDSERVE, kind, *common, "--replica-id", name, "--device", devices[i], "--dtype", config.dtype,
                 "--quantized-weights", config.quantized_weights, *quantization, "--kv-cache-dtype", config.kv_cache_dtype,
-                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *pinning, *lending, *pool, *step)
+                "--gpu-memory-utilization", f"{utilizations[i]:.4g}", caching, *eager, *pinning, *lending, *pool, *step)
         slots.append(Slot(name, functools.partial(replica_spec, name, argv, env_of(name), probe_tls,
                                                   (config.grpc_port, config.http_port))))
     gateway = ChildSpec(

@@ -1,5 +1,6 @@
 /* A decoder layer's elementwise ops for CPU, one pass over memory each: RMSNorm (alone, or after
- * the residual add), the rotary embedding (rotate-half) and the gated MLP's SiLU-and-multiply. Tensors hold float32, or bfloat16 when built with -DBFLOAT16;
+ * the residual add), the rotary embedding (rotate-half), the gated MLP's SiLU-and-multiply and the
+ * copy of new tokens' K and V into a float pool. Tensors hold float32, or bfloat16 when built with -DBFLOAT16;
  * arithmetic is float32, and a bfloat16 build rounds where the Hugging Face modules round (after
  * each torch op), so both agree with them to the last bit but for summation order.
  *
@@ -10,11 +11,15 @@
  *                 the fused qkv projection), rotated in place over each head's first rotary_dim;
  *                 cos, sin [num_tokens, rotary_dim]
  *   silu_and_mul  out [num_rows, width]; gate_up [num_rows, 2 * width], gate then up
+ *   store_kv      k_cache, v_cache [num_slots, row_len]; key, value [num_tokens, row_len] with rows
+ *                 key_stride (value_stride) apart (views into the fused qkv projection); slot_mapping
+ *                 [num_tokens] int64
  * SiLU's division is a vector division in torch, which costs several times the rest of SiLU on the
  * CPUs measured; with AVX-512 this takes an approximate reciprocal and one Newton step instead
  * (within 2 float32 ulp of the quotient), and e^x by a polynomial (within 1e-7 relative).
  */
 #include <math.h>
+#include <string.h>
 
 #include "elem.h"
 #include "exp_poly.h"
@@ -154,4 +159,17 @@ void silu_and_mul(elem_t *out, const elem_t *gate_up, int64_t num_rows, int64_t 
 #endif
         for (; i < width; i++) out_row[i] = store(silu(load(gate[i])) * load(up[i]));
     }
+}
+
+/* Token t's K and V rows into slot slot_mapping[t] of each pool. Returns 0, or 1 + the first token
+ * whose slot is outside the pool (nothing is written then). */
+int64_t store_kv(elem_t *k_cache, elem_t *v_cache, const elem_t *key, const elem_t *value, const int64_t *slot_mapping,
+                 int64_t num_tokens, int64_t row_len, int64_t key_stride, int64_t value_stride, int64_t num_slots) {
+    for (int64_t t = 0; t < num_tokens; t++)
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots) return t + 1;
+    for (int64_t t = 0; t < num_tokens; t++) {
+        memcpy(k_cache + slot_mapping[t] * row_len, key + t * key_stride, row_len * sizeof(elem_t));
+        memcpy(v_cache + slot_mapping[t] * row_len, value + t * value_stride, row_len * sizeof(elem_t));
+    }
+    return 0;
 }

@@ -5,8 +5,9 @@
  * key's scale multiplies its score, a value's its probability); query and output are float32 or
  * bfloat16, all arithmetic float32 (a bfloat16 output rounded once, at the end).
  *
- * Layouts (all contiguous, row-major):
- *   out, query       [num_seqs, num_heads, head_dim] float32, or bfloat16 when query_bfloat16
+ * Layouts (contiguous, row-major, but for query's rows):
+ *   out, query       [num_seqs, num_heads, head_dim] float32, or bfloat16 when query_bfloat16; query's
+ *                    rows query_stride elements apart (a view into the fused qkv projection will do)
  *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, entry_len] kv_t, entry_len = head_dim
  *                    (+ 4 for the scale's bytes of an int8 entry)
  *   block_tables     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's last block are
@@ -459,7 +460,7 @@ int64_t paged_decode_attention(void *out, const void *query, const kv_t *k_cache
                                const int32_t *block_tables, const int32_t *context_lens, int64_t num_seqs,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                                int64_t block_size, int64_t max_blocks_per_seq, float scale, int64_t sliding_window,
-                               float logit_softcap, int32_t query_bfloat16, int32_t num_threads) {
+                               float logit_softcap, int64_t query_stride, int32_t query_bfloat16, int32_t num_threads) {
     int64_t total_parts = 0;
     for (int64_t s = 0; s < num_seqs; s++) {
         const int64_t key_start = first_key(context_lens[s], sliding_window);
@@ -509,7 +510,7 @@ int64_t paged_decode_attention(void *out, const void *query, const kv_t *k_cache
             const int64_t begin = first_part[s] + r * count / runs, end = first_part[s] + (r + 1) * count / runs;
             if (scratch == NULL || begin == end) continue;
             const int32_t *block_table = block_tables + s * max_blocks_per_seq;
-            const char *seq_query = (const char *)query + s * row_len * in_size;
+            const char *seq_query = (const char *)query + s * query_stride * in_size;
             if (query_bfloat16)
                 for (int64_t i = 0; i < row_len; i++) query_row[i] = bfloat16_to_float(((const uint16_t *)seq_query)[i]);
             prefetch_first(k_cache, block_table, parts[begin].key_start, parts[begin].key_end, shape);

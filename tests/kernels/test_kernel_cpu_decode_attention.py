@@ -168,6 +168,17 @@ def test_a_sequence_split_into_parts_is_the_same_alone_in_a_batch_and_on_any_thr
         assert torch.equal(out, next(first for m, first in outputs if m == masking))
 
 
+@pytest.mark.parametrize("dtype", FLOAT_KV_DTYPES, ids=str)
+def test_a_query_read_in_place_from_a_fused_projection_gives_the_same_bits(libraries, paged_batch, dtype):
+    batch = paged_batch([5, 130, 33], [1] * 3, KernelCase(dtype, 4, 16, 64), device="cpu")
+    num_seqs, num_heads, head_dim = batch.query.shape
+    fused = torch.randn(num_seqs, (num_heads + 2) * head_dim).to(dtype)  # query heads, then others
+    fused[:, :num_heads * head_dim] = batch.query.reshape(num_seqs, -1)
+    in_place = dataclasses.replace(batch, query=fused[:, :num_heads * head_dim].view(num_seqs, num_heads, head_dim))
+    assert not in_place.query.is_contiguous()
+    assert torch.equal(decode_both(libraries[dtype], in_place)[0], decode_both(libraries[dtype], batch)[0])
+
+
 def test_block_id_outside_the_pool_is_an_error(library, paged_batch):
     batch = paged_batch([20, 20], [1, 1], KernelCase(torch.float32, 1, 16, 64), device="cpu")
     batch.block_tables[1, 1] = batch.k_cache.shape[0]

@@ -1,7 +1,7 @@
 """The compiled CPU layer ops equal their torch references (kernels/layer_ops_reference.py):
 RMSNorm (Llama's and Gemma's rounding), alone and after the residual add, rope over full and
-partial rotary dims, in place on a view into a fused projection, and SiLU-and-multiply over widths
-the vectors do and do not divide, in float32 and bfloat16 (bit for bit there but at rounding edges,
+partial rotary dims, in place on a view into a fused projection, SiLU-and-multiply over widths
+the vectors do and do not divide, and K/V writes from a fused projection, in float32 and bfloat16 (bit for bit there but at rounding edges,
 both rounding after every op); what they cannot serve, `kernels` hands to the references."""
 import pytest
 import torch
@@ -10,6 +10,7 @@ from pdserve import kernels
 from pdserve.kernels import cpu_layer_ops
 from pdserve.kernels.layer_ops_reference import rms_norm_reference as torch_rms_norm
 from pdserve.kernels.layer_ops_reference import rope_reference
+from pdserve.kernels.reference import store_kv_reference
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -90,6 +91,30 @@ def test_rope_in_place_on_a_fused_projection_equals_torch(dtype, head_dim, rotar
     assert torch.equal(v, v_before)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_from_a_fused_projection_writes_what_the_reference_writes(dtype):
+    torch.manual_seed(5)
+    num_kv_heads, head_dim = 3, 64
+    qkv = torch.randn(7, (9 + 2 * num_kv_heads) * head_dim).to(dtype)
+    key = qkv[:, 9 * head_dim:12 * head_dim].view(7, num_kv_heads, head_dim)
+    value = qkv[:, 12 * head_dim:].view(7, num_kv_heads, head_dim)
+    k_cache, v_cache = (torch.full((6, 4, num_kv_heads, head_dim), float("nan")).to(dtype) for _ in range(2))
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    slot_mapping = torch.tensor([21, 0, 5, 6, 7, 23, 12])
+    assert cpu_layer_ops.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    store_kv_reference(key, value, expected_k, expected_v, slot_mapping)
+    assert torch.equal(k_cache.nan_to_num(), expected_k.nan_to_num())
+    assert torch.equal(v_cache.nan_to_num(), expected_v.nan_to_num())
+
+
+def test_store_kv_refuses_a_slot_outside_the_pool_and_writes_nothing():
+    key = value = torch.randn(2, 1, 32)
+    k_cache, v_cache = torch.zeros(2, 4, 1, 32), torch.zeros(2, 4, 1, 32)
+    with pytest.raises(IndexError, match="slot 8 is outside the pool of 8 slots"):
+        cpu_layer_ops.store_kv(key, value, k_cache, v_cache, torch.tensor([3, 8]))
+    assert not k_cache.any() and not v_cache.any()
+
+
 def test_what_the_ops_cannot_serve_kernels_hands_to_torch(monkeypatch):
     x = torch.randn(4, 8, 32)
     transposed = x.transpose(0, 1)
@@ -108,6 +133,11 @@ def test_what_the_ops_cannot_serve_kernels_hands_to_torch(monkeypatch):
     cos, sin = torch.ones(4, 1, 32), torch.zeros(4, 1, 32)
     assert cpu_layer_ops.rotary_(x[:, ::2], cos, sin) is None  # heads not contiguous
     torch.testing.assert_close(kernels.apply_rope(x[:, ::2], cos, sin), x[:, ::2])  # cos 1, sin 0
+    k_cache, v_cache = torch.zeros(4, 2, 4, 32), torch.zeros(4, 2, 4, 32)
+    assert not cpu_layer_ops.store_kv(x.half(), x.half(), k_cache, v_cache, torch.arange(4))  # dtypes differ
+    assert not cpu_layer_ops.store_kv(x[:, ::2], x[:, ::2], k_cache, v_cache, torch.arange(4))  # heads apart
+    kernels.store_kv(x[:, ::2], x[:, ::2], k_cache, v_cache, torch.arange(4))  # the reference writes them
+    assert torch.equal(k_cache.view(8, 4, 32)[:4], x[:, ::2]) and not v_cache.view(8, 4, 32)[4:].any()
     monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
     cpu_layer_ops.load.cache_clear()
     assert cpu_layer_ops.rms_norm(x, weight, 1e-6, False) is None
@@ -129,3 +159,6 @@ def test_kernels_serves_each_op_with_the_compiled_op_where_it_can(dtype):
     cos, sin = torch.randn(9, 1, 32).to(dtype), torch.randn(9, 1, 32).to(dtype)
     expected_q = cpu_layer_ops.rotary_(q.clone(), cos, sin)
     assert kernels.apply_rope(q, cos, sin) is q and torch.equal(q, expected_q)
+    k_cache, v_cache = torch.zeros(3, 4, 2, 32, dtype=dtype), torch.zeros(3, 4, 2, 32, dtype=dtype)
+    kernels.store_kv(q, q, k_cache, v_cache, torch.tensor([11, 0, 4, 1, 2, 3, 5, 6, 7]))
+    assert torch.equal(k_cache.view(12, 2, 32)[11], q[0]) and torch.equal(v_cache.view(12, 2, 32)[7], q[8])
