@@ -3,21 +3,20 @@ counterpart of a captured CUDA graph.
 
 Through the modules, a decode step of a few sequences spends about as long in Python as in its
 kernels: 30 layers x 11 ops, each a module call, the dispatch checks of `kernels`, a fresh output
-tensor and a `ctypes` call. (SmolLM2-135M's Q4_1 file with int8 activations, bfloat16, one
-sequence of 300 tokens, two threads of an AMD EPYC: a 6.8 ms step through the modules, 3.8 ms
-planned; 12.6 and 10.3 ms with its weights dequantized; 23.6 and 19.7 ms for 16 sequences with
-int8 activations.) A plan binds each op once, to buffers that
-every step reuses: the compiled layer ops, KV writes, decode attention and Q4 int8-activation
-products become `ctypes` calls with their pointers and sizes fixed; any other linear layer is the
-module's own call, copied into its buffer. A step copies its inputs (the embedded tokens, rope's
-cos and sin, slots, block tables, context lengths) into the plan's buffers and runs the calls in
-order.
+tensor and a `ctypes` call. A plan binds each op once, to buffers that every step reuses: the
+compiled layer ops, KV writes, decode attention and Q4 int8-activation products become `ctypes`
+calls with their pointers and sizes fixed; any other linear layer is the module's own call,
+copied into its buffer. A step copies its inputs (the embedded tokens, rope's cos and sin, slots,
+block tables, context lengths) into the plan's buffers and runs the calls in order. (SmolLM2-135M's
+Q4_1 file, bfloat16, one sequence of 300 tokens, two threads of an AMD EPYC: with int8
+activations a step takes 3.8 ms planned against 6.8 through the modules; with its weights
+dequantized 10.3 against 12.6; 16 sequences with int8 activations 19.7 against 23.6.)
 
 Invariant: a plan computes what `CausalLM.forward` computes for the same decode-only batch, bit
-for bit: the same kernels, on the same arguments, in the same order. `DecodePlans.serves` says which models
-and pools a plan can run (Llama's layer: no q/k norms, no norms after attention and the MLP, a
-dense SwiGLU MLP, biases or not; a float pool of the model's dtype or an int8 one); everything
-else, prefills and mixed steps included, runs through the modules.
+for bit: the same kernels, on the same arguments, in the same order. `DecodePlans.serves` says
+which models and pools a plan can run (Llama's layer: no q/k norms, no norms after attention and
+the MLP, a dense SwiGLU MLP, biases or not; a float pool of the model's dtype or an int8 one);
+everything else, prefills and mixed steps included, runs through the modules.
 """
 from __future__ import annotations
 
