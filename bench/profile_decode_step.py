@@ -12,7 +12,7 @@
 steps run through `LLMEngine.step`, each part timed by wrapping it on this run's objects (on a
 GPU synchronising around it): Linear layers (LM head apart), decode attention, KV writes; "other
 in the forward" is the rest of it, "step bookkeeping" the step less the runner. Where a CPU runs
-decode steps as plans (engine/cpu_decode_plan.py), which call their kernels directly, the forward
+decode steps as a plan (engine/cpu_decode_plan.py), which calls its kernels directly, the forward
 is timed whole; `--enforce-eager` splits it through the modules. The roofline is
 what a step must read once, the weights and every sequence's K and V, divided by the device's
 read bandwidth (`bench.bandwidth`, on the same threads): a step can be no faster.
@@ -97,15 +97,15 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
             structured_output: StructuredOutput | None = None) -> dict:
     engine = llm.engine
     start_decode_batch(engine, batch_size, context_len, num_steps + 4, f"b{batch_size}", structured_output)
-    model, plans = engine.runner.model, engine.runner.decode_plans
+    model, plan = engine.runner.model, engine.runner.decode_plan
     timer = PartTimer(engine.device)
     linears = {type(m) for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear, BlockLinear, Int8Linear))}
     parts = [(engine, "step", "step"), (engine.runner, "run", "runner"), (model, "compute_logits", "LM head")]
-    if plans is None:
+    if plan is None:
         parts += [(model, "forward", "forward"), (kernels, "decode_attention", "decode attention"),
                   (kernels, "store_kv", "KV writes"), *((linear, "forward", "linear") for linear in linears)]
     else:  # the plan calls its kernels directly: its forward is one part
-        parts.append((plans, "forward", "forward"))
+        parts.append((plan, "forward", "forward"))
     for owner, attribute, part in parts:
         timer.wrap(owner, attribute, part)
     for _ in range(num_steps):
@@ -115,7 +115,7 @@ def profile(llm: LLM, batch_size: int, context_len: int, num_steps: int, gbps: f
         engine.step()
     ms = defaultdict(float, {part: 1e3 * value / num_steps for part, value in timer.seconds.items()})
     kv_bytes = batch_size * (context_len + num_steps / 2) * engine.kv_spec.bytes_per_block / engine.config.block_size
-    if plans is None:
+    if plan is None:
         ms["linear"] -= ms["LM head"]  # the LM head is a Linear layer too
         forward_ms = {"linear layers": ms["linear"], "decode attention": ms["decode attention"],
                       "KV writes": ms["KV writes"],
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{model_dir.name}, {args.dtype} on {args.device}, weights {args.quantized_weights}, "
           f"quantization {args.quantization or 'none'}, "
           f"KV {args.kv_cache_dtype}, structured output {args.structured_output}, "
-          f"{'eager' if llm.engine.runner.decode_plans is None else 'decode plans'}, {torch.get_num_threads()} thread(s), "
+          f"{'eager' if llm.engine.runner.decode_plan is None else 'decode plan'}, {torch.get_num_threads()} thread(s), "
           f"context {args.context_len}, read bandwidth {gbps:.1f} GB/s")
     for batch_size in map(int, args.batch_sizes.split(",")):
         structured_output = STRUCTURED_OUTPUTS[args.structured_output]

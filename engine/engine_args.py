@@ -54,7 +54,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reuse the KV of full blocks of prompts seen before")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="run every step through the model's modules; by default a CPU runs decode steps as "
-                             "plans of compiled calls bound once per batch size, with the same results")
+                             "a plan of compiled calls bound once, with the same results")
     parser.add_argument("--cpus", type=parse_cpu_list, default=None, metavar="LIST",
                         help="pin to these CPUs (e.g. 0-3,6) and run as many torch threads")
 

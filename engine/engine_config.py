@@ -47,7 +47,7 @@ class EngineConfig:
     # per token, smoothed (engine/quantize_at_load.py). With "as-stored", layers already in blocks keep them.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"  # "auto": the dtype's; "int8": levels and a scale per token and head
-    # True: every step through the model's modules; False: on CPU, decode steps run as bound plans
+    # True: every step through the model's modules; False: on CPU, decode steps run as a bound plan
     # (engine/cpu_decode_plan.py), as vLLM replays CUDA graphs unless told to enforce eager mode.
     enforce_eager: bool = False
 

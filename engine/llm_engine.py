@@ -93,7 +93,7 @@ class LLMEngine:
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
         max_blocks_per_seq = num_blocks_for(self.max_model_len, config.block_size)
         self.runner = ModelRunner(model, self.kv_cache, config.block_size, self.device, config.max_num_seqs,
-                                  max_blocks_per_seq, self.eos_token_id, decode_plans=not config.enforce_eager)
+                                  max_blocks_per_seq, self.eos_token_id, decode_plan=not config.enforce_eager)
         if self.device.type == "cuda":
             from pdserve.kernels.launch_variants import warm_up_widths  # imports Triton: CUDA only
 

@@ -24,7 +24,7 @@ import torch
 from pdserve import kernels
 from pdserve.engine.attention_metadata import AttentionMetadata
 from pdserve.engine.block_table import BlockTable
-from pdserve.engine.cpu_decode_plan import DecodePlans
+from pdserve.engine.cpu_decode_plan import DecodePlan
 from pdserve.engine.model import CausalLM
 from pdserve.protocol.outputs import TokenLogprobs
 from pdserve.engine.sampler import sample
@@ -43,9 +43,9 @@ class ModelRunnerOutput:
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int, device: torch.device,
                  max_num_seqs: int, max_blocks_per_seq: int, eos_token_id: int | None = None,
-                 decode_plans: bool = True):
-        """`decode_plans`: on CPU, decode-only steps run as bound plans (engine/cpu_decode_plan.py)
-        where they serve the model."""
+                 decode_plan: bool = True):
+        """`decode_plan`: on CPU, decode-only steps run as a bound plan (engine/cpu_decode_plan.py)
+        where it serves the model."""
         self.model = model
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, num_kv_heads, entry_size]
         self.block_size = block_size
@@ -54,8 +54,8 @@ class ModelRunner:
         self.eos_token_id = eos_token_id  # masked by min_tokens
         self.token_masks = TokenMasks(model.config.vocab_size, eos_token_id)
         kernels.prepare(device, model.dtype, kv_cache.dtype)
-        self.decode_plans = (DecodePlans(model, kv_cache, max_num_seqs, max_blocks_per_seq)
-                             if decode_plans and DecodePlans.serves(model, kv_cache) else None)
+        self.decode_plan = (DecodePlan(model, kv_cache, max_num_seqs, max_blocks_per_seq)
+                            if decode_plan and DecodePlan.serves(model, kv_cache) else None)
 
     @torch.inference_mode()
     def run(self, output: SchedulerOutput, on_layer_done: Callable[[int], None] | None = None) -> ModelRunnerOutput:
@@ -67,8 +67,8 @@ class ModelRunner:
             output.chunks, output.num_decode_chunks, sampling)
         grammars = [chunk.request.grammar for chunk in sampling if chunk.request.grammar is not None]
         disallowed = self.token_masks.start(grammars) if grammars else None  # beside the forward
-        if self.decode_plans is not None and on_layer_done is None and attn.num_decode_tokens == len(input_ids):
-            hidden = self.decode_plans.forward(input_ids, positions, attn)  # [num_tokens, hidden]
+        if self.decode_plan is not None and on_layer_done is None and attn.num_decode_tokens == len(input_ids):
+            hidden = self.decode_plan.forward(input_ids, positions, attn)  # [num_tokens, hidden]
         else:
             hidden = self.model(input_ids, positions, self.kv_cache, attn, on_layer_done)
         if not sampling:

@@ -170,7 +170,7 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                              "or AMX, else float32; on a GPU, the checkpoint's, bfloat16 for a float32 one)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="the replicas run every step through the model's modules (default: on a CPU, decode "
-                             "steps as plans of compiled calls bound once per batch size, with the same results)")
+                             "steps as a plan of compiled calls bound once, with the same results)")
     parser.add_argument("--quantized-weights", choices=QUANTIZED_WEIGHTS, default="dequantized",
                         help="the replicas': widen every weight to --dtype at load, or multiply the matrices a "
                              ".gguf holds in Q8_0, Q4_0 or Q4_1 blocks as stored: under half the memory and, on a "

@@ -1,17 +1,19 @@
 """A CPU decode plan (engine/cpu_decode_plan.py) computes what the model's modules compute, bit for
-bit: every decode step's hidden states of an engine running plans equal those of the same engine
-under `enforce_eager`, for the families and pools plans serve, on one thread and on two (where a
-sequence's attention is shared between threads); models plans do not serve run eagerly."""
+bit: every decode step's hidden states of an engine running its plan equal those of the same
+engine under `enforce_eager`, over batches whose size changes from step to step, for the families
+and pools a plan serves, on one thread and on two (where a sequence's attention is shared between
+threads); models a plan does not serve run through their modules."""
 import pytest
 import torch
 
-from pdserve.engine.cpu_decode_plan import DecodePlans
+from pdserve.engine.cpu_decode_plan import DecodePlan
 from pdserve.engine.engine_config import EngineConfig
 from pdserve.engine.llm_engine import LLMEngine
 from pdserve.protocol.sampling_params import SamplingParams
 from tests.family_configs import gemma2_config, qwen3_sliding_config
 
 PROMPT_LENS = [3, 40, 150]  # 150 + the outputs span several of the attention's 64-key parts
+MAX_TOKENS = [8, 14, 20]  # decode batches of 3, then 2, then 1 sequence
 ENGINE_OPTIONS = dict(kv_cache_memory_bytes=8 << 20, enable_prefix_caching=False)
 
 
@@ -29,9 +31,9 @@ def decode_hidden_states(model: str, num_threads: int = 1, **options) -> tuple[L
 
     runner.model.compute_logits = record
     generator = torch.Generator().manual_seed(0)
-    for i, length in enumerate(PROMPT_LENS):
+    for i, (length, max_tokens) in enumerate(zip(PROMPT_LENS, MAX_TOKENS)):
         prompt = torch.randint(0, engine.model_config.vocab_size, (length,), generator=generator).tolist()
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
@@ -45,11 +47,12 @@ def decode_hidden_states(model: str, num_threads: int = 1, **options) -> tuple[L
     return engine, recorded
 
 
-def assert_plans_equal_modules(model: str, num_threads: int = 1, **options) -> None:
+def assert_plan_equals_modules(model: str, num_threads: int = 1, **options) -> None:
     planned, planned_states = decode_hidden_states(model, num_threads, **options)
     eager, eager_states = decode_hidden_states(model, num_threads, enforce_eager=True, **options)
-    assert planned.runner.decode_plans is not None and eager.runner.decode_plans is None
-    assert len(planned_states) == len(eager_states) >= 8
+    assert planned.runner.decode_plan is not None and eager.runner.decode_plan is None
+    assert [len(hidden) for hidden in planned_states] == [len(hidden) for hidden in eager_states]
+    assert {len(hidden) for hidden in planned_states} == {1, 2, 3}
     for planned_hidden, eager_hidden in zip(planned_states, eager_states):
         assert torch.equal(planned_hidden, eager_hidden)
 
@@ -62,11 +65,11 @@ def assert_plans_equal_modules(model: str, num_threads: int = 1, **options) -> N
     (dict(arch="mistral", hidden_size=320, num_heads=4, num_kv_heads=2), "float32", "int8", 2),  # head_dim 80
 ], ids=["llama-fp32", "llama-bf16-2threads", "llama-bf16-int8kv", "qwen2-bf16", "mistral-fp32-int8kv-2threads"])
 def test_a_plan_computes_what_the_modules_compute(tiny_model, spec, dtype, kv_cache_dtype, num_threads):
-    assert_plans_equal_modules(tiny_model(**spec), num_threads, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    assert_plan_equals_modules(tiny_model(**spec), num_threads, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
 
 
 @pytest.mark.parametrize("make_config", [qwen3_sliding_config, gemma2_config])  # q/k norms; norms after attention
 def test_a_model_whose_layers_a_plan_does_not_serve_runs_through_its_modules(hf_model, make_config):
     engine = LLMEngine(EngineConfig(model=hf_model(make_config()), **ENGINE_OPTIONS))
-    assert not DecodePlans.serves(engine.runner.model, engine.kv_cache)
-    assert engine.runner.decode_plans is None
+    assert not DecodePlan.serves(engine.runner.model, engine.kv_cache)
+    assert engine.runner.decode_plan is None
