@@ -5,8 +5,8 @@ Attention and KV writes (here): Triton when the tensors are on CUDA; on CPU, whe
 at hand, a compiled C kernel for decode attention over a float32, bfloat16 or int8 pool
 (`cpu_decode_attention`), for prefill attention in float32 or bfloat16 where the CPU has AVX-512
 (AVX512-BF16 for bfloat16; `cpu_prefill_attention`) and for writes into a float pool
-(`cpu_layer_ops`) or an int8 one (`cpu_store_kv_int8`), pure torch otherwise. Norms, rope and gated activations (kernels/layer_ops.py): compiled CPU ops where they
-serve, torch otherwise.
+(`cpu_layer_ops`) or an int8 one (`cpu_store_kv_int8`), pure torch otherwise. Norms, rope and
+gated activations (kernels/layer_ops.py): compiled CPU ops where they serve, torch otherwise.
 
 KV cache layout, per layer: `k_cache` and `v_cache` are each
 `[num_blocks, block_size, num_kv_heads, entry_size]`, contiguous, with one shared layout; an entry
