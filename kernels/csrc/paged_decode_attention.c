@@ -461,6 +461,7 @@ int64_t paged_decode_attention(void *out, const void *query, const kv_t *k_cache
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                                int64_t block_size, int64_t max_blocks_per_seq, float scale, int64_t sliding_window,
                                float logit_softcap, int64_t query_stride, int32_t query_bfloat16, int32_t num_threads) {
+    if (num_seqs == 0) return 0;
     int64_t total_parts = 0;
     for (int64_t s = 0; s < num_seqs; s++) {
         const int64_t key_start = first_key(context_lens[s], sliding_window);
@@ -490,7 +491,7 @@ int64_t paged_decode_attention(void *out, const void *query, const kv_t *k_cache
     }
     /* A run is a sequence's parts first_part[s] + r * count / runs up to the next run's, computed
      * in order by one thread: each sequence in one run, unless there are fewer sequences than
-     * threads. A run's next part's first blocks are requested as its current part begins. */
+     * threads. Only a run's first blocks are requested here; prefetch_ahead reads across its seams. */
     const int64_t runs = (num_threads + num_seqs - 1) / num_seqs;
     const int64_t in_size = query_bfloat16 ? 2 : 4;
     int out_of_memory = 0;

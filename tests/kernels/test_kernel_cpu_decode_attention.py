@@ -179,6 +179,14 @@ def test_a_query_read_in_place_from_a_fused_projection_gives_the_same_bits(libra
     assert torch.equal(decode_both(libraries[dtype], in_place)[0], decode_both(libraries[dtype], batch)[0])
 
 
+def test_no_sequences_give_an_empty_output(library, paged_batch):
+    batch = paged_batch([20], [1], KernelCase(torch.float32, 1, 16, 64), device="cpu")
+    empty = dataclasses.replace(batch, query=batch.query[:0], block_tables=batch.block_tables[:0],
+                                context_lens=batch.context_lens[:0])
+    out, _ = decode_both(library, empty)
+    assert out.shape == (0, *batch.query.shape[1:])
+
+
 def test_block_id_outside_the_pool_is_an_error(library, paged_batch):
     batch = paged_batch([20, 20], [1, 1], KernelCase(torch.float32, 1, 16, 64), device="cpu")
     batch.block_tables[1, 1] = batch.k_cache.shape[0]
