@@ -15,7 +15,9 @@ With `int8_activations` a Q4 weight on the CPU is packed at load for
 kernels/cpu_packed_q4_linear.py: up to MAX_PACKED_KERNEL_ROWS rows are quantized to int8 per block
 of 32 and multiplied in integers (llama.cpp's numerics; on the real model within the bfloat16
 rule, tests/real_model/test_as_stored.py); more are unpacked into a scratch copy of the stored
-layout, then dequantized for the GEMM as above.
+layout, then dequantized for the GEMM as above. With `int8_prefill` too, the kernel serves a
+prefill's rows as well where that is faster (`max_packed_kernel_rows`); on the real model that
+costs the bfloat16 rule (mean logprob error 0.076 nats against its 0.05).
 
 Invariant: a `BlockLinear` computes what `nn.Linear` computes with the dequantized weight (gguf's
 float32 dequantization, bit for bit) and the same bias, up to summation order, but for the rows
@@ -24,6 +26,7 @@ cores on CUDA multiply by the weight rounded to bfloat16, as a bfloat16 model do
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdserve.engine.cpu_features import cpu_has_amx
 from pdserve.engine.linear_layers import replace_linear_layers
 from pdserve.kernels import (block_quant_reference, cpu_block_linear, cpu_kquant_linear, cpu_packed_q4_linear,
                              kquant_reference)
@@ -43,17 +47,29 @@ from pdserve.kernels import (block_quant_reference, cpu_block_linear, cpu_kquant
 # float32 (multiply-adds at half bfloat16's rate) the two meet at about 32 rows.
 MAX_BLOCK_KERNEL_ROWS = {torch.bfloat16: 12, torch.float32: 32}
 # The same for Q4 weights packed for int8 activations (kernels/cpu_packed_q4_linear.py), in either
-# dtype: on that core the 30 layers' projections take 3.1 ms at 1 row, 13 at 16 and 24 at 32,
-# where unpacking, dequantizing and the bfloat16 GEMM take about as long as from 32 rows.
+# dtype: on that core the 30 layers' projections took 3.1 ms at 1 row, 13 at 16 and 24 at 32,
+# where unpacking, dequantizing and the bfloat16 GEMM took about as long as from 32 rows.
 MAX_PACKED_KERNEL_ROWS = 32
+
+
+def max_packed_kernel_rows(int8_prefill: bool) -> float:
+    """Up to how many rows a packed weight's kernel serves: MAX_PACKED_KERNEL_ROWS, or with
+    `int8_prefill` any number where the kernel multiplies many rows in strips (AVX512-VNNI) and no
+    AMX tiles outrun it in bfloat16. There, on one core of an AMD EPYC with AVX512-VNNI and
+    AVX512-BF16, SmolLM2's 30 layers of Q4_1 projections take 86-103 ms for 256 bfloat16 rows
+    against 120-133 for the GEMM on resident bfloat16 weights and 132-153 dequantized first."""
+    if int8_prefill and cpu_packed_q4_linear.has_strips() and not cpu_has_amx():
+        return math.inf
+    return MAX_PACKED_KERNEL_ROWS
 
 
 class BlockLinear(nn.Module):
     def __init__(self, blocks: torch.Tensor, block_type: str, in_features: int, bias: torch.Tensor | None,
-                 int8_activations: bool = False):
+                 int8_activations: bool = False, int8_prefill: bool = False):
         """blocks: uint8 [out_features, row bytes], each row its blocks back to back. With
         `int8_activations`, a Q4 weight on the CPU is packed for the int8 kernel, which then serves
-        a few rows; more rows, and every other weight, are served as without."""
+        up to `max_kernel_rows` rows (a few, or with `int8_prefill` where faster any number); more
+        rows, and every other weight, are served as without."""
         super().__init__()
         if block_reference(block_type).in_features_of(blocks, block_type) != in_features:
             raise ValueError(f"{block_type} blocks {list(blocks.shape)} do not hold {in_features} in-features")
@@ -63,9 +79,10 @@ class BlockLinear(nn.Module):
                        and cpu_packed_q4_linear.load() is not None)
         self.register_buffer("blocks", cpu_packed_q4_linear.pack(blocks, block_type) if self.packed else blocks)
         self.bias = bias
+        self.max_kernel_rows = max_packed_kernel_rows(int8_prefill) if self.packed else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_rows, in_features]
-        if self.packed and x.shape[0] <= MAX_PACKED_KERNEL_ROWS:
+        if self.packed and x.shape[0] <= self.max_kernel_rows:
             out = cpu_packed_q4_linear.linear(x.contiguous(), self.blocks, self.block_type)
             if out is not None:
                 return out if self.bias is None else out + self.bias
@@ -140,12 +157,13 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
 
 
 def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.Tensor]], device: torch.device,
-                           int8_activations: bool = False) -> int:
+                           int8_activations: bool = False, int8_prefill: bool = False) -> int:
     """Replaces, in place, each `nn.Linear` of `model` whose checkpoint weights are all in
     `blocks` (name -> (block type, uint8 blocks)), of one type, by a `BlockLinear` over them on
     `device`, their rows stacked in the order the layer loads them; the layer's own weight may be
     a meta tensor, never read. With `int8_activations` the layers pack their Q4 weights for the
-    int8 kernel, but for blocks another name shares (a tied head's), which would be held twice.
+    int8 kernel, but for blocks another name shares (a tied head's), which would be held twice;
+    with `int8_prefill` too, that kernel serves their prefills where faster.
     Returns how many layers were replaced."""
     block_types = {name: block_type for name, (block_type, _) in blocks.items()}
     holders = Counter(tensor.data_ptr() for _, tensor in blocks.values())
@@ -158,7 +176,8 @@ def serve_blocks_as_stored(model: nn.Module, blocks: dict[str, tuple[str, torch.
         stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
         shared = len(parts) == 1 and holders[parts[0].data_ptr()] > 1
         stacked = stacked.to(device)  # one source stays the tensor given: a tied head shares it
-        return BlockLinear(stacked, block_type, layer.in_features, layer.bias, int8_activations and not shared)
+        return BlockLinear(stacked, block_type, layer.in_features, layer.bias, int8_activations and not shared,
+                           int8_prefill)
 
     return replace_linear_layers(model, build)
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from pdserve.engine.attention_metadata import AttentionMetadata
-from pdserve.engine.block_linear import MAX_PACKED_KERNEL_ROWS, BlockLinear
+from pdserve.engine.block_linear import BlockLinear
 from pdserve.engine.model import MLP, CausalLM, DecoderLayer
 from pdserve.kernels import cpu_decode_attention, cpu_layer_ops, cpu_packed_q4_linear, cpu_store_kv_int8
 from pdserve.kernels.block_quant_reference import BLOCK_TYPES
@@ -173,7 +173,7 @@ class DecodePlan:
 
         def call() -> int | None:
             num_seqs = self._num_seqs
-            if packed is not None and num_seqs <= MAX_PACKED_KERNEL_ROWS:
+            if packed is not None and num_seqs <= linear.max_kernel_rows:
                 return packed()
             out[:num_seqs].copy_(linear(x[:num_seqs]))
             return None

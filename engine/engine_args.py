@@ -27,7 +27,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "matrices a .gguf holds in Q8_0, Q4_0 or Q4_1 blocks are multiplied as stored (under "
                              "half the memory; on a CPU, faster decode steps of a few sequences, slower ones of "
                              "many); as-stored-int8-activations: as stored, and on a CPU a decode step's "
-                             "activations quantized to int8 per 32 for the Q4 matrices, as llama.cpp does")
+                             "activations quantized to int8 per 32 for the Q4 matrices, as llama.cpp does; "
+                             "as-stored-int8-prefill: a prefill's too, where faster (AVX512-VNNI without AMX)")
     parser.add_argument("--quantization", default=None, choices=QUANTIZATIONS,
                         help="quantize the Linear layers' weights at load: int8 (Q8_0) or int4 (Q4_1; the head "
                              "Q8_0), in groups of 32, activations in --dtype; or w8a8: q/k/v and gate/up as int8 "

@@ -13,7 +13,8 @@ if TYPE_CHECKING:  # the gateway parses service arguments and never loads torch
     import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZED_WEIGHTS = ("as-stored", "as-stored-int8-activations", "dequantized")
+QUANTIZED_WEIGHTS = ("as-stored", "as-stored-int8-activations", "as-stored-int8-prefill", "dequantized")
+INT8_ACTIVATIONS = ("as-stored-int8-activations", "as-stored-int8-prefill")
 QUANTIZATIONS = ("int8", "int4", "w8a8")  # engine/quantize_at_load.py
 KV_CACHE_DTYPES = ("auto", "int8")  # int8: kernels/kv_quant.py
 MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -40,7 +41,8 @@ class EngineConfig:
     # "dequantized": every weight is widened to the dtype at load; "as-stored": on CPU and CUDA, a
     # GGUF's Q8_0/Q4_0/Q4_1 matrices are multiplied as stored (engine/weights.py);
     # "as-stored-int8-activations": the same, but on CPU a decode step's rows are quantized to int8
-    # per block of 32 for the Q4 matrices, as llama.cpp does (kernels/cpu_packed_q4_linear.py).
+    # per block of 32 for the Q4 matrices, as llama.cpp does (kernels/cpu_packed_q4_linear.py);
+    # "as-stored-int8-prefill": and a prefill's rows too, where faster (engine/block_linear.py).
     quantized_weights: str = "dequantized"
     # None: Linear weights as the checkpoint has them; "int8" or "int4": quantized at load, weight-only,
     # in groups of 32; "w8a8": q/k/v and gate/up as int8 weights per output row times int8 activations

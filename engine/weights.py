@@ -42,6 +42,7 @@ from pdserve.engine.block_embedding import EMBEDDINGS, serve_embeddings_as_store
 from pdserve.engine.block_linear import one_block_type, serve_blocks_as_stored
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.cpu_linear import pack_linear_layers, packs
+from pdserve.engine.engine_config import INT8_ACTIVATIONS
 from pdserve.engine.linear_layers import linear_layers
 from pdserve.engine.model import CausalLM
 from pdserve.engine.quantize_at_load import ROW_QUANTIZATIONS, quantize_linear_layers, weight_names_to_quantize
@@ -68,7 +69,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
                                 f"{textwrap.shorten(str(error), 600)}") from None
     model.eval().requires_grad_(False)
     if blocks:
-        serve_blocks_as_stored(model, blocks, device, int8_activations=quantized_weights == "as-stored-int8-activations")
+        serve_blocks_as_stored(model, blocks, device, int8_activations=quantized_weights in INT8_ACTIVATIONS,
+                               int8_prefill=quantized_weights == "as-stored-int8-prefill")
         serve_embeddings_as_stored(model, blocks, device)
         unread = [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
         if unread:

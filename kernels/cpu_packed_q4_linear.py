@@ -83,7 +83,15 @@ def build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         library.packed_q4_linear.argtypes = [_POINTER] * 3 + [_INT32] + [_INT64] * 3 + [_INT32] * 2
         library.packed_q4_unpack.argtypes = [_POINTER] * 2 + [_INT32] + [_INT64] * 2 + [_INT32]
         library.packed_q4_linear.restype = library.packed_q4_unpack.restype = _INT64
+        library.packed_q4_strips.argtypes, library.packed_q4_strips.restype = [], _INT64
     return library
+
+
+def has_strips() -> bool:
+    """Whether this machine's build multiplies many rows in strips (AVX512-VNNI): faster than the
+    GEMM on the dequantized weight, where the GEMM has no AMX tiles."""
+    library = load()
+    return library is not None and bool(library.packed_q4_strips())
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, block_type: str, *,

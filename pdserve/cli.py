@@ -33,7 +33,7 @@ CERT_SHARED_HOST = "pdserve-internal"  # what they name where replicas' addresse
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.engine_config.DTYPES, less "auto"; parsing loads no engine
 QUANTIZATIONS = ("int8", "int4", "w8a8")  # engine.engine_config.QUANTIZATIONS
 KV_CACHE_DTYPES = ("auto", "int8")  # engine.engine_config.KV_CACHE_DTYPES
-QUANTIZED_WEIGHTS = ("dequantized", "as-stored", "as-stored-int8-activations")  # engine.engine_config.QUANTIZED_WEIGHTS
+QUANTIZED_WEIGHTS = ("dequantized", "as-stored", "as-stored-int8-activations", "as-stored-int8-prefill")  # engine.engine_config.QUANTIZED_WEIGHTS
 
 
 class _LazyArgumentParser(argparse.ArgumentParser):
@@ -176,8 +176,9 @@ def add_up(subparsers: argparse._SubParsersAction) -> None:
                              ".gguf holds in Q8_0, Q4_0 or Q4_1 blocks as stored: under half the memory and, on a "
                              "CPU, faster steps of a few sequences, slower ones of many; as-stored-int8-activations: "
                              "as stored, and on a CPU a decode step's activations quantized to int8 per 32 for the "
-                             "Q4 matrices, as llama.cpp does (faster again, not the dequantized weights' numerics) "
-                             "(default dequantized)")
+                             "Q4 matrices, as llama.cpp does (faster again, not the dequantized weights' numerics); "
+                             "as-stored-int8-prefill: a prefill's too, where faster (AVX512-VNNI without AMX; "
+                             "further from those numerics) (default dequantized)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                         help="the replicas': quantize the Linear layers' weights at load, in groups of 32, to int8 "
                              "(Q8_0) or int4 (Q4_1; the head Q8_0), served by the block kernels; or w8a8: q/k/v "

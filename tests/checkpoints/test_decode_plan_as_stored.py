@@ -6,7 +6,7 @@ import pytest
 from tests.engine.test_cpu_decode_plan import assert_plan_equals_modules
 
 
-@pytest.mark.parametrize("quantized_weights", ["as-stored", "as-stored-int8-activations"])
+@pytest.mark.parametrize("quantized_weights", ["as-stored", "as-stored-int8-activations", "as-stored-int8-prefill"])
 def test_a_plan_over_stored_blocks_computes_what_the_modules_compute(converted, quantized_weights):
     assert_plan_equals_modules(str(converted("mixed")), 2, dtype="bfloat16", quantized_weights=quantized_weights)
 

@@ -1,23 +1,21 @@
 """A BlockLinear computes what nn.Linear computes with the dequantized weight, whether its rows go
 through the block kernel (a few) or the dequantized GEMM (many), with and without a bias, for the
 32-weight block types and the K-quants (super-blocks of 256, random bytes: gguf cannot quantize
-them); and
-serve_blocks_as_stored replaces exactly the layers whose checkpoint parts are all blocks of one type,
-its blocks on the replaced layer's device. With int8 activations, a Q4 layer packed for the int8
-kernel computes that kernel's reference for a few rows and the dequantized weight's product for
-many; Q8_0 layers and blocks a tied head shares stay unpacked. On CUDA every row count goes through the Triton kernel:
+them); and serve_blocks_as_stored replaces exactly the layers whose checkpoint parts are all blocks
+of one type, its blocks on the replaced layer's device. With int8 activations, a Q4 layer packed
+for the int8 kernel computes that kernel's reference up to its rows (with int8 prefill, any number
+where it has strips and the machine no AMX) and the dequantized weight's product beyond them; Q8_0 layers and
+blocks a tied head shares stay unpacked. On CUDA every row count goes through the Triton kernel:
 tests/gpu/test_gpu_block_linear.py."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdserve.engine.block_linear import (
-    MAX_BLOCK_KERNEL_ROWS,
-    MAX_PACKED_KERNEL_ROWS,
-    BlockLinear,
-    serve_blocks_as_stored,
-)
+from pdserve.engine.block_linear import MAX_BLOCK_KERNEL_ROWS, MAX_PACKED_KERNEL_ROWS, BlockLinear, serve_blocks_as_stored
+from pdserve.engine.cpu_features import cpu_has_amx
 from pdserve.engine.model import fuse_on_load
 from pdserve.kernels import cpu_packed_q4_linear, kquant_reference
 from pdserve.kernels.block_quant_reference import dequantize_reference, quantize_reference
@@ -110,21 +108,26 @@ def test_fused_layers_take_their_parts_blocks_stacked_and_the_rest_stay_float():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_type", ["q4_0", "q4_1"])
-def test_with_int8_activations_a_few_rows_quantize_x_and_many_take_the_dequantized_weight(dtype, block_type):
+@pytest.mark.parametrize("int8_prefill", [False, True], ids=["decode", "and-prefill"])
+def test_with_int8_activations_the_kernel_quantizes_x_up_to_its_rows_and_more_take_the_dequantized_weight(
+        dtype, block_type, int8_prefill):
     blocks = quantized(48, 96, block_type)
     bias = torch.randn(48, dtype=dtype)
-    layer = BlockLinear(blocks, block_type, 96, bias, int8_activations=True)
+    layer = BlockLinear(blocks, block_type, 96, bias, int8_activations=True, int8_prefill=int8_prefill)
     if cpu_packed_q4_linear.load() is None:
         pytest.skip("no C compiler: nothing is packed")
     assert layer.packed and not torch.equal(layer.blocks.view(-1), blocks.view(-1))
+    # a prefill's rows go to the kernel's strips where it has them and no AMX outruns them
+    strips = cpu_packed_q4_linear.has_strips() and not cpu_has_amx()
+    assert layer.max_kernel_rows == (math.inf if int8_prefill and strips else MAX_PACKED_KERNEL_ROWS)
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
-    for num_rows in (1, MAX_PACKED_KERNEL_ROWS):
+    for num_rows in (1, MAX_PACKED_KERNEL_ROWS, 70):
         x = torch.randn(num_rows, 96).to(dtype)
-        expected = cpu_packed_q4_linear.reference(x, blocks, block_type).float() + bias.float()
+        if num_rows <= layer.max_kernel_rows:
+            expected = cpu_packed_q4_linear.reference(x, blocks, block_type).float() + bias.float()
+        else:
+            expected = F.linear(x.float(), dequantize_reference(blocks, block_type), bias.float())
         torch.testing.assert_close(layer(x).float(), expected, atol=tolerance, rtol=tolerance)
-    x = torch.randn(MAX_PACKED_KERNEL_ROWS + 1, 96).to(dtype)
-    expected = F.linear(x.float(), dequantize_reference(blocks, block_type), bias.float())
-    torch.testing.assert_close(layer(x).float(), expected, atol=tolerance, rtol=tolerance)
 
 
 def test_int8_activations_pack_the_q4_layers_but_neither_q8_0_nor_blocks_a_tied_head_shares():

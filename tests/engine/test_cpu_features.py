@@ -1,6 +1,6 @@
 """Hardware bfloat16 is read from /proc/cpuinfo's `flags`: AVX512-BF16 or AMX-BF16, on any of its
-lines; other flags that mention bf16 or AVX-512 do not count."""
-from pdserve.engine.cpu_features import cpu_has_hardware_bf16, has_hardware_bf16
+lines; other flags that mention bf16 or AVX-512 do not count. AMX is AMX-BF16 alone."""
+from pdserve.engine.cpu_features import cpu_has_amx, cpu_has_hardware_bf16, has_amx, has_hardware_bf16
 
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -30,3 +30,15 @@ def test_a_missing_cpuinfo_reads_as_no_hardware_bfloat16(tmp_path):
     assert cpu_has_hardware_bf16(tmp_path / "absent") is False
     (tmp_path / "cpuinfo").write_text(ZEN4)
     assert cpu_has_hardware_bf16(tmp_path / "cpuinfo") is True
+
+
+def test_amx_is_its_bf16_flag_on_the_flags_line():
+    assert has_amx(SAPPHIRE_RAPIDS)
+    assert not has_amx(ZEN4) and not has_amx(ICE_LAKE) and not has_amx(GRAVITON)
+    assert not has_amx("bugs\t: amx_bf16\n")
+
+
+def test_a_missing_cpuinfo_reads_as_no_amx(tmp_path):
+    assert cpu_has_amx(tmp_path / "absent") is False
+    (tmp_path / "cpuinfo").write_text(SAPPHIRE_RAPIDS)
+    assert cpu_has_amx(tmp_path / "cpuinfo") is True

@@ -17,9 +17,9 @@ from tests.kernels.conftest import built_in_private_cache
 from tests.kernels.test_kernel_cpu_block_linear import assert_close_to, random_blocks, weight_of
 
 TYPES = list(cpu_packed_q4_linear.PACKED_TYPES)
-# 160 features: ten groups, enough for the kernel's prefetch to reach ahead; in-features of one
-# block and SmolLM2's MLP width.
-SHAPES = [(160, 576), (32, 1536), (16, 32)]
+# 176 features: eleven groups, enough for the kernel's prefetch to reach ahead, and prefill strips
+# of 4, 4 and 3 groups; in-features of one block and SmolLM2's MLP width.
+SHAPES = [(176, 576), (32, 1536), (16, 32)]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,8 @@ def test_unpack_gives_back_the_stored_blocks(compiled, weights, block_type, shap
 def test_linear_equals_the_reference(compiled, weights, threads, block_type, shape, dtype):
     blocks = weights[block_type, shape]
     packed = cpu_packed_q4_linear.pack(blocks, block_type)
-    for num_rows, num_threads in [(1, 1), (3, 2), (8, 1), (21, 2)]:  # tiles of 8, 4, 2 and 1 rows
+    # tiles of 8, 4, 2 and 1 rows; from 16 rows, strips of 4, 2 and 1 rows in chunks of 32
+    for num_rows, num_threads in [(1, 1), (3, 2), (8, 1), (23, 2), (39, 1)]:
         threads(num_threads)
         x = torch.randn(num_rows, shape[1], generator=torch.Generator().manual_seed(num_rows)).to(dtype)
         x[0, :32] = 0.0  # a block of zeros: no scale to divide by
@@ -72,10 +73,10 @@ def test_linear_equals_the_reference(compiled, weights, threads, block_type, sha
 def test_a_rows_product_does_not_depend_on_its_batch_or_threads(compiled, weights, threads, block_type):
     blocks = weights[block_type, SHAPES[0]]
     packed = cpu_packed_q4_linear.pack(blocks, block_type)
-    x = torch.randn(23, SHAPES[0][1], generator=torch.Generator().manual_seed(5))
+    x = torch.randn(41, SHAPES[0][1], generator=torch.Generator().manual_seed(5))
     threads(1)
     full = cpu_packed_q4_linear.linear(x, packed, block_type)
-    for first, count in [(0, 1), (16, 1), (3, 3), (4, 5), (1, 16), (7, 15), (0, 9)]:
+    for first, count in [(0, 1), (16, 1), (3, 3), (4, 5), (1, 16), (7, 15), (0, 9), (2, 33), (40, 1)]:
         assert torch.equal(cpu_packed_q4_linear.linear(x[first : first + count], packed, block_type),
                            full[first : first + count])
     threads(2)
@@ -88,10 +89,11 @@ def test_the_portable_c_equals_the_vector_code(compiled, weights, block_type):
     assert portable is not None
     blocks = weights[block_type, SHAPES[0]]
     packed = cpu_packed_q4_linear.pack(blocks, block_type)
-    x = torch.randn(11, SHAPES[0][1], generator=torch.Generator().manual_seed(6))
-    for dtype in (torch.float32, torch.bfloat16):
-        out = cpu_packed_q4_linear.linear(x.to(dtype), packed, block_type, library=portable)
-        assert torch.equal(out, cpu_packed_q4_linear.linear(x.to(dtype), packed, block_type))
+    for num_rows in (11, 37):  # the vector code's groups and its strips
+        x = torch.randn(num_rows, SHAPES[0][1], generator=torch.Generator().manual_seed(6))
+        for dtype in (torch.float32, torch.bfloat16):
+            out = cpu_packed_q4_linear.linear(x.to(dtype), packed, block_type, library=portable)
+            assert torch.equal(out, cpu_packed_q4_linear.linear(x.to(dtype), packed, block_type))
     assert torch.equal(cpu_packed_q4_linear.unpack(packed, block_type), blocks)
 
 
