@@ -114,7 +114,8 @@ static void quantize_row(const void *x, int32_t x_is_bfloat16, int64_t num_block
         const __m512 high = x_is_bfloat16 ? widened_from_bfloat16(block_bf16 + 16) : _mm512_loadu_ps(block + 16);
         amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
         const __m512 sum16 = _mm512_add_ps(low, high);
-        const __m256 sum8 = _mm256_add_ps(_mm512_castps512_ps256(sum16), _mm512_extractf32x8_ps(sum16, 1));
+        const __m256 sum8 = _mm256_add_ps(_mm512_castps512_ps256(sum16),
+                                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum16), 1)));
         const __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(sum8), _mm256_extractf128_ps(sum8, 1));
         const __m128 sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
         sum = _mm_cvtss_f32(_mm_add_ss(sum2, _mm_movehdup_ps(sum2)));
@@ -147,6 +148,11 @@ static inline void prefetch_line(const uint8_t *p) {
     __asm__ volatile("prefetcht1 %0" : : "m"(*p));
 }
 
+/* Four bytes at p broadcast to every int32 lane, read from memory (not through a general register). */
+static inline __m512i broadcast_word(const int8_t *p) {
+    return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
+}
+
 /* out[r][0..15] = the group's 16 features times rows r < rows (a constant once inlined). */
 static inline __attribute__((always_inline)) void group_tile(const int32_t block_type, const int rows, float *out,
                                                              int64_t out_stride, const int8_t *levels,
@@ -173,12 +179,10 @@ static inline __attribute__((always_inline)) void group_tile(const int32_t block
         }
         for (int r = 0; r < rows; r++) {
             const int8_t *xq = levels + r * in_features + b * WEIGHTS_PER_BLOCK;
-            int32_t words[8];
-            memcpy(words, xq, sizeof words);
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();  /* two chains */
             for (int j = 0; j < 8; j += 2) {  /* q[j] pairs with x's levels 4j..4j+3 */
-                even = _mm512_dpbusd_epi32(even, q[j], _mm512_set1_epi32(words[j]));
-                odd = _mm512_dpbusd_epi32(odd, q[j + 1], _mm512_set1_epi32(words[j + 1]));
+                even = _mm512_dpbusd_epi32(even, q[j], broadcast_word(xq + 4 * j));
+                odd = _mm512_dpbusd_epi32(odd, q[j + 1], broadcast_word(xq + 4 * j + 4));
             }
             const float *s = scales + r * num_scales + 2 * b;
             const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
@@ -187,11 +191,6 @@ static inline __attribute__((always_inline)) void group_tile(const int32_t block
         }
     }
     for (int r = 0; r < rows; r++) _mm512_storeu_ps(out + r * out_stride, acc[r]);
-}
-
-/* Four bytes at p broadcast to every int32 lane, read from memory (not through a general register). */
-static inline __m512i broadcast_word(const int8_t *p) {
-    return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
 }
 
 /* out[r][16 v + f] = groups v < V (a strip of 16 V features) times rows r < R, for a prefill's
