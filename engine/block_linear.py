@@ -57,7 +57,7 @@ def max_packed_kernel_rows(int8_prefill: bool) -> float:
     `int8_prefill` any number where the kernel multiplies many rows in strips (AVX512-VNNI) and no
     AMX tiles outrun it in bfloat16. There, on one core of an AMD EPYC with AVX512-VNNI and
     AVX512-BF16, SmolLM2's 30 layers of Q4_1 projections take 86-103 ms for 256 bfloat16 rows
-    against 120-133 for the GEMM on resident bfloat16 weights and 132-153 dequantized first."""
+    against 120-135 for the GEMM on resident bfloat16 weights and 132-153 dequantized first."""
     if int8_prefill and cpu_packed_q4_linear.has_strips() and not cpu_has_amx():
         return math.inf
     return MAX_PACKED_KERNEL_ROWS
