@@ -5,12 +5,13 @@ the arithmetic are its header's), built on first use (kernels/cpu_build.py).
 `pack(blocks, block_type)` reorders a stored weight [N, (K / 32) * block_bytes] into groups of 16
 output features, [N / 16, (K / 32) * group_block_bytes]: the same bytes, each group's scales side
 by side and its levels in the order the dot products read them. `unpack` is its inverse
-(compiled), for a prefill's many rows, which dequantize the stored layout for a GEMM. The product
-then costs a block its scales and 8 integer dot-product instructions for 16 features,
+(compiled), for a prefill's many rows where they dequantize the stored layout for a GEMM. The
+product then costs a block its scales and 8 integer dot-product instructions for 16 features,
 where the float kernel (kernels/cpu_block_linear.py) unpacks every weight to bfloat16. On one core
-of an AMD EPYC (Zen 4, AVX512-VNNI), SmolLM2-135M's 30 layers of Q4_1 projections, cold as in a
-decode step, bfloat16 x: 3.0-3.1 ms for one row against 5.5-5.7 for the float kernel, 6.8-6.9
-against 10.3-10.6 for 8 rows, 13 against 19 for 16.
+of an AMD EPYC (AVX512-VNNI), SmolLM2-135M's 30 layers of Q4_1 projections, cold as in a decode
+step, bfloat16 x: 3.0-3.1 ms for one row against 5.5-5.7 for the float kernel, 6.8-6.9 against
+10.3-10.6 for 8 rows, 13 against 19 for 16. From 16 rows the library multiplies in strips
+(`has_strips`), 0.71-0.77x the bfloat16 GEMM's time for 256 rows on that core.
 
 Numerics: x is quantized as llama.cpp's Q8_1 activations are (levels round(x * 127 / amax) per
 block of 32; the block's float sum for the Q4_1 minimum), so the product is not the dequantized
