@@ -22,6 +22,9 @@ pytestmark = pytest.mark.faults
 
 NUM_STREAMS = 16
 NUM_TOKENS = 200
+# The stream whose replica is killed runs this many: the kill waits for every stream's first
+# token, and a late one must not find it already finished.
+PACED_TOKENS = 3 * NUM_TOKENS
 
 
 def prompts(e2e_model: str, num_prompts: int, seed: int = 11) -> list[list[int]]:
@@ -55,18 +58,19 @@ def test_killing_a_decode_replica_mid_stream_loses_no_request_and_changes_no_tok
     cluster = make_cluster([("decode", "d0", ()), ("decode", "d1", ()), ("prefill", "p0", ()),
                             ("prefill", "p1", ()), ("gateway", "gw", ())])
     cases = prompts(e2e_model, NUM_STREAMS)
+    max_tokens = [PACED_TOKENS] + [NUM_TOKENS] * (NUM_STREAMS - 1)  # r-0 paces the kill
     reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
-        greedy_request(f"ref-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
+        greedy_request(f"ref-{i}", prompt, max_tokens[i]) for i, prompt in enumerate(cases)]).run())
     assert all(outcome.error is None for outcome in reference)
     assert len({request_info(cluster, f"ref-{i}").decode_replica for i in range(NUM_STREAMS)}) == 2
 
-    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"r-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
+    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"r-{i}", p, max_tokens[i]) for i, p in enumerate(cases)])
     outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "r-0", min_tokens=20)))
 
     failed = [(i, outcome.error.code(), outcome.error.details()) for i, outcome in enumerate(outcomes) if outcome.error]
     moved = migrations(cluster).get("decode_unavailable", 0)
     num_moved = sum(num_prefills(request_info(cluster, f"r-{i}")) > 1 for i in range(NUM_STREAMS))
-    print(f"\ndecode kill: {NUM_STREAMS} streams x {NUM_TOKENS} tokens, {len(failed)} failed, {num_moved} moved, "
+    print(f"\ndecode kill: {NUM_STREAMS} streams x {NUM_TOKENS} tokens (r-0 {PACED_TOKENS}), {len(failed)} failed, {num_moved} moved, "
           f"{moved:.0f} migrations, longest wait across the kill {recovery_s(outcomes, run.killed_s):.2f}s, "
           f"all done {max(o.ended_s for o in outcomes) - run.killed_s:.2f}s after it")
     assert failed == []
@@ -74,7 +78,7 @@ def test_killing_a_decode_replica_mid_stream_loses_no_request_and_changes_no_tok
     for i, (outcome, want) in enumerate(zip(outcomes, reference)):
         assert outcome.token_ids == want.token_ids, f"stream {i} differs from the unharmed run"
         assert outcome.last.finish_reason == common_pb2.FINISH_REASON_LENGTH
-        assert (outcome.last.usage.prompt_tokens, outcome.last.usage.completion_tokens) == (len(cases[i]), NUM_TOKENS)
+        assert (outcome.last.usage.prompt_tokens, outcome.last.usage.completion_tokens) == (len(cases[i]), max_tokens[i])
     assert request_info(cluster, "r-0").decode_replica != run.victim
     wait_until_gone(cluster, "decode", run.victim)
     cluster.assert_all_kv_free()
