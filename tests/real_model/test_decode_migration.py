@@ -2,13 +2,13 @@
 
 tests/system/faults/test_decode_migration.py on the real model and real text: two decode replicas,
 a prefill and a gateway as real processes; greedy and seeded sampled streams (penalties and
-min_tokens included) run once unharmed, then again while the decode replica serving the first is
-killed with SIGKILL mid-stream. Two more streams answer a chat turn under a JSON schema (greedy
-and sampled), and the killed replica is the one serving the greedy one. Its requests re-prefill
-their prompt and streamed tokens on the prefill and carry on on the survivor (a structured
-output's grammar replays the tokens so far): no stream fails, every token equals the unharmed
-run's, logprobs agree to LOGPROB_TOL (the resumed KV is computed in other batches), both
-structured answers validate against their schema, and every KV block comes back.
+min_tokens included) and two that answer a chat turn under a JSON schema (greedy and sampled) run
+once unharmed, then again while the decode replica serving one of the structured streams
+mid-answer is killed with SIGKILL. Its requests re-prefill their prompt and streamed tokens on
+the prefill and carry on on the survivor (a structured output's grammar replays the tokens so
+far): no stream fails, every token equals the unharmed run's, logprobs agree to LOGPROB_TOL (the
+resumed KV is computed in other batches), both structured answers validate against their schema,
+and every KV block comes back.
 """
 import asyncio
 import json
@@ -30,7 +30,8 @@ from tests.system.faults.test_decode_migration import kill_mid_stream
 pytestmark = pytest.mark.real_model
 
 NUM_TOKENS = 64
-KILL_AFTER_TOKENS = 8
+KILL_AFTER_TOKENS = 8  # the kill strikes a structured stream with this many tokens
+KILL_BEFORE_END = 8  # and at least this many still to come
 LOGPROB_TOL = 1e-3  # float32; what differs is the batches the KV was computed in
 PLANET = {
     "type": "object",
@@ -90,12 +91,15 @@ def test_a_killed_decode_replicas_streams_carry_on_with_the_tokens_of_an_unharme
     assert [outcome.error for outcome in reference] == [None] * (len(prompts) + 2)
 
     run = StreamRun(cluster.gateway.endpoint, requests("r"))
-    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "r-json", min_tokens=KILL_AFTER_TOKENS)))
+    structured = ["r-json", "r-json-sampled"]
+    lengths = {request.request_id: len(want.token_ids) for request, want in zip(run.requests, reference)}
+    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, min_tokens=KILL_AFTER_TOKENS, min_left=KILL_BEFORE_END,
+                                                   candidates=structured, lengths=lengths)))
 
     assert [outcome.error for outcome in outcomes] == [None] * (len(prompts) + 2)
     assert any(outcome.arrival_s[-1] > run.killed_s for outcome in outcomes)  # the kill was mid-stream
     assert migrations(cluster).get("decode_unavailable", 0) >= 1
-    assert request_info(cluster, "r-json").decode_replica != run.victim  # the structured stream itself moved
+    assert request_info(cluster, run.struck_request).decode_replica != run.victim  # a structured stream itself moved
     for i, (outcome, want) in enumerate(zip(outcomes, reference)):
         assert outcome.token_ids == want.token_ids, f"stream {i} differs from the unharmed run"
         assert outcome.logprobs == pytest.approx(want.logprobs, abs=LOGPROB_TOL)

@@ -11,6 +11,7 @@ import re
 import secrets
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -44,6 +45,7 @@ class StreamRun:
         self.outcomes = [Outcome() for _ in requests]
         self.victim: str | None = None  # the replica a `during` killed, and when
         self.killed_s = 0.0
+        self.struck_request: str | None = None  # the request it aimed at, where it aimed at one
 
     async def run(self, during=None) -> list[Outcome]:
         """Runs the requests, and `during(self)` (a coroutine function) beside them."""
@@ -56,12 +58,34 @@ class StreamRun:
             await asyncio.wait_for(asyncio.gather(*streams), STREAM_TIMEOUT_S)
         return self.outcomes
 
-    async def wait_for(self, condition, what: str, timeout_s: float = 60.0) -> None:
+    async def wait_for(self, condition, what: str, timeout_s: float = 60.0):
+        """Waits until `condition(outcomes)` is truthy and returns its value."""
         deadline = time.monotonic() + timeout_s
-        while not condition(self.outcomes):
+        while not (value := condition(self.outcomes)):
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}")
             await asyncio.sleep(0.02)
+        return value
+
+    async def wait_mid_stream(self, min_tokens: int, min_left: int, candidates: Sequence[str] | None = None,
+                              lengths: Mapping[str, int] | None = None) -> str:
+        """Waits until every stream has its first token and one of `candidates` (request ids, the
+        earlier preferred; every request by default) has `min_tokens` and at least `min_left` more
+        to come, of `lengths[id]` (what it ends with, say in an unharmed run) or else its
+        max_tokens; returns that request. A fault aimed at it then lands mid-stream. Any candidate
+        will do because on a loaded machine the last stream can start after the first has ended;
+        with every request a candidate and min_tokens + min_left <= its length, the wait ends."""
+        index = {request.request_id: i for i, request in enumerate(self.requests)}
+        candidates = list(index) if candidates is None else candidates
+        lengths = lengths or {request.request_id: request.params.max_tokens for request in self.requests}
+
+        def struck(outcomes: list[Outcome]) -> str | None:
+            if not all(outcome.token_ids for outcome in outcomes):
+                return None
+            return next((request_id for request_id in candidates
+                         if min_tokens <= len(outcomes[index[request_id]].token_ids) <= lengths[request_id] - min_left),
+                        None)
+        return await self.wait_for(struck, f"every stream to start and one of {candidates} to be mid-stream")
 
     async def _one(self, stub, request, outcome: Outcome) -> None:
         try:

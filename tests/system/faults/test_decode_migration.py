@@ -7,6 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 
 import grpc
 import pytest
@@ -22,9 +23,6 @@ pytestmark = pytest.mark.faults
 
 NUM_STREAMS = 16
 NUM_TOKENS = 200
-# The stream whose replica is killed runs this many: the kill waits for every stream's first
-# token, and a late one must not find it already finished.
-PACED_TOKENS = 3 * NUM_TOKENS
 
 
 def prompts(e2e_model: str, num_prompts: int, seed: int = 11) -> list[list[int]]:
@@ -34,18 +32,17 @@ def prompts(e2e_model: str, num_prompts: int, seed: int = 11) -> list[list[int]]
             for n in torch.randint(8, 120, (num_prompts,), generator=generator)]
 
 
-def kill_mid_stream(cluster, victim_of: str, min_tokens: int, strike=None, after=None):
+def kill_mid_stream(cluster, min_tokens: int, min_left: int, strike=None, after=None,
+                    candidates: Sequence[str] | None = None, lengths: Mapping[str, int] | None = None):
     """A `during` that kills (or `strike`s: a function of the service) the decode replica serving
-    request `victim_of` once that request has `min_tokens` and every other stream has its first
-    token; it records the kill's time and the victim's name on the run, then awaits `after(run)`
-    if given. Waiting on the victim's own stream, not on the slowest of all, keeps the kill
-    mid-stream however unevenly a loaded machine runs the replicas."""
+    a request once it is mid-stream (`StreamRun.wait_mid_stream`: one of `candidates`, any by
+    default, has `min_tokens` and `min_left` more to come); it records on the run that request,
+    the replica's name and the kill's time, then awaits `after(run)` if given. Waiting on one
+    stream, not on the slowest of all, keeps the kill mid-stream however unevenly a loaded
+    machine runs the replicas."""
     async def during(run: StreamRun):
-        victim = next(i for i, request in enumerate(run.requests) if request.request_id == victim_of)
-        await run.wait_for(lambda outcomes: len(outcomes[victim].token_ids) >= min_tokens
-                           and all(outcome.token_ids for outcome in outcomes),
-                           f"{victim_of} to reach {min_tokens} tokens and every stream to start")
-        run.victim = (await asyncio.to_thread(request_info, cluster, victim_of)).decode_replica
+        run.struck_request = await run.wait_mid_stream(min_tokens, min_left, candidates, lengths)
+        run.victim = (await asyncio.to_thread(request_info, cluster, run.struck_request)).decode_replica
         (strike or cluster.kill)(next(s for s in cluster.services if s.name == run.victim))
         run.killed_s = time.monotonic()
         if after is not None:
@@ -58,19 +55,18 @@ def test_killing_a_decode_replica_mid_stream_loses_no_request_and_changes_no_tok
     cluster = make_cluster([("decode", "d0", ()), ("decode", "d1", ()), ("prefill", "p0", ()),
                             ("prefill", "p1", ()), ("gateway", "gw", ())])
     cases = prompts(e2e_model, NUM_STREAMS)
-    max_tokens = [PACED_TOKENS] + [NUM_TOKENS] * (NUM_STREAMS - 1)  # r-0 paces the kill
     reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
-        greedy_request(f"ref-{i}", prompt, max_tokens[i]) for i, prompt in enumerate(cases)]).run())
+        greedy_request(f"ref-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)]).run())
     assert all(outcome.error is None for outcome in reference)
     assert len({request_info(cluster, f"ref-{i}").decode_replica for i in range(NUM_STREAMS)}) == 2
 
-    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"r-{i}", p, max_tokens[i]) for i, p in enumerate(cases)])
-    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "r-0", min_tokens=20)))
+    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"r-{i}", prompt, NUM_TOKENS) for i, prompt in enumerate(cases)])
+    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, min_tokens=20, min_left=50)))
 
     failed = [(i, outcome.error.code(), outcome.error.details()) for i, outcome in enumerate(outcomes) if outcome.error]
     moved = migrations(cluster).get("decode_unavailable", 0)
     num_moved = sum(num_prefills(request_info(cluster, f"r-{i}")) > 1 for i in range(NUM_STREAMS))
-    print(f"\ndecode kill: {NUM_STREAMS} streams x {NUM_TOKENS} tokens (r-0 {PACED_TOKENS}), {len(failed)} failed, {num_moved} moved, "
+    print(f"\ndecode kill: {NUM_STREAMS} streams x {NUM_TOKENS} tokens, {len(failed)} failed, {num_moved} moved, "
           f"{moved:.0f} migrations, longest wait across the kill {recovery_s(outcomes, run.killed_s):.2f}s, "
           f"all done {max(o.ended_s for o in outcomes) - run.killed_s:.2f}s after it")
     assert failed == []
@@ -78,8 +74,8 @@ def test_killing_a_decode_replica_mid_stream_loses_no_request_and_changes_no_tok
     for i, (outcome, want) in enumerate(zip(outcomes, reference)):
         assert outcome.token_ids == want.token_ids, f"stream {i} differs from the unharmed run"
         assert outcome.last.finish_reason == common_pb2.FINISH_REASON_LENGTH
-        assert (outcome.last.usage.prompt_tokens, outcome.last.usage.completion_tokens) == (len(cases[i]), max_tokens[i])
-    assert request_info(cluster, "r-0").decode_replica != run.victim
+        assert (outcome.last.usage.prompt_tokens, outcome.last.usage.completion_tokens) == (len(cases[i]), NUM_TOKENS)
+    assert request_info(cluster, run.struck_request).decode_replica != run.victim
     wait_until_gone(cluster, "decode", run.victim)
     cluster.assert_all_kv_free()
     assert_prefill_kv_free(cluster)
@@ -100,11 +96,11 @@ def test_a_migrated_seeded_sampled_request_gives_the_tokens_of_an_uninterrupted_
     reference = asyncio.run(StreamRun(cluster.gateway.endpoint, [
         sampled(f"ref-{i}", prompt) for i, prompt in enumerate(cases)]).run())
     run = StreamRun(cluster.gateway.endpoint, [sampled(f"s-{i}", prompt) for i, prompt in enumerate(cases)])
-    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "s-0", min_tokens=15)))
+    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, min_tokens=15, min_left=40)))
 
     assert [outcome.error for outcome in outcomes] == [None] * len(cases)
     assert migrations(cluster).get("decode_unavailable", 0) >= 1
-    assert request_info(cluster, "s-0").decode_replica != run.victim  # s-0 itself was moved
+    assert request_info(cluster, run.struck_request).decode_replica != run.victim  # the struck stream itself moved
     for outcome, want in zip(outcomes, reference):
         assert outcome.token_ids == want.token_ids
         # A resumed request is re-prefilled in a different batch: fp32 sums reorder, so the
@@ -130,8 +126,8 @@ def http_completion(cluster, prompt_ids: list[int]) -> tuple[int, dict]:
 def test_with_no_decode_replica_left_requests_fail_unavailable_promptly(make_cluster, e2e_model):
     cluster = make_cluster([("decode", "d0", ()), ("prefill", "p0", ()), ("gateway", "gw", ())])
     cases = prompts(e2e_model, 2, seed=3)
-    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"o-{i}", p, 1500) for i, p in enumerate(cases)])
-    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "o-0", min_tokens=3)))
+    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"o-{i}", prompt, 1500) for i, prompt in enumerate(cases)])
+    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, min_tokens=3, min_left=500)))
     assert [outcome.error.code() for outcome in outcomes] == [grpc.StatusCode.UNAVAILABLE] * 2
     assert max(outcome.ended_s for outcome in outcomes) - run.killed_s < 5.0
 
@@ -146,8 +142,8 @@ def test_with_migration_limit_0_a_killed_decode_replica_fails_its_requests_unava
     cluster = make_cluster([("decode", "d0", ()), ("decode", "d1", ()), ("prefill", "p0", ()),
                             ("gateway", "gw", ("--migration-limit", "0"))])
     cases = prompts(e2e_model, 4, seed=4)
-    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"z-{i}", p, 400) for i, p in enumerate(cases)])
-    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, "z-0", min_tokens=3)))
+    run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"z-{i}", prompt, 400) for i, prompt in enumerate(cases)])
+    outcomes = asyncio.run(run.run(kill_mid_stream(cluster, min_tokens=3, min_left=150)))
     failed = [outcome for outcome in outcomes if outcome.error is not None]
     assert failed and len(failed) < len(outcomes)  # the victim's requests fail, the survivor's finish
     assert all(o.error.code() == grpc.StatusCode.UNAVAILABLE and "migration limit 0" in o.error.details()

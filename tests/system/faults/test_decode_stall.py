@@ -57,7 +57,7 @@ def test_a_stopped_decode_replica_loses_no_request_and_its_blocks_come_back_afte
     run = StreamRun(cluster.gateway.endpoint, [greedy_request(f"r-{i}", p, NUM_TOKENS) for i, p in enumerate(cases)])
     started_s = time.monotonic()
     try:
-        during = kill_mid_stream(cluster, "r-0", 20, strike=sigstop,
+        during = kill_mid_stream(cluster, min_tokens=20, min_left=50, strike=sigstop,
                                  after=new_requests_meanwhile(prompts(e2e_model, NUM_NEW, seed=22), new_latencies_s))
         outcomes = asyncio.run(run.run(during))
         harmed_s = time.monotonic() - started_s
@@ -74,7 +74,7 @@ def test_a_stopped_decode_replica_loses_no_request_and_its_blocks_come_back_afte
     assert failed == []
     for i, (outcome, want) in enumerate(zip(outcomes, reference)):
         assert outcome.token_ids == want.token_ids, f"stream {i} differs from the unharmed run"
-    assert moved >= 1 and request_info(cluster, "r-0").decode_replica != run.victim
+    assert moved >= 1 and request_info(cluster, run.struck_request).decode_replica != run.victim
     assert harmed_s <= unharmed_s + STALL_BOUND_S
     served = [x for x in new_latencies_s if isinstance(x, float)]
     assert len(served) >= 0.9 * NUM_NEW, new_latencies_s

@@ -62,6 +62,7 @@ def serves_again(cluster: Cluster, replica: str, prompt: list[int], deadline_s: 
 @dataclass
 class CutRun:
     victim: str  # the decode replica cut off
+    struck_request: str  # a request it served at the cut
     errors: list  # (stream, status, details) of the streams that failed
     changed: list[int]  # streams whose tokens differ from the unharmed run's
     new_errors: list[str]  # of the requests sent after the cut
@@ -71,7 +72,7 @@ class CutRun:
 
 
 def cut_mid_stream(cluster: Cluster, hosts, e2e_model: str, other_end: str, prefix: str, seed: int) -> CutRun:
-    """Streams NUM_STREAMS greedy requests; once the first has 10 tokens, cuts its decode replica
+    """Streams NUM_STREAMS greedy requests; once one is mid-stream, cuts its decode replica
     off from host `other_end`, sends new requests one a second for AVOID_WITHIN_S + 5 s, heals,
     and waits for the replica to serve again; every block is free at the end."""
     cases = prompts(e2e_model, NUM_STREAMS, seed=seed)
@@ -82,9 +83,8 @@ def cut_mid_stream(cluster: Cluster, hosts, e2e_model: str, other_end: str, pref
     newcomers: list = []
 
     async def cut(run: StreamRun):
-        await run.wait_for(lambda outcomes: len(outcomes[0].token_ids) >= 10 and all(o.token_ids for o in outcomes),
-                           "the first stream to reach 10 tokens and every stream to start")
-        run.victim = (await asyncio.to_thread(request_info, cluster, f"{prefix}-0")).decode_replica
+        run.struck_request = await run.wait_mid_stream(min_tokens=10, min_left=40)
+        run.victim = (await asyncio.to_thread(request_info, cluster, run.struck_request)).decode_replica
         hosts.cut(other_end, run.victim)
         run.killed_s = time.monotonic()
         newcomers.extend(await new_requests(cluster, f"{prefix}new", new_prompt,
@@ -102,6 +102,7 @@ def cut_mid_stream(cluster: Cluster, hosts, e2e_model: str, other_end: str, pref
     assert late
     result = CutRun(
         victim=run.victim,
+        struck_request=run.struck_request,
         errors=[(i, o.error.code(), o.error.details()) for i, o in enumerate(outcomes) if o.error is not None],
         changed=[i for i, (o, want) in enumerate(zip(outcomes, reference)) if o.token_ids != want.token_ids],
         new_errors=[str(error) for _, _, error in newcomers if error is not None],
@@ -119,7 +120,7 @@ def test_a_decode_replica_cut_off_from_the_gateway_loses_no_stream_and_serves_ag
         cluster, hosts, e2e_model):
     cut = cut_mid_stream(cluster, hosts, e2e_model, "gw", "g", seed=31)
     assert (cut.errors, cut.changed, cut.new_errors, cut.late_on_victim) == ([], [], [], [])
-    assert request_info(cluster, "g-0").decode_replica != cut.victim  # moved off it
+    assert request_info(cluster, cut.struck_request).decode_replica != cut.victim  # moved off it
 
 
 @pytest.mark.timeout(420)
