@@ -76,6 +76,7 @@ class SystemOptions:
     kv_cache_memory_bytes: int | None = None  # each pdserve engine's KV pool; None: pdserve's default
     quantization: str | None = None  # each pdserve engine's --quantization; None: not quantized
     up_flags: tuple[str, ...] = ()  # more flags of disaggregated's `pdserve up`
+    serve_flags: tuple[str, ...] = ()  # more flags of colocated's `pdserve serve`
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +112,7 @@ def system_spec(name: str, options: SystemOptions) -> SystemSpec:
                     *(() if options.quantization is None else ("--quantization", options.quantization)))
     if name == "colocated":
         return SystemSpec(name, (sys.executable, "-m", "pdserve", "serve", "--model", model, "--port", str(port),
-                                 *dtype, *engine_flags), port,
+                                 *dtype, *engine_flags, *options.serve_flags), port,
                           "pdserve serve: one engine, continuous batching with chunked prefill, prefix caching on")
     if name == "disaggregated":
         num_p, num_d, grpc_port = options.num_prefill_replicas, options.num_decode_replicas, free_port(LOOPBACK)
@@ -233,6 +234,8 @@ def add_system_arguments(parser, model: bool = True) -> None:
                         help="every pdserve engine's --quantization (default: none; peers are not quantized)")
     parser.add_argument("--up-flags", type=str.split, default=(), metavar="'FLAGS'",
                         help="more flags of disaggregated's `pdserve up`, e.g. '--line-order fifo'")
+    parser.add_argument("--serve-flags", type=str.split, default=(), metavar="'FLAGS'",
+                        help="more flags of colocated's `pdserve serve`, e.g. '--max-num-batched-tokens 512'")
     add_kv_cache_memory_argument(parser)
 
 
@@ -248,5 +251,5 @@ def options_from(args) -> SystemOptions:
     model_dir = resolve_model(args.model, os.environ).model_dir.resolve()
     return SystemOptions(model_dir, args.dtype, args.prefill_replicas, args.decode_replicas, args.peer_vllm,
                          args.peer_llama_cpp, args.gguf, args.startup_timeout_s, args.kv_cache_memory,
-                         args.quantization, tuple(args.up_flags))
+                         args.quantization, tuple(args.up_flags), tuple(args.serve_flags))
 

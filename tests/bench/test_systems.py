@@ -42,6 +42,14 @@ def test_disaggregated_runs_the_asked_xpyd():
     assert (up.prefill, up.decode) == (2, 3)
 
 
+def test_more_flags_reach_their_system():
+    flagged = dataclasses.replace(options(), up_flags=("--line-order", "fifo"),
+                                  serve_flags=("--max-num-batched-tokens", "512"))
+    up, serve = (parse_pdserve(system_spec(name, flagged).argv) for name in ("disaggregated", "colocated"))
+    assert (up.line_order, serve.max_num_batched_tokens) == ("fifo", 512)
+    assert parse_pdserve(system_spec("colocated", options()).argv).max_num_batched_tokens == 2048
+
+
 def test_vllm_gets_the_dtype_and_prefix_caching_after_the_peer_scripts_own(tmp_path):
     script = tmp_path / "peer"
     script.write_text("#!/bin/sh\n")
