@@ -58,6 +58,10 @@
 #include "bfloat16.h"
 #include "fp16.h"
 
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define VNNI 1  /* the vector tiles and the strips; else portable C */
+#endif
+
 enum { Q4_0 = 2, Q4_1 = 3 };
 #define WEIGHTS_PER_BLOCK 32
 #define FEATURES_PER_GROUP 16
@@ -142,7 +146,7 @@ static void quantize_row(const void *x, int32_t x_is_bfloat16, int64_t num_block
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#ifdef VNNI
 /* A cache line requested into L2 ahead of use (as in block_linear.c). */
 static inline void prefetch_line(const uint8_t *p) {
     __asm__ volatile("prefetcht1 %0" : : "m"(*p));
@@ -391,7 +395,7 @@ int64_t packed_q4_linear(void *out, const void *x, const uint8_t *packed, int32_
     if (group_block_bytes(block_type) == 0 || num_rows < 0 || out_features < 0 || in_features < 0
         || in_features % WEIGHTS_PER_BLOCK || out_features % FEATURES_PER_GROUP)
         return 1;
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#ifdef VNNI
     const int strips = num_rows >= MIN_STRIP_ROWS;
 #else
     const int strips = 0;
@@ -415,7 +419,7 @@ int64_t packed_q4_linear(void *out, const void *x, const uint8_t *packed, int32_
     for (int64_t r = 0; r < num_rows; r++)
         quantize_row((const char *)x + r * in_features * x_bytes, x_is_bfloat16, num_blocks,
                      levels + r * in_features, scales + 2 * r * num_blocks);
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#ifdef VNNI
     if (strips) {
         strips_product(block_type, out, x_is_bfloat16, levels, scales, packed, num_rows, out_features, in_features,
                        num_threads);
@@ -447,7 +451,7 @@ int64_t packed_q4_linear(void *out, const void *x, const uint8_t *packed, int32_
 /* 1 where this build has the strips (AVX512-VNNI), which serve many rows faster than a GEMM on the
  * dequantized weight (kernels/cpu_packed_q4_linear.py), else 0. */
 int64_t packed_q4_strips(void) {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#ifdef VNNI
     return 1;
 #else
     return 0;
