@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from pdserve.bench.datasets import DATASET_KINDS, make_dataset
+from pdserve.bench.engine_time import busy_text, engine_time
 from pdserve.bench.errors import BenchConfigError
 from pdserve.bench.goodput_search import Point, attainment, goodput, search
 from pdserve.bench.machine import provenance
@@ -71,13 +72,17 @@ def run_system(name: str, args: argparse.Namespace, tokenizer) -> dict:
     def measure(served, rate: float, repeat: int) -> Point:
         # At least --duration-s of arrivals, so that queues build at a high rate as in a steady stream.
         num_prompts = max(args.num_prompts, math.ceil(rate * args.duration_s))
-        result = bench(served, rate, f"{name}-r{repeat}-rate{rate:g}", num_prompts, point_seed(args, rate, repeat))
+        result = bench(served, rate, f"{name}-r{repeat}-rate{rate:g}", num_prompts, point_seed(args, rate, repeat),
+                       scrape=True)
         figures = result.metrics.to_dict()
         gaps_ms = [gap * 1000 for record in result.records if record.success for gap in record.itl_s]
+        engines = engine_time(result.server)
         point = Point(rate, attainment(result.records, args.slos_ms),
-                      {**{key: figures[key] for key in POINT_FIGURES}, "max_itl_ms": max(gaps_ms, default=0.0)})
-        logger.info("%s repeat %d: %.3g req/s: %.0f %% met the SLOs (%s)", name, repeat, rate,
-                    100 * point.attainment, point.figures)
+                      {**{key: figures[key] for key in POINT_FIGURES}, "max_itl_ms": max(gaps_ms, default=0.0),
+                       "engines": engines})
+        logger.info("%s repeat %d: %.3g req/s: %.0f %% met the SLOs (%s)%s", name, repeat, rate,
+                    100 * point.attainment, {key: point.figures[key] for key in POINT_FIGURES},
+                    f"; busy: {busy_text(engines, figures['duration'])}" if engines else "")
         return point
 
     try:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from pdserve.bench.engine_time import busy_text
+
 JSON_NAME = "goodput.json"
 IDLE_COLUMNS = (("client_ttft_ms", "TTFT at the client"), ("server_ttft_ms", "TTFT at the server"),
                 ("server_queue_ms", "queue (to the prefilling engine)"),
@@ -59,17 +61,21 @@ def render_markdown(combined: dict) -> str:
     lines += ["", "A goodput of 0: even the lowest rate missed the target; ≥ R: the highest rate measured, R, met it "
               "(so a ratio involving it is a bound, not a measure).", ""]
     for name in names:
+        points = [(repeat, point) for repeat, search in enumerate(systems[name]["repeats"])
+                  for point in sorted(search["points"], key=lambda point: point["request_rate"])]
+        with_engines = any(point["figures"].get("engines") for _, point in points)
         lines += [f"## {name}", "", systems[name]["description"], "",
                   "| repeat | rate (req/s) | met SLOs | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | ITL p99 / max (ms) "
-                  "| output tok/s | failed |", "|---|---|---|---|---|---|---|---|"]
-        for repeat, search in enumerate(systems[name]["repeats"]):
-            for point in sorted(search["points"], key=lambda point: point["request_rate"]):
-                f = point["figures"]
-                lines.append(
-                    f"| {repeat} | {point['request_rate']:g} | {point['attainment']:.0%} | "
-                    f"{f['median_ttft_ms']:.0f} / {f['p99_ttft_ms']:.0f} | {f['median_tpot_ms']:.0f} / "
-                    f"{f['p99_tpot_ms']:.0f} | {f['p99_itl_ms']:.0f} / {f['max_itl_ms']:.0f} | "
-                    f"{f['output_throughput']:.1f} | {f['failed']} |")
+                  "| output tok/s | failed |" + (" engines busy (% of the run, by step) |" if with_engines else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if with_engines else "")]
+        for repeat, point in points:
+            f = point["figures"]
+            lines.append(
+                f"| {repeat} | {point['request_rate']:g} | {point['attainment']:.0%} | "
+                f"{f['median_ttft_ms']:.0f} / {f['p99_ttft_ms']:.0f} | {f['median_tpot_ms']:.0f} / "
+                f"{f['p99_tpot_ms']:.0f} | {f['p99_itl_ms']:.0f} / {f['max_itl_ms']:.0f} | "
+                f"{f['output_throughput']:.1f} | {f['failed']} |"
+                + (f" {busy_text(f.get('engines') or {}, f['duration'])} |" if with_engines else ""))
         lines.append("")
     return "\n".join(lines)
 

@@ -2,7 +2,9 @@
 
 Scraped before and after the run: every series named with one of `PREFIXES` (pdserve's, vLLM's,
 llama.cpp's), a counter as its increase, a histogram or summary as the increase of its count and
-sum and the mean observed, a gauge as its value after the run (a replica's resident memory, say).
+sum and the mean observed, a gauge as its value after the run (a replica's resident memory, say)
+and its change over the run where it was there before too (a figure a replica counts since it
+started and reports as a gauge: its engine's busy seconds, say).
 A failed scrape is recorded, never raised: the run goes on.
 """
 from __future__ import annotations
@@ -46,8 +48,8 @@ def parse_exposition(text: str) -> Snapshot:
 
 
 def summarise(before: Snapshot, after: Snapshot) -> dict:
-    """Counter increases and histogram increases (count, sum, mean) from `before` to `after`, and
-    the gauges of `after`."""
+    """Counter increases and histogram increases (count, sum, mean) from `before` to `after`, the
+    gauges of `after`, and the change of those that `before` has too."""
     counters = {key: value - before.counters.get(key, 0.0) for key, value in sorted(after.counters.items())}
     histograms = {}
     for key, (count, total) in sorted(after.histograms.items()):
@@ -55,7 +57,10 @@ def summarise(before: Snapshot, after: Snapshot) -> dict:
         num_observed, observed_sum = count - count_before, total - total_before
         histograms[key] = {"count": num_observed, "sum": observed_sum,
                            "mean": observed_sum / num_observed if num_observed else None}
-    return {"counters": counters, "histograms": histograms, "gauges": dict(sorted(after.gauges.items()))}
+    gauge_changes = {key: value - before.gauges[key] for key, value in sorted(after.gauges.items())
+                     if key in before.gauges}
+    return {"counters": counters, "histograms": histograms, "gauges": dict(sorted(after.gauges.items())),
+            "gauge_changes": gauge_changes}
 
 
 async def scrape(url: str) -> Snapshot | str:

@@ -127,7 +127,7 @@ class ReplicaHeartbeat:
             raise
         self._task = asyncio.create_task(self._beat(), name=f"heartbeat {self._key}")
 
-    def update_load(self, **load: int) -> None:
+    def update_load(self, **load: int | float) -> None:
         """Records the replica's load; the next beat publishes it. Unknown fields raise TypeError."""
         unknown = load.keys() - LOAD_FIELDS
         if unknown:

@@ -58,6 +58,15 @@ class ReplicaInfo:
     weights_bytes: int = 0  # the memory the replica's weights take
     kv_pool_bytes: int = 0  # and its KV pool
     resident_bytes: int = 0  # the replica process's resident memory (engine/process_memory.py)
+    # What its engine's steps did since the replica started, by kind of step (engine/step_stats.py).
+    decode_steps: int = 0
+    mixed_steps: int = 0
+    prompt_steps: int = 0
+    decode_steps_s: float = 0.0  # seconds in those steps
+    mixed_steps_s: float = 0.0
+    prompt_steps_s: float = 0.0
+    computed_prompt_tokens: int = 0
+    computed_decode_tokens: int = 0
     updated_unix_s: float = 0.0  # when the replica last reported its load
     # The entry itself (see the module docstring).
     kv_layout_fingerprint: str = ""
@@ -68,7 +77,9 @@ class ReplicaInfo:
 
 LOAD_FIELDS = frozenset({"queued_tokens", "free_blocks", "total_blocks", "block_size", "running_seqs", "waiting_seqs",
                          "used_slots", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
-                         "weights_bytes", "kv_pool_bytes", "resident_bytes"})
+                         "weights_bytes", "kv_pool_bytes", "resident_bytes", "decode_steps", "mixed_steps",
+                         "prompt_steps", "decode_steps_s", "mixed_steps_s", "prompt_steps_s", "computed_prompt_tokens",
+                         "computed_decode_tokens"})
 _FIELDS = dataclasses.fields(ReplicaInfo)
 _REQUIRED_FIELDS = tuple(field.name for field in _FIELDS if field.default is dataclasses.MISSING)
 _FIELD_TYPES = {field.name: str if field.name in _REQUIRED_FIELDS else type(field.default) for field in _FIELDS}

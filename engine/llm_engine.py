@@ -46,6 +46,7 @@ from pdserve.engine.process_memory import resident_bytes
 from pdserve.engine.request import Request, RequestStatus
 from pdserve.engine.scheduler import Scheduler, SchedulerOutput
 from pdserve.engine.step_budget import StepBudget
+from pdserve.engine.step_stats import StepStats
 from pdserve.engine.warm_up import warm_up
 from pdserve.engine.weights import load_model, weights_bytes
 from pdserve.protocol.eos_token import eos_token_id
@@ -89,6 +90,7 @@ class LLMEngine:
         self.step_budget = None  # prompt chunks bounded by tokens alone
         if config.max_step_ms is not None:
             self.step_budget = StepBudget(config.max_step_ms / 1e3, config.max_num_batched_tokens)
+        self.step_stats = StepStats()
         allocate = kv_allocator or (lambda spec, n, device: spec.allocate(n, device))
         self.kv_cache = allocate(self.kv_spec, num_blocks, self.device)
         max_blocks_per_seq = num_blocks_for(self.max_model_len, config.block_size)
@@ -192,8 +194,9 @@ class LLMEngine:
         self._forget(request_id)
         return True
 
-    def load(self) -> dict[str, int]:
-        """Occupancy figures for the replica registry; call on the engine's own thread.
+    def load(self) -> dict[str, int | float]:
+        """Occupancy figures for the replica registry, and what its steps did (engine.step_stats);
+        call on the engine's own thread.
 
         `used_slots` counts K/V entries that hold a token; allocated slots are
         `(total_blocks - free_blocks) * block_size`, so their difference is the paging waste."""
@@ -212,6 +215,7 @@ class LLMEngine:
             "kv_pool_bytes": self.allocator.num_blocks * self.kv_spec.bytes_per_block,
             "weights_bytes": self.weights_bytes,
             "resident_bytes": resident_bytes(),
+            **self.step_stats.figures(),
         }
 
     def cached_prefix_hashes(self, limit: int) -> list[bytes]:
@@ -226,8 +230,11 @@ class LLMEngine:
         output = self.scheduler.schedule(budget.prompt_tokens(len(self.scheduler.running)) if budget else None)
         started_s = time.perf_counter()
         result = self.runner.run(output, self._layer_hook(output))
+        num_decodes, num_prompt_tokens, seconds = (output.num_decode_chunks, output.num_prompt_tokens,
+                                                   time.perf_counter() - started_s)
         if budget is not None:
-            budget.observe(output.num_decode_chunks, output.num_prompt_tokens, time.perf_counter() - started_s)
+            budget.observe(num_decodes, num_prompt_tokens, seconds)
+        self.step_stats.observe(num_decodes, num_prompt_tokens, seconds)
         return self._update(output, result)
 
     def _layer_hook(self, output: SchedulerOutput) -> Callable[[int], None] | None:

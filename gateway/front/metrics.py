@@ -30,6 +30,8 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from pdserve.protocol.step_kinds import STEP_KINDS
+
 PREFIX = "pdserve:"
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -155,6 +157,19 @@ class GatewayMetrics:
                  "Resident memory (RSS) of a replica's process, in bytes."),
             )
         }
+        # What each replica's engine steps did since it started (engine/step_stats.py), by kind of step.
+        self._replica_steps = {
+            unit: Gauge(PREFIX + name, doc, replica + ("step",), registry=self.registry)
+            for unit, name, doc in (
+                ("steps", "replica_engine_steps", "Engine steps a replica ran since it started, by kind: "
+                                                  "decode, mixed (prompt chunks with decodes) or prompt."),
+                ("steps_s", "replica_engine_step_seconds", "Seconds a replica's engine spent in steps of "
+                                                           "each kind since it started."),
+            )
+        }
+        self._replica_computed_tokens = Gauge(
+            PREFIX + "replica_computed_tokens", "Tokens a replica's engine computed since it started, by "
+            "phase: prompt (recomputed ones included) or decode.", replica + ("phase",), registry=self.registry)
         self._http_responses = Counter(
             PREFIX + "http_responses", "HTTP responses by route and status code.",
             ("route", "status_code"), registry=self.registry,
@@ -230,7 +245,7 @@ class GatewayMetrics:
     def on_replica_loads(self, replicas) -> None:
         """Publishes the live replicas' last reported load (`ReplicaInfo`s); drops the others.
         Requests waiting are those in any live replica's queue."""
-        for gauge in self._replica_gauges.values():
+        for gauge in (*self._replica_gauges.values(), *self._replica_steps.values(), self._replica_computed_tokens):
             gauge.clear()
         self.set_num_requests_waiting(sum(replica.waiting_seqs for replica in replicas))
         for replica in replicas:
@@ -253,6 +268,12 @@ class GatewayMetrics:
         }
         for field, value in values.items():
             self._replica_gauges[field].labels(replica.kind, replica.replica_id).set(value)
+        for kind in STEP_KINDS:
+            for unit, gauge in self._replica_steps.items():
+                gauge.labels(replica.kind, replica.replica_id, kind).set(getattr(replica, f"{kind}_{unit}"))
+        for phase in ("prompt", "decode"):
+            self._replica_computed_tokens.labels(replica.kind, replica.replica_id, phase).set(
+                getattr(replica, f"computed_{phase}_tokens"))
         self.on_prefix_cache_counts((replica.kind, replica.replica_id), replica.prefix_cache_queries,
                                     replica.prefix_cache_hits)
 

@@ -33,6 +33,13 @@ def test_goodput_of_two_systems_side_by_side(tiny_model, tmp_path):
         for point in search["points"]:
             assert point["attainment"] == 1.0, (name, point)  # a minute per token: every request meets it
             assert (point["figures"]["completed"], point["figures"]["failed"]) == (NUM_PROMPTS, 0)
+        # Every engine's steps during each point: serve's one engine, up's prefill and decode replicas
+        # (their figures as last reported, twice a second: the first point's seconds of arrivals hold reports).
+        names = {"engine"} if name == "colocated" else {"prefill-0", "decode-0"}
+        assert [set(point["figures"]["engines"]) for point in search["points"]] == [names] * 2
+        engines = search["points"][0]["figures"]["engines"].values()
+        assert sum(engine["prompt_tokens"] for engine in engines) > 0
+        assert sum(engine["busy_s"]["decode"] + engine["busy_s"]["prompt"] for engine in engines) > 0
         assert (entry["goodput"], entry["at_least"]) == (4.0, True)
         idle = entry["idle"]
         assert 0 < idle["server_ttft_ms"] <= idle["client_ttft_ms"], idle
@@ -40,5 +47,6 @@ def test_goodput_of_two_systems_side_by_side(tiny_model, tmp_path):
     assert combined["systems"]["disaggregated"]["idle"]["kv_transfer_ms"] > 0
     markdown = (result_dir / "goodput.md").read_text()
     assert "| colocated | ≥ 4 |" in markdown and "## disaggregated" in markdown and "At idle" in markdown
+    assert "engines busy (% of the run, by step)" in markdown and "decode-0 " in markdown
     assert (result_dir / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (result_dir / "logs" / "disaggregated.log").stat().st_size > 0

@@ -35,6 +35,13 @@ def test_counter_increases_histogram_means_and_gauges_over_a_run():
     assert figures["histograms"] == {'pdserve:kv_transfer_seconds{model_name="m",transport="shm"}':
                                      {"count": 4, "sum": 2.0, "mean": 0.5}}
     assert figures["gauges"] == {'pdserve:replica_resident_memory_bytes{kind="decode",replica="d0"}': 500}
+    assert figures["gauge_changes"] == {'pdserve:replica_resident_memory_bytes{kind="decode",replica="d0"}': 100}
+
+
+def test_a_gauge_that_appeared_during_the_run_has_no_change():
+    before = parse_exposition("")
+    after = parse_exposition(exposition(requests=1, kv_count=0, kv_sum=0, preemptions=0, resident_bytes=500))
+    assert summarise(before, after)["gauge_changes"] == {}
 
 
 def test_a_histogram_with_nothing_observed_during_the_run_has_no_mean():

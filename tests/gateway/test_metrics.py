@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdserve.engine.step_stats import StepStats
 from pdserve.gateway.front.metrics import GatewayMetrics, RequestTimeline
 
 
@@ -83,7 +84,7 @@ def test_requests_waiting_are_those_in_the_live_replicas_queues():
     metrics = GatewayMetrics("m")
     replica = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0,
                    queued_tokens=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0,
-                   weights_bytes=96 << 20, kv_pool_bytes=1 << 30, resident_bytes=500 << 20)
+                   weights_bytes=96 << 20, kv_pool_bytes=1 << 30, resident_bytes=500 << 20, **StepStats().figures())
     metrics.on_replica_loads([
         SimpleNamespace(kind="prefill", replica_id="p0", waiting_seqs=3, **replica),
         SimpleNamespace(kind="decode", replica_id="d0", waiting_seqs=2, **replica),
@@ -106,7 +107,8 @@ def test_a_single_engine_publishes_its_load_as_the_engine_replica():
     metrics = GatewayMetrics("m")
     metrics.on_engine_load(dict(total_blocks=10, free_blocks=6, block_size=4, used_slots=12, running_seqs=2,
                                 waiting_seqs=1, num_preemptions=0, prefix_cache_queries=40, prefix_cache_hits=8,
-                                weights_bytes=146 << 20, kv_pool_bytes=1 << 30, resident_bytes=700 << 20))
+                                weights_bytes=146 << 20, kv_pool_bytes=1 << 30, resident_bytes=700 << 20,
+                                **StepStats().figures()))
     figures = samples(metrics.render().decode())
     engine = (("kind", "engine"), ("replica", ""))
     assert figures[("pdserve:replica_weights_bytes", engine)] == 146 << 20
@@ -119,10 +121,35 @@ def test_a_single_engine_publishes_its_load_as_the_engine_replica():
     assert figures[hits] == 8
 
 
+def test_each_replica_publishes_what_its_steps_did_by_kind():
+    metrics = GatewayMetrics("m")
+    stats = StepStats()
+    stats.observe(num_decodes=0, num_prompt_tokens=300, seconds=0.25)
+    stats.observe(num_decodes=6, num_prompt_tokens=30, seconds=0.07)
+    stats.observe(num_decodes=6, num_prompt_tokens=0, seconds=0.02)
+    load = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0, waiting_seqs=0,
+                queued_tokens=0, num_preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0, weights_bytes=0,
+                kv_pool_bytes=0, resident_bytes=0)
+    metrics.on_replica_loads([SimpleNamespace(kind="decode", replica_id="d0", **load, **stats.figures())])
+    figures = samples(metrics.render().decode())
+    decode = (("kind", "decode"), ("replica", "d0"))
+    steps = {kind: figures[("pdserve:replica_engine_steps", (*decode, ("step", kind)))]
+             for kind in ("decode", "mixed", "prompt")}
+    assert steps == {"decode": 1, "mixed": 1, "prompt": 1}
+    assert figures[("pdserve:replica_engine_step_seconds", (*decode, ("step", "mixed")))] == pytest.approx(0.07)
+    tokens = {phase: figures[("pdserve:replica_computed_tokens", (decode[0], ("phase", phase), decode[1]))]
+              for phase in ("prompt", "decode")}
+    assert tokens == {"prompt": 330, "decode": 12}
+
+    metrics.on_replica_loads([])  # the replica went away: its figures go with it
+    assert not any(name.startswith("pdserve:replica_") for name, _ in samples(metrics.render().decode()))
+
+
 def test_prefix_cache_counters_add_what_each_replica_counted_since_its_last_report():
     metrics = GatewayMetrics("m")
     load = dict(total_blocks=10, free_blocks=10, block_size=4, used_slots=0, running_seqs=0, waiting_seqs=0,
-                queued_tokens=0, num_preemptions=0, weights_bytes=0, kv_pool_bytes=0, resident_bytes=0)
+                queued_tokens=0, num_preemptions=0, weights_bytes=0, kv_pool_bytes=0, resident_bytes=0,
+                **StepStats().figures())
 
     def report(**counts):  # replica id -> (queried tokens, hit tokens) since it started
         metrics.on_replica_loads([SimpleNamespace(kind="prefill", replica_id=name, prefix_cache_queries=queries,

@@ -42,16 +42,31 @@ def test_metrics_export_the_engines_phases_and_waiting_queue(server):
     def scrape() -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{server}/metrics", timeout=10) as response:
             families = text_string_to_metric_families(response.read().decode())
-            return {sample.name: sample.value for family in families for sample in family.samples}
+            return {sample.name + _labels(sample.labels): sample.value
+                    for family in families for sample in family.samples}
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="unused", max_retries=0, timeout=60)
     before = scrape()
-    assert len(client.completions.create(model="model0", prompt="phases", max_tokens=3, n=2).choices) == 2
+    response = client.completions.create(model="model0", prompt="the phases of two choices", max_tokens=3, n=2,
+                                         extra_body={"ignore_eos": True})
+    assert len(response.choices) == 2
     after = scrape()
     for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"):
-        count = f"pdserve:{name}_count"
+        count = f'pdserve:{name}_count{{model_name="model0"}}'
         assert after[count] - before.get(count, 0.0) == 2, name  # one engine request per choice
-    assert after["pdserve:num_requests_waiting"] == 0
+    assert after['pdserve:num_requests_waiting{model_name="model0"}'] == 0
+    # The engine's steps: each choice's prompt computed once (shorter than a block, so not cached),
+    # then 2 decodes each (the first token comes from the prompt's step).
+    grew = {key: value - before.get(key, 0.0) for key, value in after.items()}
+    assert grew['pdserve:replica_computed_tokens{kind="engine",phase="prompt",replica=""}'] == \
+        2 * response.usage.prompt_tokens
+    assert grew['pdserve:replica_computed_tokens{kind="engine",phase="decode",replica=""}'] == 4
+    assert grew['pdserve:replica_engine_steps{kind="engine",replica="",step="prompt"}'] >= 1
+    assert grew['pdserve:replica_engine_step_seconds{kind="engine",replica="",step="decode"}'] > 0
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{name}="{value}"' for name, value in sorted(labels.items())) + "}" if labels else ""
 
 
 def test_penalised_seeded_completion_equals_the_offline_engine(server, e2e_model):
