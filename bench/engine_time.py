@@ -3,8 +3,8 @@ computed tokens by kind of step (engine/step_stats.py), from the change over the
 gauges `/metrics` publishes per replica (bench/server_metrics.py's `gauge_changes`).
 
 An engine is named by its replica's id ("prefill-0", "decode-0" in `pdserve up`), or "engine" for
-`pdserve serve`'s one, whose gauges name no replica. A server that publishes none of these (vLLM, llama.cpp)
-has no engines here.
+`pdserve serve`'s one, whose gauges name no replica. A server that publishes none of these (vLLM,
+llama.cpp) has no engines here. A replica's figures are as it last reported them (twice a second).
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 LEASE_BYTES = 12  # int32 lender busy, int32 borrowed, int32 how many times the borrower returned them
 _BUSY, _BORROWED, _RETURNS = 0, 4, 8
-RECLAIM_TIMEOUT_S = 0.25  # longer than a decode step (up's --max-step-ms is 75 ms)
+RECLAIM_TIMEOUT_S = 0.25  # longer than a decode step (up's --max-step-ms is 60 ms)
 _POLL_S = 0.0002
 
 
