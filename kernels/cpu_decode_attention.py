@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from pdserve.kernels.cpu_build import load_build_for
+from pdserve.kernels.cpu_build import enabled, load_library
 
 SOURCE_NAME = "paged_decode_attention.c"
 KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",), torch.int8: ("-DKV_INT8",)}
@@ -24,7 +24,13 @@ KV_DTYPE_FLAGS = {torch.float32: (), torch.bfloat16: ("-DKV_BFLOAT16",), torch.i
 @functools.cache
 def load(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
     """The kernel for a pool of `dtype`, built on first use."""
-    library = load_build_for(SOURCE_NAME, KV_DTYPE_FLAGS, dtype)
+    return build(dtype) if enabled() and dtype in KV_DTYPE_FLAGS else None
+
+
+def build(dtype: torch.dtype, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The kernel for a pool of `dtype` built with `extra_flags` too (the tests build it with
+    AVX-512 off), its function declared; None when it cannot be built."""
+    library = load_library(SOURCE_NAME, KV_DTYPE_FLAGS[dtype] + extra_flags)
     if library is None:
         return None
     function = library.paged_decode_attention

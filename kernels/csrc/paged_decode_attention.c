@@ -43,6 +43,13 @@
  * row to int16 levels (an error under 2^-16 of the row's largest element) and sums the products
  * with the keys' levels exactly, 32 at a time, in int32.
  *
+ * Built with AVX2 and FMA but not AVX-512, for a head_dim that is a multiple of 8 (16 to 256, as
+ * above) and at most 8 query heads per kv head, the same passes take 8 keys at a time and weigh
+ * values in 8-lane slices, 4 or 2 slices of a row a pass so that a group's sums stay in
+ * registers, requesting blocks ahead as above. On one Zen 3 core, 16 sequences of 350 tokens
+ * over 30 layers (SmolLM2's 9 query and 3 kv heads of 64) took 37.7-39.3 ms against 42.1-43.5
+ * for the portable passes.
+ *
  * Returns 0; 1 + the index of the first sequence whose context length or block ids are out of
  * range (nothing is written then); or -1 when scratch memory could not be allocated (the output
  * is then incomplete or unwritten).
@@ -53,7 +60,7 @@
 
 #include <math.h>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #include "avx512_lanes.h"
@@ -375,6 +382,111 @@ static inline __attribute__((always_inline)) void weigh_values_x16(
             for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(out + (first + g) * head_dim + 16 * c, sums[g * chunks + c]);
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MAX_GROUP_X8 8  /* query heads per kv head that the AVX2 passes take */
+
+/* 8 elements of a K or V row from p, widened to float32. */
+static inline __m256 kv_load8(const kv_t *p) {
+#if defined(KV_BFLOAT16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+#elif defined(KV_INT8)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    return _mm256_loadu_ps(p);
+#endif
+}
+
+/* Lane i of the result is the sum of v[i]'s 8 lanes: 8 horizontal sums in one tree. */
+static inline __m256 sum_lanes8(const __m256 v[8]) {
+    /* per 128-bit lane: sums of lane pairs, then of quads, of v[0..3] and v[4..7] */
+    const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+/* score_keys for head_dim = 8 * chunks (score_keys_x16's order, 8 keys at a time); inlined with a
+ * constant chunks. */
+static inline __attribute__((always_inline)) void score_keys_x8(
+    float *restrict scores, const float *restrict query, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
+    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, int64_t run_end, Shape shape,
+    float scale, float logit_softcap, const int64_t chunks) {
+    const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
+    const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
+    const int64_t num_keys = context_len - key_start;
+    const __m256 scales = _mm256_set1_ps(scale);
+    for (int64_t start = key_start, end; start < context_len; start = end) {
+        end = block_end(start, context_len, shape.block_size);
+        const kv_t *block_keys = k_cache + block_table[start / shape.block_size] * block_stride
+                                 + (start % shape.block_size) * token_stride;
+        for (int64_t t = start; t < end; t += 8) {
+            const int64_t n = end - t < 8 ? end - t : 8;
+            const kv_t *tile = block_keys + (t - start) * token_stride;  /* n keys, every kv head */
+            for (int64_t j = 0; j < shape.num_heads; j++) {
+                if (t == start)  /* a block ahead, one slice per query head */
+                    prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, run_end, start, 0, shape, j,
+                                   shape.num_heads);
+                const kv_t *head_keys = tile + j / group_size * entry_len(shape);
+                const float *q_row = query + j * head_dim;
+                __m256 sums[8];
+                float key_scales[8] = {0};  /* each key's entry scale (1 outside an int8 pool) */
+                for (int64_t i = 0; i < 8; i++) {
+                    sums[i] = _mm256_setzero_ps();
+                    if (i >= n) continue;
+                    key_scales[i] = entry_scale(head_keys + i * token_stride, head_dim);
+                    for (int64_t c = 0; c < chunks; c++)
+                        sums[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q_row + 8 * c),
+                                                  kv_load8(head_keys + i * token_stride + 8 * c), sums[i]);
+                }
+                float tile_scores[8];
+                _mm256_storeu_ps(tile_scores, _mm256_mul_ps(scales, _mm256_mul_ps(_mm256_loadu_ps(key_scales),
+                                                                                   sum_lanes8(sums))));
+                memcpy(scores + j * num_keys + t - key_start, tile_scores, n * sizeof(float));
+            }
+        }
+    }
+    if (logit_softcap > 0.0f)
+        for (int64_t i = 0; i < shape.num_heads * num_keys; i++) scores[i] = logit_softcap * tanhf(scores[i] / logit_softcap);
+}
+
+/* weigh_values for head_dim = 8 * chunks, in passes over `width` chunks of each value row (4, or 2
+ * where chunks is not a multiple of 4) so that a group's sums stay in registers: each slice of a
+ * kv head's value row is widened once per key for every query head of its group. */
+static inline __attribute__((always_inline)) void weigh_values_x8(
+    float *restrict out, const float *restrict probs, const kv_t *restrict k_cache, const kv_t *restrict v_cache,
+    const int32_t *restrict block_table, int64_t key_start, int64_t context_len, int64_t run_end, Shape shape,
+    const int64_t chunks) {
+    const int64_t group_size = shape.num_heads / shape.num_kv_heads, head_dim = shape.head_dim;
+    const int64_t token_stride = shape.num_kv_heads * entry_len(shape), block_stride = shape.block_size * token_stride;
+    const int64_t num_keys = context_len - key_start, width = chunks % 4 == 0 ? 4 : 2;
+    for (int64_t h = 0; h < shape.num_kv_heads; h++) {
+        const int64_t first = h * group_size;  /* the group's first query head */
+        for (int64_t pass = 0; pass < chunks / width; pass++) {
+            __m256 sums[MAX_GROUP_X8 * 4];  /* [group_size, width] */
+            for (int64_t i = 0; i < group_size * width; i++) sums[i] = _mm256_setzero_ps();
+            for (int64_t start = key_start, end; start < context_len; start = end) {
+                const kv_t *value = v_cache + block_table[start / shape.block_size] * block_stride
+                                    + (start % shape.block_size) * token_stride + h * entry_len(shape);
+                end = block_end(start, context_len, shape.block_size);
+                for (int64_t t = start; t < end; t++, value += token_stride) {
+                    if (h == 0 && pass == 0)  /* a block ahead over the block's keys, on the first pass */
+                        prefetch_ahead(k_cache, v_cache, block_table, key_start, context_len, run_end, start, 1, shape,
+                                       t - start, end - start);
+                    __m256 row[4];
+                    for (int64_t c = 0; c < width; c++) row[c] = kv_load8(value + 8 * (pass * width + c));
+                    const float value_scale = entry_scale(value, head_dim);
+                    for (int64_t g = 0; g < group_size; g++) {
+                        const __m256 p = _mm256_set1_ps(probs[(first + g) * num_keys + t - key_start] * value_scale);
+                        for (int64_t c = 0; c < width; c++)
+                            sums[g * width + c] = _mm256_fmadd_ps(p, row[c], sums[g * width + c]);
+                    }
+                }
+            }
+            for (int64_t g = 0; g < group_size; g++)
+                for (int64_t c = 0; c < width; c++)
+                    _mm256_storeu_ps(out + (first + g) * head_dim + 8 * (pass * width + c), sums[g * width + c]);
+        }
+    }
+}
 #endif
 
 /* One sequence's attention over its keys key_start..context_len-1 alone: out [num_heads, head_dim],
@@ -397,6 +509,19 @@ static void attend(float *restrict out, float *restrict row_max, float *restrict
         return;
         ATTEND_X16(1) ATTEND_X16(2) ATTEND_X16(4) ATTEND_X16(5) ATTEND_X16(6) ATTEND_X16(8) ATTEND_X16(16)
 #undef ATTEND_X16
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const int64_t group_size = shape.num_heads / shape.num_kv_heads;
+    switch (shape.head_dim % 8 == 0 && group_size <= MAX_GROUP_X8 ? shape.head_dim / 8 : 0) {
+#define ATTEND_X8(CHUNKS)                                                                                        \
+    case CHUNKS:                                                                                                  \
+        score_keys_x8(scores, query, k_cache, v_cache, block_table, key_start, context_len, run_end, shape, scale, \
+                      logit_softcap, CHUNKS);                                                                    \
+        softmax_rows(scores, shape.num_heads, num_keys, row_max, row_total);                                     \
+        weigh_values_x8(out, scores, k_cache, v_cache, block_table, key_start, context_len, run_end, shape, CHUNKS); \
+        return;
+        ATTEND_X8(2) ATTEND_X8(4) ATTEND_X8(8) ATTEND_X8(10) ATTEND_X8(12) ATTEND_X8(16) ATTEND_X8(32)
+#undef ATTEND_X8
     }
 #endif
     (void)run_end;  /* the portable passes request nothing ahead */

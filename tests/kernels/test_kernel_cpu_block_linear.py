@@ -91,6 +91,15 @@ def portable(compiled):
 
 
 @pytest.fixture(scope="module")
+def without_avx512(compiled):
+    """The library built with AVX-512 off: the AVX2 tiles where the CPU has AVX2, FMA and F16C, else
+    the portable C."""
+    library = cpu_block_linear.build(("-mno-avx512f",))
+    assert library is not None
+    return library
+
+
+@pytest.fixture(scope="module")
 def without_bf16(compiled):
     """The library built with AVX-512 but not AVX512-BF16 (bfloat16 x widened to float32)."""
     library = cpu_block_linear.build(("-mno-avx512bf16",))
@@ -220,9 +229,8 @@ def raw_dequantize(library, blocks: torch.Tensor, block_type: str, dtype: torch.
 
 
 @pytest.mark.parametrize("block_type", TYPES)
-@pytest.mark.parametrize("variant", ["portable", "without_bf16"])
-def test_the_portable_c_and_the_build_without_bf16_equal_the_reference(request, weights, threads, block_type,
-                                                                       variant):
+@pytest.mark.parametrize("variant", ["portable", "without_avx512", "without_bf16"])
+def test_the_narrower_builds_equal_the_reference(request, weights, threads, block_type, variant):
     library = request.getfixturevalue(variant)
     assert not cpu_block_linear.rounds_bfloat16_weights(library)
     shape = KERNEL_SHAPES[1]

@@ -105,6 +105,34 @@ def test_masked_matches_reference(libraries, paged_batch, assert_close_for_dtype
     assert_close_for_dtype(out, expected)
 
 
+@pytest.fixture(scope="module")
+def without_avx512(libraries):
+    """Each pool dtype's kernel built with AVX-512 off: the AVX2 passes where the CPU has AVX2 and
+    FMA, else the portable ones."""
+    built = {dtype: cpu_decode_attention.build(dtype, ("-mno-avx512f",)) for dtype in libraries}
+    assert None not in built.values()
+    return built
+
+
+@pytest.mark.parametrize(
+    "case", [KernelCase(dtype, queries_per_kv, block_size, head_dim) for dtype in FLOAT_KV_DTYPES
+             for queries_per_kv, block_size, head_dim in ((1, 16, 64), (4, 8, 80), (8, 32, 128), (2, 16, 256),
+                                                          (16, 16, 64), (4, 16, 40))],
+    ids=str)
+def test_the_build_without_avx512_matches_reference(without_avx512, paged_batch, assert_close_for_dtype, case):
+    """Without AVX-512, head dims that are multiples of 8 with at most 8 query heads per kv head take
+    the AVX2 passes (an int8 pool too); 16 query heads per kv head and head dim 40 the portable ones."""
+    context_lens = [1, case.block_size + 3, 2 * case.block_size, 9 * case.block_size + 5]
+    batch = paged_batch(context_lens, [1] * len(context_lens), case, device="cpu")
+    for masking in ({}, {"sliding_window": 2 * case.block_size + 1, "logit_softcap": 30.0}):
+        out, expected = decode_both(without_avx512[case.dtype], batch, **masking)
+        assert_close_for_dtype(out, expected)
+    if case.dtype == torch.float32:
+        int8_batch = in_int8_pool(batch, torch.float32)
+        out, expected = decode_both(without_avx512[torch.int8], int8_batch)
+        assert_close_for_dtype(out, expected)
+
+
 @pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("queries_per_kv, head_dim", [(1, 64), (4, 64), (2, 128), (4, 40), (16, 64)])
 def test_int8_pool_matches_reference(libraries, paged_batch, assert_close_for_dtype, query_dtype, queries_per_kv,
