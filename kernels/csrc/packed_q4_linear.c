@@ -155,12 +155,14 @@ static void quantize_row(const void *x, int32_t x_is_bfloat16, int64_t num_block
     }
 }
 
-#ifdef VNNI
+#if defined(VNNI) || defined(AVX2)
 /* A cache line requested into L2 ahead of use (as in block_linear.c). */
 static inline void prefetch_line(const uint8_t *p) {
     __asm__ volatile("prefetcht1 %0" : : "m"(*p));
 }
+#endif
 
+#ifdef VNNI
 /* Four bytes at p broadcast to every int32 lane, read from memory (not through a general register). */
 static inline __m512i broadcast_word(const int8_t *p) {
     return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
@@ -363,11 +365,6 @@ static inline __attribute__((always_inline)) void group_rows(const int32_t block
 #undef TAIL_TILE
 }
 #elif defined(AVX2)
-/* A cache line requested into L2 ahead of use (as in block_linear.c). */
-static inline void prefetch_line(const uint8_t *p) {
-    __asm__ volatile("prefetcht1 %0" : : "m"(*p));
-}
-
 /* out[r][0..7] = features 8 half..8 half + 7 of the group times rows r < rows (a constant once
  * inlined). The half's nibbles, 32 bytes of each 64, split into low and high: 8 vectors whose
  * int32 lane f holds 4 consecutive levels of feature f. vpmaddubsw multiplies them by a row's 4

@@ -228,6 +228,15 @@ static void weigh_values(float *restrict out, const float *restrict probs, const
     }
 }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+/* scores[i] = c * tanh(scores[i] / c) for i < n, where c = logit_softcap > 0 (the vector passes
+ * score first, then cap). */
+static void softcap_in_place(float *scores, int64_t n, float logit_softcap) {
+    if (logit_softcap > 0.0f)
+        for (int64_t i = 0; i < n; i++) scores[i] = logit_softcap * tanhf(scores[i] / logit_softcap);
+}
+#endif
+
 #ifdef __AVX512F__
 #define MAX_GROUP_X16 8  /* query heads per kv head that the AVX-512 passes take */
 
@@ -344,8 +353,7 @@ static inline __attribute__((always_inline)) void score_keys_x16(
             }
         }
     }
-    if (logit_softcap > 0.0f)
-        for (int64_t i = 0; i < shape.num_heads * num_keys; i++) scores[i] = logit_softcap * tanhf(scores[i] / logit_softcap);
+    softcap_in_place(scores, shape.num_heads * num_keys, logit_softcap);
 }
 
 /* weigh_values for head_dim = 16 * chunks: each kv head's value row is widened once per key for
@@ -444,8 +452,7 @@ static inline __attribute__((always_inline)) void score_keys_x8(
             }
         }
     }
-    if (logit_softcap > 0.0f)
-        for (int64_t i = 0; i < shape.num_heads * num_keys; i++) scores[i] = logit_softcap * tanhf(scores[i] / logit_softcap);
+    softcap_in_place(scores, shape.num_heads * num_keys, logit_softcap);
 }
 
 /* weigh_values for head_dim = 8 * chunks, in passes over `width` chunks of each value row (4, or 2

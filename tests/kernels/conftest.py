@@ -24,16 +24,27 @@ and on the GPU when a run sets TRITON_INTERPRET=0.
 
 The compiled CPU kernels' tests build their library in a cache private to the module
 (`built_in_private_cache`) and set torch's thread count, which the kernels take, with `threads`.
+Their builds with AVX-512 off are the module's own library where the CPU has no AVX-512
+(`built_without_avx512`): the same code, not compiled twice.
 """
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 
 from pdserve.kernels.kv_quant import quantize_entries
 from pdserve.kernels.reference import store_kv_reference
+
+CPU_HAS_AVX512 = Path("/proc/cpuinfo").exists() and "avx512f" in Path("/proc/cpuinfo").read_text().split()
+
+
+def built_without_avx512(build: Callable, native: Callable):
+    """`build(("-mno-avx512f",))`, or `native()` (this machine's build) where the CPU has no AVX-512."""
+    return build(("-mno-avx512f",)) if CPU_HAS_AVX512 else native()
+
 
 @pytest.fixture
 def threads():

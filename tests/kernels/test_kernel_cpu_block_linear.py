@@ -22,7 +22,7 @@ from pdserve.kernels.block_quant_reference import (
     dequantize_reference,
     quantize_reference,
 )
-from tests.kernels.conftest import built_in_private_cache
+from tests.kernels.conftest import built_in_private_cache, built_without_avx512
 
 TYPES = list(BLOCK_TYPES)
 GGML_TYPES = {name: gguf.GGMLQuantizationType[name.upper()] for name in TYPES}
@@ -94,7 +94,7 @@ def portable(compiled):
 def without_avx512(compiled):
     """The library built with AVX-512 off: the AVX2 tiles where the CPU has AVX2, FMA and F16C, else
     the portable C."""
-    library = cpu_block_linear.build(("-mno-avx512f",))
+    library = built_without_avx512(cpu_block_linear.build, cpu_block_linear.load)
     assert library is not None
     return library
 

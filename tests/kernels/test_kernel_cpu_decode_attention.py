@@ -11,6 +11,7 @@ hides unreadable. The kernel is built by the system C compiler into a cache dire
 the test session.
 """
 import dataclasses
+import functools
 import itertools
 
 import pytest
@@ -25,6 +26,7 @@ from tests.kernels.conftest import (
     LONG_WINDOW,
     QUERIES_PER_KV,
     KernelCase,
+    built_without_avx512,
     decode_lens_around,
 )
 
@@ -109,7 +111,8 @@ def test_masked_matches_reference(libraries, paged_batch, assert_close_for_dtype
 def without_avx512(libraries):
     """Each pool dtype's kernel built with AVX-512 off: the AVX2 passes where the CPU has AVX2 and
     FMA, else the portable ones."""
-    built = {dtype: cpu_decode_attention.build(dtype, ("-mno-avx512f",)) for dtype in libraries}
+    built = {dtype: built_without_avx512(functools.partial(cpu_decode_attention.build, dtype), lambda: library)
+             for dtype, library in libraries.items()}
     assert None not in built.values()
     return built
 

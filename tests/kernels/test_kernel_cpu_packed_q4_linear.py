@@ -13,7 +13,7 @@ import torch
 
 from pdserve.kernels import cpu_packed_q4_linear
 from pdserve.kernels.block_quant_reference import dequantize_reference, quantize_reference
-from tests.kernels.conftest import built_in_private_cache
+from tests.kernels.conftest import built_in_private_cache, built_without_avx512
 from tests.kernels.test_kernel_cpu_block_linear import assert_close_to, random_blocks, weight_of
 
 TYPES = list(cpu_packed_q4_linear.PACKED_TYPES)
@@ -100,7 +100,7 @@ def test_the_portable_c_equals_the_vector_code(compiled, weights, block_type):
 @pytest.mark.parametrize("block_type", TYPES)
 def test_the_build_without_avx512_equals_the_portable_c(compiled, weights, block_type):
     """Without AVX-512 the tiles are AVX2's where the CPU has AVX2, FMA and F16C: the same sums."""
-    without_avx512 = cpu_packed_q4_linear.build(("-mno-avx512f",))
+    without_avx512 = built_without_avx512(cpu_packed_q4_linear.build, cpu_packed_q4_linear.load)
     portable = cpu_packed_q4_linear.build(("-mno-avx512f", "-mno-f16c"))
     assert without_avx512 is not None and portable is not None
     packed = cpu_packed_q4_linear.pack(weights[block_type, SHAPES[0]], block_type)
