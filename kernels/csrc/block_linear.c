@@ -503,8 +503,8 @@ static inline __attribute__((always_inline)) void avx2_features(const int32_t bl
 #undef AVX2_TILE
 }
 
-/* Features per tile: 8 for one row (a decode step of one sequence), 4 by 2 rows for a few, 2 by 4
- * rows for more (each unpacked eighth of a block then serves 4 rows). */
+/* Features per tile: 8 for one row (a decode step of one sequence), 4 by up to 2 rows, 2 by up
+ * to 4, and 1 by 8 from 8 rows (each unpacked eighth of a block then serves 8 rows). */
 static int features_per_tile(int64_t num_rows, int bh) {
     (void)bh;
     return num_rows == 1 ? 8 : num_rows < 4 ? 4 : num_rows < 8 ? 2 : 1;
@@ -529,6 +529,8 @@ static inline __attribute__((always_inline)) void product_columns_of(
         AVX2_FEATURES(4, first, ahead_lines);
     else if (count == features && features == 2)
         AVX2_FEATURES(2, first, ahead_lines);
+    else if (count == features)
+        AVX2_FEATURES(1, first, ahead_lines);
     else
         for (int64_t n = first; n < first + count; n++) AVX2_FEATURES(1, n, 0);
 #undef AVX2_FEATURES
